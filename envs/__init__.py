@@ -1,0 +1,30 @@
+"""`corral.envs`: the built-in environment packages (text, terminal, browser).
+
+One folder (or module) per environment family; each package folder carries a `corral.toml`
+manifest listing its environments, which the catalog reads without importing any env code.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).parent
+MANIFEST = "corral.toml"
+
+
+@lru_cache(maxsize=1)
+def manifest_specs() -> tuple[dict[str, Any], ...]:
+    """Every `[[env]]` entry of every built-in manifest, as keyword arguments of `EnvSpec`."""
+    entries = []
+    for path in sorted(ROOT.rglob(MANIFEST)):
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+        for entry in data.get("env", []):
+            entries.append({"id": entry["id"], "entry_point": entry["entry_point"],
+                            "kind": entry.get("kind"), "tags": list(entry.get("tags", [])),
+                            "description": entry.get("description", ""),
+                            "source": f"manifest:{path.relative_to(ROOT).as_posix()}"})
+    return tuple(entries)

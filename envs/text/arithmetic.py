@@ -1,0 +1,65 @@
+"""Arithmetic: compute an integer expression exactly."""
+
+from __future__ import annotations
+
+import random
+
+import corral as cr
+
+from .answers import final_answer
+
+OPS = ("+", "-", "*")
+
+
+class ArithmeticTask(cr.Task):
+    expression: str
+    answer: int
+    level: int
+
+
+def make_task(rng: random.Random, index: int) -> dict:
+    level = 1 + index % 3  # 1: two small numbers, 2: larger numbers, 3: three terms
+    hi = 10 if level == 1 else 100
+    terms = 2 if level < 3 else 3
+    numbers = [rng.randint(0, hi) for _ in range(terms)]
+    ops = [rng.choice(OPS) for _ in range(terms - 1)]
+    expression = str(numbers[0])
+    for op, number in zip(ops, numbers[1:]):
+        expression += f" {op} {number}"
+    return {"expression": expression, "answer": _evaluate(numbers, ops), "level": level}
+
+
+def _evaluate(numbers: list[int], ops: list[str]) -> int:
+    # Left-to-right with * binding tighter, as Python does; computed without eval().
+    terms: list[int] = [numbers[0]]
+    signs: list[str] = []
+    for op, number in zip(ops, numbers[1:]):
+        if op == "*":
+            terms[-1] *= number
+        else:
+            signs.append(op)
+            terms.append(number)
+    total = terms[0]
+    for sign, term in zip(signs, terms[1:]):
+        total = total + term if sign == "+" else total - term
+    return total
+
+
+@cr.environment("corral/arithmetic-v0", tasks=cr.Dataset.procedural(make_task, size=100_000),
+                task_type=ArithmeticTask, max_turns=1, tags=["text", "math", "single-turn"],
+                register=True)
+class Arithmetic(cr.TextEnv):
+    """Integer arithmetic with exact answers."""
+
+    def instruction(self, task: ArithmeticTask) -> str:
+        return f"Compute {task.expression}. Reply with the number only."
+
+    @cr.reward(weight=1.0)
+    def correct(self, task: ArithmeticTask, completion: str) -> float:
+        return float(final_answer(completion) == str(task.answer))
+
+    def solution(self, task: ArithmeticTask) -> str:
+        return str(task.answer)
+
+    def random_action(self, task: ArithmeticTask, rng: random.Random) -> str:
+        return str(rng.randint(-100, 200))

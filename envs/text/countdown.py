@@ -1,0 +1,93 @@
+"""Countdown: reach a target with some of the given numbers and + - * / (each used at most once)."""
+
+from __future__ import annotations
+
+import ast
+import operator
+import random
+from collections import Counter
+from fractions import Fraction
+
+import corral as cr
+
+from .answers import final_answer
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv}
+
+
+class CountdownTask(cr.Task):
+    numbers: list[int]
+    target: int
+    reference: str  # one expression that reaches the target (the oracle's answer)
+
+
+def evaluate(expression: str) -> tuple[Fraction, list[int]]:
+    """Exact value of an arithmetic expression and the integer literals it used.
+    Raises ValueError for anything but integers, + - * / and parentheses."""
+    try:
+        tree = ast.parse(expression.replace("×", "*").replace("÷", "/"), mode="eval")
+    except SyntaxError:
+        raise ValueError("not an arithmetic expression") from None
+    used: list[int] = []
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.Div) and right == 0:
+                raise ValueError("division by zero")
+            return Fraction(_BINOPS[type(node.op)](left, right))
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            used.append(node.value)
+            return Fraction(node.value)
+        raise ValueError(f"'{ast.unparse(node)}' is not allowed")
+
+    return walk(tree.body), used
+
+
+def make_task(rng: random.Random, index: int) -> dict:
+    while True:
+        numbers = [rng.randint(1, 10) for _ in range(3)] + [rng.choice([10, 25, 50])]
+        picked = rng.sample(numbers, k=rng.randint(2, 4))
+        expression = str(picked[0])
+        for number in picked[1:]:
+            op = rng.choice("+-*")
+            expression = f"({expression} {op} {number})" if op != "*" else f"{expression} * {number}"
+        value, _ = evaluate(expression)
+        if value.denominator == 1 and 1 <= value <= 500 and value not in numbers:
+            reference = expression[1:-1] if expression.startswith("(") and expression.endswith(")") \
+                and expression.count("(") == 1 else expression
+            return {"numbers": numbers, "target": int(value), "reference": reference}
+
+
+def check(task: CountdownTask, expression: str) -> bool:
+    """True if `expression` uses only the task's numbers (each at most once) and hits the target."""
+    try:
+        value, used = evaluate(expression)
+    except ValueError:
+        return False
+    if Counter(used) - Counter(task.numbers):
+        return False
+    return value == task.target
+
+
+@cr.environment("corral/countdown-v0", tasks=cr.Dataset.procedural(make_task, size=100_000),
+                task_type=CountdownTask, max_turns=1, tags=["text", "math", "search", "single-turn"])
+class Countdown(cr.TextEnv):
+    """Reach a target number with the given numbers and + - * /."""
+
+    def instruction(self, task: CountdownTask) -> str:
+        numbers = ", ".join(map(str, task.numbers))
+        return (f"Using some of the numbers {numbers} (each at most once) and + - * / with "
+                f"parentheses, make {task.target}. Reply with the expression only.")
+
+    @cr.reward(weight=1.0)
+    def reaches_target(self, task: CountdownTask, completion: str) -> float:
+        return float(check(task, final_answer(completion).split("=")[0]))
+
+    def solution(self, task: CountdownTask) -> str:
+        return task.reference
+
+    def random_action(self, task: CountdownTask, rng: random.Random) -> str:
+        a, b = rng.sample(task.numbers, 2)
+        return f"{a} {rng.choice('+-*')} {b}"

@@ -1,0 +1,249 @@
+"""The in-process catalog: ids → specs → environments (DESIGN §5), in the spirit of Gymnasium's
+`registration.py`, but an object (`Catalog`) with thin module-level functions over a default one.
+
+Ids are `namespace/name-vN`. An unversioned id resolves to the latest registered version; a
+deprecated version raises naming its replacement. Specs can be *lazy*: registered from a
+manifest (built-in `corral.toml` files, or the `corral.envs` entry-point group of installed
+packages) with an entry point string, so nothing is imported until `make`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import importlib.metadata
+import logging
+import re
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable
+
+from corral.errors import (
+    DeprecatedEnv,
+    DuplicateRegistration,
+    InvalidEnvId,
+    RegistryError,
+    UnknownEnv,
+)
+from corral.suggest import closest
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "corral.envs"
+ID_RE = re.compile(r"^(?P<namespace>[a-z0-9][a-z0-9_.-]*)/(?P<name>[A-Za-z0-9][\w.-]*?)"
+                   r"(?:-v(?P<version>\d+))?$")
+
+
+def parse_id(env_id: str, *, require_version: bool = False) -> tuple[str, str, int | None]:
+    """Split `ns/name-vN` into its parts; raise `InvalidEnvId` with the expected form."""
+    match = ID_RE.match(env_id) if isinstance(env_id, str) else None
+    if match is None:
+        raise InvalidEnvId(f"Malformed environment id {env_id!r}: expected 'namespace/name-vN' "
+                           "(lowercase namespace, e.g. 'acme/fix-perms-v1')")
+    version = match.group("version")
+    if require_version and version is None:
+        raise InvalidEnvId(f"Environment id {env_id!r} needs a version suffix, e.g. "
+                           f"'{env_id}-v0'")
+    return match.group("namespace"), match.group("name"), None if version is None else int(version)
+
+
+@dataclass
+class EnvSpec:
+    """Everything the catalog knows about one registered environment version."""
+
+    id: str
+    entry_point: str | Callable[..., Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    kind: str | None = None
+    tags: list[str] = field(default_factory=list)
+    description: str = ""
+    deprecated: str | None = None  # the replacement id, when deprecated
+    source: str = "code"  # "code" | "manifest:<path>" | "entry-point:<dist>"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        return parse_id(self.id)[0]
+
+    @property
+    def name(self) -> str:
+        return parse_id(self.id)[1]
+
+    @property
+    def version(self) -> int:
+        return parse_id(self.id)[2] or 0
+
+    @property
+    def loaded(self) -> bool:
+        return not isinstance(self.entry_point, str)
+
+    @property
+    def entry_point_path(self) -> str:
+        """`module:QualName` of the entry point, loaded or not."""
+        ep = self.entry_point
+        return ep if isinstance(ep, str) else f"{ep.__module__}:{ep.__qualname__}"
+
+    def load(self) -> Callable[..., Any]:
+        """Import the entry point (once) and return the env class or factory."""
+        if isinstance(self.entry_point, str):
+            module_name, _, attr = self.entry_point.partition(":")
+            if not attr:
+                raise RegistryError(f"{self.id}: entry point {self.entry_point!r} must look "
+                                    "like 'package.module:ClassName'")
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                raise RegistryError(f"{self.id}: cannot import {module_name} ({exc})") from exc
+            target: Any = module
+            for part in attr.split("."):
+                target = getattr(target, part, None)
+                if target is None:
+                    raise RegistryError(f"{self.id}: {module_name} has no {attr}")
+            self.entry_point = target
+        return self.entry_point
+
+    def make(self, **overrides: Any) -> Any:
+        return self.load()(**{**self.kwargs, **overrides})
+
+
+class Catalog:
+    """A set of environment specs, with lookup, creation and listing."""
+
+    def __init__(self, *, builtin: bool = True, entry_points: bool = True) -> None:
+        self._specs: dict[str, EnvSpec] = {}
+        self._lock = threading.RLock()
+        self._lazy_sources: list[Callable[[], Iterable[EnvSpec]]] = []
+        if builtin:
+            self._lazy_sources.append(_builtin_specs)
+        if entry_points:
+            self._lazy_sources.append(_entry_point_specs)
+        self._discovered = not self._lazy_sources
+
+    # --- registration ------------------------------------------------------------------------
+    def register(self, id: str, entry_point: str | Callable[..., Any], *,
+                 kwargs: dict[str, Any] | None = None, kind: str | None = None,
+                 tags: list[str] | None = None, description: str = "",
+                 deprecated: str | None = None, source: str = "code",
+                 **metadata: Any) -> EnvSpec:
+        """Register `entry_point` (a class/factory, or 'module:Name') under `id`."""
+        parse_id(id, require_version=True)
+        spec = EnvSpec(id, entry_point, dict(kwargs or {}), kind, list(tags or []), description,
+                       deprecated, source, metadata)
+        with self._lock:
+            existing = self._specs.get(id)
+            if existing is not None and not _same_target(existing, spec):
+                raise DuplicateRegistration(
+                    f"Environment {id!r} is already registered (entry point "
+                    f"{existing.entry_point_path}); bump the version to register "
+                    f"{spec.entry_point_path}")
+            if existing is not None:  # a lazy manifest entry being filled in by its module
+                spec = replace(existing, entry_point=entry_point,
+                               kind=kind or existing.kind, tags=spec.tags or existing.tags,
+                               description=description or existing.description,
+                               metadata={**existing.metadata, **metadata})
+            self._specs[id] = spec
+        return spec
+
+    def deprecate(self, id: str, replacement: str) -> None:
+        """Mark `id` deprecated in favour of `replacement`."""
+        self.spec(id).deprecated = replacement
+
+    def unregister(self, id: str) -> None:
+        with self._lock:
+            self._specs.pop(id, None)
+
+    # --- lookup ------------------------------------------------------------------------------
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        with self._lock:
+            if self._discovered:
+                return
+            self._discovered = True
+            for source in self._lazy_sources:
+                for spec in source():
+                    if spec.id not in self._specs:
+                        self._specs[spec.id] = spec
+
+    def spec(self, id: str) -> EnvSpec:
+        """The spec for `id`; an unversioned id resolves to the latest version."""
+        self._discover()
+        namespace, name, version = parse_id(id)
+        if version is not None:
+            spec = self._specs.get(id)
+            if spec is None:
+                raise UnknownEnv(self._unknown_message(id, namespace, name))
+            return spec
+        versions = [s for s in self._specs.values()
+                    if s.namespace == namespace and s.name == name and not s.deprecated]
+        if not versions:
+            raise UnknownEnv(self._unknown_message(id, namespace, name))
+        return max(versions, key=lambda s: s.version)
+
+    def make(self, id: str, **overrides: Any) -> Any:
+        """Create an environment instance; `overrides` replace the spec's kwargs."""
+        spec = self.spec(id)
+        if spec.deprecated:
+            raise DeprecatedEnv(f"Environment version `{spec.id}` is deprecated. "
+                                f"Please use `{spec.deprecated}` instead.")
+        return spec.make(**overrides)
+
+    def list(self, pattern: str | None = None) -> list[EnvSpec]:
+        """Specs whose id matches the glob `pattern` (all if None), sorted by id."""
+        self._discover()
+        with self._lock:
+            specs = list(self._specs.values())
+        if pattern:
+            specs = [s for s in specs if fnmatch.fnmatchcase(s.id, pattern)
+                     or fnmatch.fnmatchcase(s.id, pattern + "-v*")]
+        return sorted(specs, key=lambda s: s.id)
+
+    def __contains__(self, id: str) -> bool:
+        try:
+            self.spec(id)
+        except (UnknownEnv, InvalidEnvId):
+            return False
+        return True
+
+    def __len__(self) -> int:
+        self._discover()
+        return len(self._specs)
+
+    def _unknown_message(self, id: str, namespace: str, name: str) -> str:
+        in_namespace = [s for s in self._specs.values() if s.namespace == namespace]
+        if not in_namespace:
+            namespaces = sorted({s.namespace for s in self._specs.values()})
+            return (f"Namespace `{namespace}` has no environments ({id!r})."
+                    + closest(namespace, namespaces))
+        names = {s.name for s in in_namespace}
+        if name in names:
+            versions = sorted(s.id for s in in_namespace if s.name == name)
+            return f"Environment {id!r} doesn't exist. Registered versions: {', '.join(versions)}."
+        hint = closest(f"{namespace}/{name}", [s.id for s in self._specs.values()])
+        return f"Environment `{name}` doesn't exist in namespace `{namespace}`.{hint}"
+
+
+def _same_target(a: EnvSpec, b: EnvSpec) -> bool:
+    return a.entry_point is b.entry_point or a.entry_point_path == b.entry_point_path
+
+
+def _entry_point_specs() -> list[EnvSpec]:
+    """Specs of installed packages' `corral.envs` entry points: name = env id, value =
+    'module:Class'. Reading them imports nothing."""
+    specs = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            parse_id(ep.name, require_version=True)
+        except InvalidEnvId as exc:
+            log.warning("ignoring entry point %s from %s: %s", ep.name,
+                        getattr(ep.dist, "name", "?"), exc)
+            continue
+        dist = getattr(ep.dist, "name", "?")
+        specs.append(EnvSpec(ep.name, ep.value, source=f"entry-point:{dist}"))
+    return specs
+
+
+def _builtin_specs() -> list[EnvSpec]:
+    from corral.envs import manifest_specs
+
+    return [EnvSpec(**entry) for entry in manifest_specs()]

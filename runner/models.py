@@ -1,0 +1,232 @@
+"""Models for policies and the trainer: a tiny local model builder and a checked loader.
+
+No hub access is assumed anywhere: `build_tiny_model` makes a small Llama-style causal LM with
+random weights and a byte-level BPE tokenizer trained here on a built-in text, and saves both
+with `save_pretrained`; `load_model` loads any causal LM from a local directory (or `"tiny"`,
+built once into a cache directory) on CUDA in bf16 when a GPU is present, else on CPU in fp32.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import ModelError
+
+if TYPE_CHECKING:  # torch/transformers are the optional `train` extra: import them lazily
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+TINY = "tiny"
+SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"]
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]  # single tokens, but kept in decoded text
+
+# ChatML with tools (the Hermes/Qwen convention). Every newline is an explicit Jinja literal so
+# the rendering does not depend on trim_blocks/lstrip_blocks. Each message renders on its own
+# (a tool result does not merge into its neighbours), which keeps incremental encoding exact.
+CHAT_TEMPLATE = r"""
+{%- macro render_call(call) -%}
+{%- if call.function is defined -%}{%- set call = call.function -%}{%- endif -%}
+{{- '<tool_call>\n{"name": ' + (call.name | tojson) + ', "arguments": ' -}}
+{%- if call.arguments is string -%}{{- call.arguments -}}{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}
+{{- '}\n</tool_call>' -}}
+{%- endmacro -%}
+{%- macro render_content(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- elif content -%}{%- for part in content -%}{{- part.text if part.text is defined else '' -}}{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
+{%- if messages and messages[0].role == 'system' -%}
+{%- set system = render_content(messages[0].content) -%}{%- set rest = messages[1:] -%}
+{%- else -%}{%- set system = none -%}{%- set rest = messages -%}{%- endif -%}
+{%- if tools -%}
+{{- '<|im_start|>system\n' -}}
+{%- if system -%}{{- system + '\n\n' -}}{%- endif -%}
+{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- elif system is not none -%}
+{{- '<|im_start|>system\n' + system + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in rest -%}
+{%- if message.role == 'assistant' -%}
+{{- '<|im_start|>assistant\n' + render_content(message.content) -}}
+{%- for call in message.tool_calls or [] -%}
+{%- if not loop.first or message.content -%}{{- '\n' -}}{%- endif -%}
+{{- render_call(call) -}}
+{%- endfor -%}
+{{- '<|im_end|>\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + message.role + '\n' + render_content(message.content) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+
+def default_device() -> str:
+    """`cuda` when a GPU is visible, else `cpu`."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str | None = None) -> "torch.dtype":
+    """bf16 on CUDA, fp32 on CPU (CPU bf16 matmuls are slow and lose precision)."""
+    import torch
+
+    return torch.bfloat16 if str(device or default_device()).startswith("cuda") else torch.float32
+
+
+def build_tokenizer(vocab: int = 1024) -> "PreTrainedTokenizerBase":
+    """A byte-level BPE tokenizer trained on the built-in text; deterministic for a given `vocab`.
+
+    Digits are split one per token (arithmetic stays learnable); every byte is encodable.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from corral.runner._corpus import corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"], padding_side="left")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(path: str | os.PathLike[str], *, vocab: int = 1024, hidden: int = 64,
+                     layers: int = 2, heads: int = 4, seed: int = 0,
+                     max_positions: int = 4096) -> Path:
+    """Build a randomly initialised Llama-style causal LM and its tokenizer into `path`.
+
+    Both are written with `save_pretrained` and load back with `from_pretrained`. The same
+    arguments give the same files. Generation stops at `</s>` or `<|im_end|>`.
+    """
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    if hidden % heads:
+        raise ModelError(f"hidden={hidden} is not divisible by heads={heads}; pick sizes that divide")
+    out = Path(path)
+    tokenizer = build_tokenizer(vocab)
+    stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("</s>", "<|im_end|>")]
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 4,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=stop_ids,
+        pad_token_id=tokenizer.pad_token_id)
+    cpu_rng = torch.random.get_rng_state()  # do not disturb the caller's RNG stream
+    try:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(cpu_rng)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=stop_ids,
+        pad_token_id=tokenizer.pad_token_id)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    log.info("built tiny model (%d params) in %s", sum(p.numel() for p in model.parameters()), out)
+    return out
+
+
+def tiny_model_path(seed: int = 0) -> Path:
+    """Where `load_model("tiny")` keeps its build: `$CORRAL_CACHE_DIR` or `~/.cache/corral`."""
+    root = Path(os.environ.get("CORRAL_CACHE_DIR", Path.home() / ".cache" / "corral"))
+    return root / "models" / f"tiny-v1-seed{seed}"
+
+
+def resolve_model_path(model: str | os.PathLike[str]) -> Path:
+    """A local model directory for `model`; `"tiny"` is built on first use."""
+    if str(model) == TINY:
+        path = tiny_model_path()
+        if not (path / "config.json").is_file():
+            # Build aside and rename, so a concurrent process never sees half a model.
+            tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+            build_tiny_model(tmp)
+            try:
+                tmp.replace(path)
+            except OSError:  # another process finished first; its build is identical
+                shutil.rmtree(tmp, ignore_errors=True)
+        return path
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelError(f"model path {str(path)!r} does not exist; pass a directory saved with "
+                         "save_pretrained, or 'tiny'")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{str(path)!r} has no config.json; pass a directory saved with "
+                         "save_pretrained (a causal LM), or 'tiny'")
+    return path
+
+
+def load_tokenizer(model: str | os.PathLike[str]) -> "PreTrainedTokenizerBase":
+    """The tokenizer saved with a model directory (or the tiny one)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelError(f"cannot load a tokenizer from {str(path)!r}: {_first_line(exc)}") from exc
+
+
+def load_model(model: str | os.PathLike[str], device: str | None = None,
+               dtype: "torch.dtype | None" = None) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+    """Load `(model, tokenizer)` from a local directory or `"tiny"`, in eval mode.
+
+    Raises `ModelError` when the path does not exist or does not hold a causal LM.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = resolve_model_path(model)
+    device = device or default_device()
+    dtype = dtype or default_dtype(device)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"{str(path)!r} has an unreadable config.json: {_first_line(exc)}") from exc
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+    except ValueError as exc:
+        raise ModelError(f"{str(path)!r} holds a {config.model_type!r} model, not a causal LM; "
+                         "pass a causal LM directory") from exc
+    except OSError as exc:
+        raise ModelError(f"cannot load weights from {str(path)!r}: {_first_line(exc)}") from exc
+    lm.to(device).eval()
+    return lm, load_tokenizer(path)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Token ids that end a generation: the tokenizer's eos plus the generation config's."""
+    ids: set[int] = set()
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None) if config is not None else None
+    ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

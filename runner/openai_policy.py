@@ -1,0 +1,216 @@
+"""`OpenAIPolicy`: token-in/token-out sampling from OpenAI-compatible servers over HTTP.
+
+Works with `corral serve-policy`, vLLM and SGLang. Each request is a `POST /v1/completions`
+whose `prompt` is the list of token ids (the runner's transcript, never re-tokenized) with
+`logprobs: 1` and `return_token_ids: true`. From the first choice it reads:
+
+- generated ids: `choices[0].token_ids` (corral, vLLM >= 0.10.2 with `return_token_ids`), or,
+  failing that, `choices[0].logprobs.tokens` written as `token_id:N` (vLLM started with
+  `--return-tokens-as-token-ids`);
+- behaviour logprobs: `choices[0].logprobs.token_logprobs`;
+- text and `finish_reason` ("stop" / "length");
+- policy version: `choices[0].policy_version`, the body's `policy_version`, or the
+  `X-Policy-Version` header; servers without versions (vLLM, SGLang) keep the version set with
+  `set_version` (the trainer sets it after a reload).
+
+A `Router` picks the replica (sticky per `session_id`). Connection failures, timeouts, 429 and
+5xx answers are retried on another replica with exponential backoff; when retries run out a
+`PolicyError` (an `InfraError`) is raised. Other 4xx answers raise `PolicyError` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any, Sequence
+
+import httpx
+
+from corral.errors import PolicyError
+from corral.runner.policy import Generation, GenerationRequest, Policy, Tokenizer
+from corral.runner.router import Router
+
+log = logging.getLogger(__name__)
+VERSION_HEADER = "X-Policy-Version"
+SESSION_HEADER = "X-Session-Id"
+_RETRYABLE_STATUS = {408, 429}
+
+
+class OpenAIPolicy(Policy):
+    """A policy served by one or more OpenAI-compatible HTTP replicas."""
+
+    def __init__(self, base_urls: Sequence[str] | str, tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+                 *, model: str | None = None, timeout: float = 300.0, connect_timeout: float = 5.0,
+                 retries: int = 3, backoff: float = 0.25, max_backoff: float = 5.0,
+                 router: Router | None = None, api_key: str | None = None,
+                 max_connections: int = 1024, version: int = 0,
+                 extra_body: dict[str, Any] | None = None) -> None:
+        """`tokenizer` is a tokenizer or a local model directory (needed to build prompts)."""
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
+        if not urls:
+            raise ValueError("OpenAIPolicy needs at least one base URL")
+        if isinstance(tokenizer, (str, os.PathLike)):
+            from corral.runner.models import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
+        self.tokenizer = tokenizer  # type: ignore[assignment]
+        self.base_urls = urls
+        self.router = router or Router(urls)
+        unknown = set(urls) - set(self.router.replicas)
+        if unknown:
+            raise ValueError(f"router does not know replicas {sorted(unknown)}")
+        self.model = model
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.extra_body = dict(extra_body or {})
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._limits = httpx.Limits(max_connections=max_connections,
+                                    max_keepalive_connections=max_connections)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client: httpx.AsyncClient | None = None
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        """The newest policy version a replica reported (or the one set with `set_version`)."""
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        """Tag tokens from servers that do not report versions (vLLM, SGLang)."""
+        self._version = int(version)
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits,
+                                             headers=self._headers)
+        return self._client
+
+    async def refresh_version(self) -> int:
+        """Ask every replica's `GET /version`; keeps and returns the highest answer."""
+        answers = await asyncio.gather(*(self._http().get(f"{u}/version") for u in self.base_urls),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, httpx.Response) and answer.status_code == 200:
+                self._version = max(self._version, int(answer.json().get("version", 0)))
+        return self._version
+
+    async def _model_name(self) -> str:
+        if self.model is None:
+            errors = []
+            for url in self.base_urls:
+                try:
+                    answer = await self._http().get(f"{url}/v1/models")
+                    answer.raise_for_status()
+                    self.model = answer.json()["data"][0]["id"]
+                    break
+                except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+                    errors.append(f"{url}: {type(exc).__name__}: {exc}")
+            else:
+                raise PolicyError("could not list models on any replica (" + "; ".join(errors)
+                                  + "); start the server or pass model=")
+        return self.model
+
+    def _body(self, request: GenerationRequest, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "prompt": list(request.prompt_ids),
+                                "max_tokens": request.max_tokens, "temperature": request.temperature,
+                                "top_p": request.top_p, "logprobs": 1, "return_token_ids": True,
+                                **self.extra_body}
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.seed is not None:
+            body["seed"] = request.seed
+        return body
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """POST the request to a routed replica, retrying infrastructure failures."""
+        body = self._body(request, await self._model_name())
+        headers = {SESSION_HEADER: request.session_id} if request.session_id else {}
+        last = "no attempt made"
+        failed: str | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
+            replica = self.router.acquire(request.session_id, exclude=failed)
+            started = time.perf_counter()
+            try:
+                answer = await self._http().post(f"{replica}/v1/completions", json=body,
+                                                 headers=headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                self.router.mark_unhealthy(replica)
+                last = f"{replica} refused the connection ({type(exc).__name__})"
+            except httpx.TransportError as exc:  # read timeout, dropped connection
+                last = f"{replica} failed mid-request ({type(exc).__name__}: {exc})"
+            else:
+                status = answer.status_code
+                if status < 400:
+                    self.router.mark_healthy(replica)
+                    return self._parse(answer, replica, time.perf_counter() - started)
+                if status < 500 and status not in _RETRYABLE_STATUS:
+                    raise PolicyError(f"{replica} rejected the request with HTTP {status}: "
+                                      f"{_error_message(answer)}")
+                last = f"{replica} answered HTTP {status}: {_error_message(answer)}"
+            finally:
+                self.router.release(replica)
+            failed = replica
+            log.warning("policy request failed (attempt %d/%d): %s", attempt + 1,
+                        self.retries + 1, last)
+        raise PolicyError(f"no inference replica answered after {self.retries + 1} attempts; "
+                          f"last error: {last}; check that the servers at "
+                          f"{', '.join(self.base_urls)} are running")
+
+    def _parse(self, answer: httpx.Response, replica: str, seconds: float) -> Generation:
+        try:
+            data = answer.json()
+            choice = data["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise PolicyError(f"{replica} sent a completion without choices: {answer.text[:200]}") from exc
+        logprobs = choice.get("logprobs") or {}
+        token_ids = choice.get("token_ids")
+        if token_ids is None:
+            token_ids = _ids_from_tokens(logprobs.get("tokens"))
+        if token_ids is None:
+            raise PolicyError(f"{replica} returned no token ids; use corral serve-policy, vLLM >= "
+                              "0.10.2 (return_token_ids) or start vLLM with "
+                              "--return-tokens-as-token-ids")
+        values = logprobs.get("token_logprobs")
+        if values is None or len(values) != len(token_ids):
+            raise PolicyError(f"{replica} returned no logprob per generated token; the server must "
+                              "support `logprobs` on /v1/completions")
+        version = choice.get("policy_version", data.get("policy_version",
+                                                          answer.headers.get(VERSION_HEADER)))
+        if version is None:
+            version = self._version
+        else:
+            version = int(version)
+            self._version = max(self._version, version)
+        return Generation(token_ids=[int(t) for t in token_ids],
+                          logprobs=[float(v) if v is not None else 0.0 for v in values],
+                          text=choice.get("text", ""), version=version,
+                          finish_reason=choice.get("finish_reason") or "stop", replica=replica,
+                          decode_seconds=seconds)
+
+    async def close(self) -> None:
+        """Close the HTTP connection pool; idempotent."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+def _ids_from_tokens(tokens: list[str] | None) -> list[int] | None:
+    if not tokens or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return None
+    return [int(t.split(":", 1)[1]) for t in tokens]
+
+
+def _error_message(answer: httpx.Response) -> str:
+    try:
+        data = answer.json()
+        error = data.get("error", data.get("detail", data))
+        message = error.get("message", error) if isinstance(error, dict) else error
+        return str(message)[:300]
+    except ValueError:
+        return answer.text[:300] or answer.reason_phrase

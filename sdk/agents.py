@@ -1,0 +1,123 @@
+"""Scripted agents (oracle, random, no-op) and `play`, which runs one episode with one of them.
+
+These are what validation and `corral run` use: the oracle must pass every task, the no-op agent
+must fail every task, and the random agent gives a floor for difficulty profiles.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .env import Action, Env
+from .errors import AgentError, InfraError
+
+
+class Agent:
+    """Chooses the next action from the episode so far."""
+
+    name = "agent"
+
+    def start(self, env: Env, seed: int | None) -> None:
+        """Called after reset."""
+
+    def act(self, env: Env, observation: str) -> Action:
+        raise AgentError(f"{type(self).__name__} must define act()")
+
+
+class OracleAgent(Agent):
+    """Plays the env's `solution(task)` actions in order, then says it is done."""
+
+    name = "oracle"
+
+    def start(self, env: Env, seed: int | None) -> None:
+        assert env.episode is not None
+        actions = env.solution(env.episode.task)
+        self._actions = [actions] if isinstance(actions, str) else list(actions)
+
+    def act(self, env: Env, observation: str) -> Action:
+        return self._actions.pop(0) if self._actions else "done"
+
+
+class NoopAgent(Agent):
+    """Does nothing: ends the episode at once with an empty answer."""
+
+    name = "noop"
+
+    def act(self, env: Env, observation: str) -> Action:
+        return ""
+
+
+class RandomAgent(Agent):
+    """Takes the env's `random_action` every turn."""
+
+    name = "random"
+
+    def start(self, env: Env, seed: int | None) -> None:
+        self._rng = random.Random(seed)
+
+    def act(self, env: Env, observation: str) -> Action:
+        assert env.episode is not None
+        return env.random_action(env.episode.task, self._rng)
+
+
+AGENTS: dict[str, Callable[[], Agent]] = {
+    "oracle": OracleAgent, "noop": NoopAgent, "random": RandomAgent}
+
+
+@dataclass
+class EpisodeResult:
+    """The outcome of one scripted episode."""
+
+    env_id: str | None
+    task_id: str
+    agent: str
+    reward: float
+    rewards: dict[str, float] = field(default_factory=dict)
+    turns: int = 0
+    truncated: bool = False
+    errors: list[str] = field(default_factory=list)
+    infra_error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Solved: positive reward, no verifier error, no infrastructure error."""
+        return self.reward > 0 and not self.errors and self.infra_error is None
+
+
+def make_agent(name: str) -> Agent:
+    try:
+        return AGENTS[name]()
+    except KeyError:
+        raise AgentError(f"unknown agent {name!r}; choose one of {', '.join(AGENTS)}") from None
+
+
+async def play(env: Env, agent: Agent | str, *, seed: int | None = None,
+               options: dict[str, Any] | None = None) -> EpisodeResult:
+    """Run one full episode of `env` with `agent`; infrastructure errors are recorded, not raised."""
+    agent = make_agent(agent) if isinstance(agent, str) else agent
+    started = time.monotonic()
+    result = EpisodeResult(env.env_id, "", agent.name, 0.0)
+    try:
+        observation, info = await env.areset(seed=seed, options=options)
+        result.task_id = info["task_id"]
+        agent.start(env, seed)
+        done = False
+        while not done:
+            observation, _, terminated, truncated, info = await env.astep(
+                agent.act(env, observation))
+            done = terminated or truncated
+        episode = env.episode
+        assert episode is not None
+        result.reward, result.rewards = episode.reward, dict(episode.rewards)
+        result.turns, result.truncated = episode.turn, episode.truncated
+        result.errors = list(episode.errors)
+    except InfraError as exc:
+        result.infra_error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await env.aclose()
+        result.seconds = time.monotonic() - started
+    return result

@@ -1,0 +1,80 @@
+"""The `corral` command line (typer + rich). Each command group lives in its own module with a
+`register(app)` function; this module assembles them and turns errors into one clear line."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+
+import typer
+
+from corral.errors import CorralError
+
+from .common import console, fail, import_user_modules
+
+# Command modules, in help order. A module registers its commands with `register(app)`.
+COMMAND_MODULES = [
+    "corral.cli.catalog",
+    "corral.cli.sandbox",
+    "corral.cli.terminal",
+    "corral.cli.browser",
+    "corral.cli.policy",
+    "corral.cli.demo",
+]
+
+app = typer.Typer(
+    name="corral",
+    help="Write environments for LLM agents, publish them, and train against them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(
+    imports: list[str] = typer.Option(
+        [], "--import", "-i", help="Import a module or .py file first (registers its envs)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug output."),
+) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    import_user_modules([*imports, *filter(None, os.environ.get("CORRAL_IMPORT", "").split(","))])
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # a command group not built yet in this checkout
+                continue
+            raise
+        module.register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    """Console-script entry point: run the app; errors become one line and exit code 1."""
+    try:
+        app(standalone_mode=False)
+    except CorralError as exc:
+        fail(str(exc))
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        fail("aborted")
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except Exception as exc:  # click usage errors and anything unexpected: one line, no trace
+        import click
+
+        if isinstance(exc, click.ClickException):
+            fail(exc.format_message(), code=exc.exit_code)
+        if os.environ.get("CORRAL_DEBUG"):
+            raise
+        fail(f"{type(exc).__name__}: {exc} (set CORRAL_DEBUG=1 for the traceback)")

@@ -1,0 +1,41 @@
+"""Helpers shared by CLI command modules: the console, one-line failures, user imports."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from rich.console import Console
+
+from corral.errors import CorralError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print one clear error line on stderr and exit with `code`."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def import_user_modules(names: list[str]) -> None:
+    """Import modules by name or by .py path, so the envs they define get registered."""
+    for name in names:
+        if name.endswith(".py"):
+            path = Path(name).resolve()
+            if not path.exists():
+                raise CorralError(f"--import {name}: no such file")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                raise CorralError(f"--import {name}: module not found ({exc.name})") from None

@@ -1,0 +1,48 @@
+"""`corral serve-policy MODEL`: serve a local model over an OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+import socket
+
+import typer
+
+from corral.errors import CorralError
+
+from .common import fail
+
+
+def _port_free(host: str, port: int) -> str | None:
+    """None when `host:port` can be bound, else the reason."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `serve-policy` command to `app`."""
+
+    @app.command("serve-policy")
+    def serve_policy(
+        model: str = typer.Argument(..., help="A local model directory (save_pretrained) or 'tiny'."),
+        host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+        port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
+        device: str = typer.Option(None, help="torch device (default: cuda if present, else cpu)."),
+        max_batch: int = typer.Option(16, min=1, help="Most requests decoded together."),
+        log_level: str = typer.Option("info", help="uvicorn log level."),
+    ) -> None:
+        """Serve MODEL with /v1/completions, /v1/chat/completions, /reload and /version."""
+        from corral.runner.local_policy import LocalPolicy
+        from corral.runner.serve import serve
+
+        problem = _port_free(host, port)
+        if problem:
+            fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
+        try:
+            policy = LocalPolicy(model, device=device, max_batch=max_batch)
+        except (CorralError, ValueError, RuntimeError) as exc:
+            fail(str(exc))
+        serve(policy, host=host, port=port, log_level=log_level)

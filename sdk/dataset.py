@@ -1,0 +1,180 @@
+"""Datasets of tasks: from a list, JSONL, a generator, a procedural recipe or a Hugging Face split.
+
+A dataset is indexable and sized, so episodes can pick tasks by seed. Procedural datasets build
+task `i` from a random generator seeded by `(seed, i)`: any task can be made on its own, the same
+index always gives the same task, and a million tasks cost nothing until used.
+Splits are deterministic by task hash, so a task is in the same split whatever else is added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+
+from pydantic import ValidationError
+
+from .errors import DatasetError
+from .types import Task
+
+T = TypeVar("T", bound=Task)
+
+SPLITS = ("train", "test")
+
+
+def _bucket(task_id: str) -> float:
+    """A task's position in [0, 1) for splitting, from its id alone."""
+    return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0x1_0000_0000
+
+
+class Dataset(Generic[T]):
+    """An indexable, sized collection of tasks of one type."""
+
+    def __init__(self, get: Callable[[int], Any], size: int, *, task_type: type[Task] = Task,
+                 source: str = "list") -> None:
+        self._get = get
+        self._size = size
+        self.task_type = task_type
+        self.source = source
+        self._cache: dict[int, Task] = {}
+
+    # --- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_list(cls, items: Sequence[Any], task_type: type[Task] = Task) -> "Dataset":
+        """Tasks from dicts or `Task` instances."""
+        items = list(items)
+        return cls(items.__getitem__, len(items), task_type=task_type, source="list")
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path, task_type: type[Task] = Task) -> "Dataset":
+        """One JSON object per line; blank lines are ignored."""
+        path = Path(path)
+        if not path.exists():
+            raise DatasetError(f"{path}: no such tasks file")
+        items = []
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        dataset = cls.from_list(items, task_type)
+        dataset.source = str(path)
+        return dataset
+
+    @classmethod
+    def from_generator(cls, generator: Iterable[Any] | Callable[[], Iterable[Any]],
+                       limit: int | None = None, task_type: type[Task] = Task) -> "Dataset":
+        """Tasks from an iterable or a generator function (materialised, up to `limit`)."""
+        iterable = generator() if callable(generator) else generator
+        items = []
+        for item in iterable:
+            if limit is not None and len(items) >= limit:
+                break
+            items.append(item)
+        dataset = cls.from_list(items, task_type)
+        dataset.source = "generator"
+        return dataset
+
+    @classmethod
+    def procedural(cls, make: Callable[[random.Random, int], Any], size: int, seed: int = 0,
+                   task_type: type[Task] = Task) -> "Dataset":
+        """Task `i` is `make(rng, i)` with `rng` seeded by `(seed, i)`; nothing is built ahead."""
+        if size <= 0:
+            raise DatasetError(f"procedural dataset size must be positive, got {size}")
+        return cls(lambda i: make(random.Random(f"{seed}:{i}"), i), size, task_type=task_type,
+                   source=f"procedural(seed={seed})")
+
+    @classmethod
+    def from_hf(cls, dataset: Any, split: str | None = None, task_type: type[Task] = Task,
+                **load_kwargs: Any) -> "Dataset":
+        """A Hugging Face `datasets` split: a loaded `datasets.Dataset` or a path/name for
+        `datasets.load_dataset(path, split=split)`. Needs the `hf` extra."""
+        if isinstance(dataset, (str, Path)):
+            try:
+                import datasets as hf_datasets
+            except ImportError:
+                raise DatasetError("Dataset.from_hf needs the 'datasets' package: "
+                                   "pip install 'corral[hf]'") from None
+            dataset = hf_datasets.load_dataset(str(dataset), split=split, **load_kwargs)
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise DatasetError(f"from_hf needs an indexable split, got {type(dataset).__name__}")
+        result = cls(lambda i: dict(dataset[i]), len(dataset), task_type=task_type, source="hf")
+        return result
+
+    @classmethod
+    def coerce(cls, tasks: Any, task_type: type[Task] = Task) -> "Dataset":
+        """Whatever `@environment(tasks=...)` was given, as a Dataset."""
+        if isinstance(tasks, Dataset):
+            if task_type is not Task and tasks.task_type is Task:
+                tasks.task_type = task_type
+            return tasks
+        if tasks is None:
+            return cls.from_list([], task_type)
+        if isinstance(tasks, (str, Path)):
+            return cls.from_jsonl(tasks, task_type)
+        if callable(tasks) or isinstance(tasks, Iterator):
+            return cls.from_generator(tasks, task_type=task_type)
+        if isinstance(tasks, Sequence):
+            return cls.from_list(tasks, task_type)
+        raise DatasetError(f"cannot make tasks from {type(tasks).__name__}; give a list, a "
+                           "JSONL path, a generator or a cr.Dataset")
+
+    # --- access ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index: int) -> T:
+        if not -self._size <= index < self._size:
+            raise IndexError(f"task index {index} out of range for {self._size} tasks")
+        index %= self._size
+        task = self._cache.get(index)
+        if task is None:
+            task = self._validate(self._get(index), index)
+            if len(self._cache) < 65536:  # procedural sets can be huge: cache only the start
+                self._cache[index] = task
+        return task  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[T]:
+        return (self[i] for i in range(self._size))
+
+    def _validate(self, item: Any, index: int) -> Task:
+        if isinstance(item, self.task_type):
+            return item
+        if isinstance(item, Task):
+            item = item.model_dump()
+        if not isinstance(item, dict):
+            raise DatasetError(f"task {index} is a {type(item).__name__}, expected a dict")
+        try:
+            return self.task_type(**item)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "task"
+            raise DatasetError(f"task {index}: field '{where}': {first['msg']}") from None
+
+    # --- curation ----------------------------------------------------------------------------
+    def split(self, name: str, test_fraction: float = 0.1) -> "Dataset":
+        """The `train` or `test` part, decided by each task's id hash (stable under growth)."""
+        if name not in SPLITS:
+            raise DatasetError(f"unknown split {name!r}; choose one of {', '.join(SPLITS)}")
+        if not 0.0 < test_fraction < 1.0:
+            raise DatasetError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        want_test = name == "test"
+        keep = [i for i in range(len(self)) if (_bucket(self[i].id) < test_fraction) == want_test]
+        subset = Dataset(lambda j: self[keep[j]], len(keep), task_type=self.task_type,
+                         source=f"{self.source}[{name}]")
+        return subset
+
+    def fingerprint(self) -> str:
+        """sha256 over all task ids (ids are content hashes): the dataset hash of a release."""
+        digest = hashlib.sha256()
+        for task in self:
+            digest.update(task.id.encode())
+            digest.update(b"\n")
+        return digest.hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Dataset({self._size} tasks, {self.task_type.__name__}, from {self.source})"

@@ -1,0 +1,349 @@
+"""`cr.Env`: the environment base class every kind builds on (DESIGN §3).
+
+An episode is a list of chat messages. `reset` picks a task, prepares its sandbox and returns the
+instruction; `step` takes the model's text (tool calls inside it are parsed) or a `ToolCall`,
+runs the tools and returns what they printed; a message without tool calls is the agent's answer,
+which `respond` may answer (multi-turn games) or which ends the episode. Rewards run when the
+episode ends (and after every step for `per_step` rewards).
+
+Async core, thin sync twins: `areset/astep/aclose` are the real implementations; `reset/step/
+close` run them on Corral's background loop (`corral._sync`). Every env is a `gymnasium.Env`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, Sequence
+
+import gymnasium
+
+from ._sync import run_sync
+from .dataset import Dataset
+from .errors import AgentError, InfraError, UnknownTool
+from .sandbox.base import Sandbox
+from .sandbox.spec import SandboxSpec
+from .spaces import TextSpace
+from .suggest import closest
+from .toolcalls import ToolCallParseError, parse_tool_calls, strip_tool_calls
+from .tools import RewardSpec, ToolSpec, call_maybe_async, collect
+from .types import Message, Task, ToolCall
+
+log = logging.getLogger(__name__)
+
+Action = str | ToolCall | dict[str, Any] | Sequence[ToolCall]
+
+
+class SandboxProvider(Protocol):
+    """Where sandboxes come from: the runner's warm pool, or a backend opened on demand."""
+
+    async def acquire(self, spec: SandboxSpec, env: "Env") -> Sandbox: ...
+
+    async def release(self, sandbox: Sandbox, env: "Env", reusable: bool) -> None: ...
+
+
+@dataclass
+class Episode:
+    """The state of the current episode."""
+
+    task: Task
+    messages: list[Message]
+    sandbox: Any = None
+    state: dict[str, Any] = field(default_factory=dict)
+    turn: int = 0
+    done: bool = False
+    truncated: bool = False
+    reward: float = 0.0
+    rewards: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    infra_error: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def completion(self) -> str:
+        """The agent's last message text (what single-turn rewards judge)."""
+        for message in reversed(self.messages):
+            if message["role"] == "assistant":
+                return message.get("content") or ""
+        return ""
+
+    @property
+    def errored(self) -> bool:
+        return bool(self.errors) or self.infra_error is not None
+
+
+class Env(gymnasium.Env[str, str]):
+    """Base of all Corral environments. Subclass one of `TextEnv`, `TerminalEnv`, `BrowserEnv`.
+
+    Class attributes set by `@cr.environment`: `env_id`, `tasks`, `max_turns`, `tags`,
+    `sandbox_spec`. Author hooks: `instruction`, `setup`, `respond`, `solution`,
+    `random_action`; tools and rewards are methods marked `@cr.tool` / `@cr.reward`.
+    """
+
+    kind: ClassVar[str] = "base"
+    env_id: ClassVar[str | None] = None
+    tasks: ClassVar[Dataset] = Dataset.from_list([])
+    max_turns: int = 1
+    tags: ClassVar[tuple[str, ...]] = ()
+    sandbox_spec: ClassVar[SandboxSpec | None] = None
+    system_prompt: ClassVar[str | None] = None
+    reusable_sandbox: ClassVar[bool] = False  # may the runner reuse a sandbox after reset?
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+
+    def __init__(self, *, tasks: Any = None, max_turns: int | None = None,
+                 sandbox: SandboxSpec | None = None, render_mode: str | None = None,
+                 sandbox_provider: SandboxProvider | None = None, **config: Any) -> None:
+        if tasks is not None:
+            self.tasks = Dataset.coerce(tasks, type(self).tasks.task_type)
+        if max_turns is not None:
+            self.max_turns = max_turns
+        if sandbox is not None:
+            self.sandbox_spec = sandbox
+        self.config = config
+        self.render_mode = render_mode
+        self.sandbox_provider = sandbox_provider
+        self.observation_space = TextSpace()
+        self.action_space = TextSpace()
+        tools, rewards = collect(type(self))
+        self._tools: dict[str, ToolSpec] = tools
+        self._rewards: dict[str, RewardSpec] = rewards
+        self.episode: Episode | None = None
+
+    # --- author hooks -------------------------------------------------------------------------
+    def instruction(self, task: Task) -> str:
+        """What the agent is asked to do for `task`."""
+        prompt = task.get("prompt") or task.get("instruction")
+        if prompt is None:
+            raise AgentError(f"{type(self).__name__} must define instruction(task)")
+        return str(prompt)
+
+    async def setup(self, sandbox: Any, task: Task) -> None:
+        """Prepare one task in a fresh sandbox (files, services, state)."""
+
+    async def respond(self, task: Task, completion: str, state: dict[str, Any]) -> str | None:
+        """Answer a message that called no tool: a string continues the episode with that text
+        as the next user message; None ends it. Default: the message is the final answer."""
+        return None
+
+    def solution(self, task: Task) -> list[ToolCall | str] | str:
+        """The oracle: actions that solve `task`, used by validation."""
+        raise AgentError(f"{type(self).__name__} has no oracle solution()")
+
+    def random_action(self, task: Task, rng: Any) -> Action:
+        """An action a random agent might take (used by `corral run --agent random`)."""
+        if self._tools and rng.random() < 0.5:
+            name = rng.choice(sorted(self._tools))
+            return ToolCall(name=name, arguments={})
+        return "".join(rng.choice("0123456789 abcdefghij") for _ in range(rng.randint(1, 8)))
+
+    # --- sandbox lifecycle -------------------------------------------------------------------
+    async def open_sandbox(self, task: Task) -> Any:
+        """A fresh sandbox for `task` when no provider is set; text envs need none."""
+        return None
+
+    async def _acquire(self, task: Task) -> Any:
+        if self.sandbox_spec is not None and self.sandbox_provider is not None:
+            return await self.sandbox_provider.acquire(self.sandbox_spec, self)
+        return await self.open_sandbox(task)
+
+    async def _release(self, episode: Episode) -> None:
+        sandbox, episode.sandbox = episode.sandbox, None
+        if sandbox is None:
+            return
+        if self.sandbox_provider is not None and self.sandbox_spec is not None:
+            reusable = self.reusable_sandbox and episode.infra_error is None
+            await self.sandbox_provider.release(sandbox, self, reusable)
+        elif hasattr(sandbox, "close"):
+            await sandbox.close()
+
+    # --- the episode -------------------------------------------------------------------------
+    def pick_task(self, options: dict[str, Any] | None) -> Task:
+        options = options or {}
+        if "task" in options:
+            task = options["task"]
+            return task if isinstance(task, Task) else self.tasks.task_type(**task)
+        if len(self.tasks) == 0:
+            raise AgentError(f"{self.env_id or type(self).__name__} has no tasks")
+        index = options.get("task_index")
+        if index is None:
+            index = int(self.np_random.integers(len(self.tasks)))
+        return self.tasks[int(index)]
+
+    async def areset(self, *, seed: int | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode: pick a task (by `seed`, or `options={"task_index": i}` /
+        `{"task": ...}`), prepare its sandbox, return the instruction."""
+        gymnasium.Env.reset(self, seed=seed)
+        if self.episode is not None:
+            await self._release(self.episode)
+        task = self.pick_task(options)
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        episode = Episode(task=task, messages=messages)
+        self.episode = episode
+        try:
+            episode.sandbox = await self._acquire(task)
+            await self.setup(episode.sandbox, task)
+        except BaseException:
+            await self._release(episode)
+            raise
+        text = self.instruction(task)
+        messages.append({"role": "user", "content": text})
+        return text, {"task_id": task.id, "turn": 0}
+
+    async def astep(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply the agent's action; returns (observation, reward, terminated, truncated, info)."""
+        episode = self._require_episode()
+        episode.turn += 1
+        calls, text = self._normalise(action)
+        episode.messages.append(self._assistant_message(text, calls))
+        try:
+            if calls:
+                observation = await self._run_calls(episode, calls)
+            else:
+                reply = await self.respond(episode.task, text, episode.state)
+                if reply is None:
+                    episode.done = True
+                    observation = ""
+                else:
+                    observation = reply
+                    episode.messages.append({"role": "user", "content": reply})
+        except InfraError as exc:
+            episode.infra_error = f"{type(exc).__name__}: {exc}"
+            episode.done = True
+            raise
+        if not episode.done and episode.turn >= self.max_turns:
+            episode.done = episode.truncated = True
+        step_reward = await self._score(episode, per_step=True)
+        info: dict[str, Any] = {"task_id": episode.task.id, "turn": episode.turn}
+        if episode.done:
+            step_reward += await self._score(episode, per_step=False)
+            info.update(rewards=dict(episode.rewards), errored=episode.errored,
+                        errors=list(episode.errors))
+        episode.reward += step_reward
+        terminated = episode.done and not episode.truncated
+        return observation, step_reward, terminated, episode.truncated, info
+
+    async def aclose(self) -> None:
+        """Release the episode's sandbox."""
+        if self.episode is not None:
+            await self._release(self.episode)
+
+    # --- tools -------------------------------------------------------------------------------
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function-calling schemas of this env's tools."""
+        return [spec.schema() for spec in self._tools.values()]
+
+    @property
+    def tool_names(self) -> list[str]:
+        return list(self._tools)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
+        """Run one tool with validated arguments in the current episode and return its output.
+        Unknown tools and bad arguments raise `AgentError` subclasses with clear messages."""
+        episode = self._require_episode()
+        spec = self._tools.get(name)
+        if spec is None:
+            hint = closest(name, self._tools)
+            known = ", ".join(self._tools) or "none"
+            raise UnknownTool(f"Unknown tool '{name}'.{hint} Available tools: {known}.")
+        args = spec.validate(arguments or {})
+        result = await call_maybe_async(spec.fn, self.injections(episode), args)
+        return "" if result is None else str(result)
+
+    def injections(self, episode: Episode) -> dict[str, Any]:
+        """Values tools and rewards may ask for by parameter name."""
+        return {"self": self, "sandbox": episode.sandbox, "task": episode.task,
+                "state": episode.state, "messages": episode.messages,
+                "completion": episode.completion}
+
+    async def _run_calls(self, episode: Episode, calls: list[ToolCall | ToolCallParseError]) -> str:
+        outputs = []
+        for call in calls:
+            if isinstance(call, ToolCallParseError):
+                output, name, call_id = f"Error: {call}", "invalid", None
+            else:
+                name, call_id = call.name, call.id
+                try:
+                    output = await self.call_tool(call.name, call.arguments)
+                except AgentError as exc:
+                    output = f"Error: {exc}"
+                except InfraError:
+                    raise
+                except Exception as exc:  # a tool's own failure is shown to the agent
+                    log.debug("tool %s raised", name, exc_info=True)
+                    output = f"Error: tool '{name}' failed: {type(exc).__name__}: {exc}"
+            message: Message = {"role": "tool", "name": name, "content": output}
+            if call_id:
+                message["tool_call_id"] = call_id
+            episode.messages.append(message)
+            outputs.append(output)
+        return "\n".join(outputs)
+
+    async def _score(self, episode: Episode, *, per_step: bool) -> float:
+        total = 0.0
+        for spec in self._rewards.values():
+            if spec.per_step != per_step:
+                continue
+            try:
+                value = float(await call_maybe_async(spec.fn, self.injections(episode)))
+            except InfraError:
+                raise
+            except Exception as exc:  # a broken verifier marks the episode, the run goes on
+                episode.errors.append(f"reward '{spec.name}' raised {type(exc).__name__}: {exc}")
+                log.warning("reward %s of %s raised: %s", spec.name, self.env_id, exc)
+                value = 0.0
+            episode.rewards[spec.name] = episode.rewards.get(spec.name, 0.0) + value
+            total += spec.weight * value
+        return total
+
+    @staticmethod
+    def _normalise(action: Action) -> tuple[list[ToolCall | ToolCallParseError], str]:
+        if isinstance(action, ToolCall):
+            return [action], ""
+        if isinstance(action, dict):
+            return [ToolCall(name=action["name"], arguments=action.get("arguments", {}))], ""
+        if isinstance(action, str):
+            calls = parse_tool_calls(action)
+            return calls, (strip_tool_calls(action) if calls else action)
+        return list(action), ""
+
+    @staticmethod
+    def _assistant_message(text: str, calls: list[ToolCall | ToolCallParseError]) -> Message:
+        message: Message = {"role": "assistant", "content": text}
+        good = [c for c in calls if isinstance(c, ToolCall)]
+        if good:
+            message["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in good]
+        return message
+
+    def _require_episode(self) -> Episode:
+        if self.episode is None:
+            raise AgentError("call reset() before step()")
+        if self.episode.done:
+            raise AgentError("the episode is over; call reset() to start another")
+        return self.episode
+
+    # --- sync twins (gymnasium API) ---------------------------------------------------------
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        return run_sync(self.areset(seed=seed, options=options))
+
+    def step(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return run_sync(self.astep(action))
+
+    def close(self) -> None:
+        run_sync(self.aclose())
+
+    def render(self) -> str | None:
+        """The transcript so far as text (render_mode 'ansi')."""
+        if self.episode is None:
+            return ""
+        return "\n".join(f"[{m['role']}] {m.get('content', '')}" for m in self.episode.messages)
+
+
+class TextEnv(Env):
+    """An environment with no sandbox: prompts in, text out (fast path for training and tests)."""
+
+    kind: ClassVar[str] = "text"

@@ -1,0 +1,108 @@
+"""`@cr.environment`: declare an environment in class form or function form (DESIGN §3).
+
+Class form decorates a subclass of `cr.TextEnv`/`cr.TerminalEnv`/`cr.BrowserEnv`. Function form
+decorates a function `task -> prompt` and makes a single-turn `TextEnv`; its rewards are added
+with `@fn.reward` on functions of `(task, completion)`, its oracle with `@fn.solution`.
+Either way the class is registered in the default catalog under `id` (unless `register=False`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from .dataset import Dataset
+from .env import Env, TextEnv
+from .errors import AuthoringError
+from .sandbox.spec import SandboxSpec
+from .tools import reward as reward_mark
+from .types import Task
+
+
+class FunctionEnv(TextEnv):
+    """A single-turn text env made from a prompt function (function form)."""
+
+    _prompt_fn: Callable[[Task], str]
+    _solution_fn: Callable[[Task], Any] | None = None
+
+    def instruction(self, task: Task) -> str:
+        return str(type(self)._prompt_fn(task))
+
+    def solution(self, task: Task) -> Any:
+        fn = type(self)._solution_fn
+        if fn is None:
+            return super().solution(task)
+        return fn(task)
+
+    @classmethod
+    def reward(cls, fn: Callable[..., Any] | None = None, *, weight: float = 1.0,
+               per_step: bool = False) -> Any:
+        """Add a reward function of `(task, completion)` (any injected names work)."""
+
+        def add(f: Callable[..., Any]) -> Callable[..., Any]:
+            marked = reward_mark(f, weight=weight, per_step=per_step)
+            setattr(cls, f"_reward_{f.__name__}", staticmethod(marked))
+            return f
+
+        return add(fn) if fn is not None else add
+
+    @classmethod
+    def solution_fn(cls, fn: Callable[[Task], Any]) -> Callable[[Task], Any]:
+        cls._solution_fn = staticmethod(fn)  # type: ignore[assignment]
+        return fn
+
+
+def environment(id: str, *, tasks: Any = None, sandbox: SandboxSpec | None = None,
+                max_turns: int | None = None, tags: list[str] | tuple[str, ...] = (),
+                task_type: type[Task] | None = None, description: str | None = None,
+                register: bool = True, **metadata: Any) -> Callable[[Any], Any]:
+    """Declare an environment and register it under `id` (`namespace/name-vN`)."""
+    from corral.registry import default_catalog, parse_id  # registry ← sdk at call time only
+
+    parse_id(id, require_version=True)
+
+    def wrap(obj: Any) -> Any:
+        if inspect.isclass(obj):
+            if not issubclass(obj, Env):
+                raise AuthoringError(f"@environment class {obj.__name__} must subclass "
+                                     "cr.TextEnv, cr.TerminalEnv or cr.BrowserEnv")
+            cls = obj
+        elif callable(obj):
+            cls = type(obj.__name__, (FunctionEnv,), {
+                "_prompt_fn": staticmethod(obj), "__doc__": obj.__doc__,
+                "__module__": obj.__module__, "__qualname__": obj.__qualname__})
+            cls.solution = _bind_solution  # type: ignore[attr-defined]
+        else:
+            raise AuthoringError(f"@environment decorates a class or a function, not {obj!r}")
+        ttype = task_type or getattr(cls, "task_type", None) or cls.tasks.task_type
+        cls.tasks = Dataset.coerce(tasks if tasks is not None else cls.tasks, ttype)
+        cls.env_id = id
+        if max_turns is not None:
+            cls.max_turns = max_turns
+        if tags:
+            cls.tags = tuple(tags)
+        if sandbox is not None:
+            cls.sandbox_spec = sandbox
+        if register:
+            default_catalog.register(id, entry_point=cls, kind=cls.kind, tags=list(cls.tags),
+                                     description=description or _first_line(cls.__doc__),
+                                     **metadata)
+        return cls
+
+    return wrap
+
+
+class _SolutionDescriptor:
+    """`fn.solution` on a function-form env: a decorator on the class, the oracle on instances."""
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            return owner.solution_fn
+        return lambda task: FunctionEnv.solution(instance, task)
+
+
+_bind_solution = _SolutionDescriptor()
+
+
+def _first_line(doc: str | None) -> str:
+    return inspect.cleandoc(doc).splitlines()[0] if doc else ""

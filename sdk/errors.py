@@ -1,0 +1,94 @@
+"""One exception hierarchy users can catch (DESIGN, STYLE: `corral.errors`).
+
+Two branches matter to a training run: `InfraError` (the sandbox died, a server answered 5xx,
+an image is missing) is retried and never counted against the agent; `AgentError` (unknown
+tool, bad arguments, a command that failed) is fed back to the agent as an observation.
+"""
+
+from __future__ import annotations
+
+
+class CorralError(Exception):
+    """Base of every error Corral raises on purpose."""
+
+
+# --- catalog / authoring --------------------------------------------------------------------
+class RegistryError(CorralError):
+    """Something is wrong with an environment id or its registration."""
+
+
+class InvalidEnvId(RegistryError, ValueError):
+    """An id does not have the form `namespace/name-vN`."""
+
+
+class UnknownEnv(RegistryError, KeyError):
+    """No environment is registered under an id (the message names the closest ones)."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class DeprecatedEnv(RegistryError):
+    """The requested version is deprecated; the message names the replacement."""
+
+
+class DuplicateRegistration(RegistryError):
+    """An id is already registered with a different entry point."""
+
+
+class AuthoringError(CorralError, TypeError):
+    """An environment, tool, reward or task definition is malformed."""
+
+
+class DatasetError(CorralError, ValueError):
+    """Tasks could not be read or do not match the declared task type."""
+
+
+class ModelError(CorralError, ValueError):
+    """A model path does not exist or does not hold a causal LM that can be loaded."""
+
+
+# --- agent-side failures: returned to the agent, never crash a run ---------------------------
+class AgentError(CorralError):
+    """The agent did something invalid; shown to it as an observation."""
+
+
+class UnknownTool(AgentError):
+    """The agent called a tool that does not exist."""
+
+
+class InvalidToolArguments(AgentError):
+    """The agent's tool arguments failed validation."""
+
+
+class RewardError(CorralError):
+    """A reward function raised; the episode is marked errored and the run goes on."""
+
+
+# --- infrastructure failures: retried, never blamed on the agent -----------------------------
+class InfraError(CorralError):
+    """Infrastructure failed (sandbox, browser, inference server); not the agent's fault."""
+
+
+class SandboxError(InfraError):
+    """A sandbox could not be created, or stopped working."""
+
+
+class SandboxDied(SandboxError):
+    """A sandbox went away mid-episode."""
+
+
+class ImageNotFound(SandboxError):
+    """An image is missing locally; the message names the command that builds it."""
+
+
+class ImageBuildError(SandboxError):
+    """Building an image failed; the message names the file and the problem."""
+
+
+class BrowserError(InfraError):
+    """The browser or a page crashed or could not be started."""
+
+
+class PolicyError(InfraError):
+    """An inference server was unreachable or answered with an error."""

@@ -1,0 +1,137 @@
+"""The sandbox contract every backend implements (DESIGN §4).
+
+A sandbox is one isolated place where an episode's commands run. Backends (`docker`, `bwrap`,
+`browser`) live in their own modules and are interchangeable behind this interface. Everything
+is async: a backend never blocks the event loop (synchronous SDKs run in threads).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+DEFAULT_OUTPUT_LIMIT = 1 << 20  # bytes kept per stream; the rest is dropped with a marker
+TRUNCATION_MARKER = "\n[... output truncated by corral: {dropped} bytes dropped ...]\n"
+
+
+@dataclass(slots=True)
+class ExecResult:
+    """What one command did: exit code, captured output, wall time and whether it timed out."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr together, as a terminal would show them."""
+        if self.stderr and self.stdout:
+            return f"{self.stdout}{'' if self.stdout.endswith(chr(10)) else chr(10)}{self.stderr}"
+        return self.stdout or self.stderr
+
+
+@dataclass(slots=True)
+class SandboxStats:
+    """Timings a backend records so the runner can report where time went."""
+
+    started_at: float = 0.0
+    start_seconds: float = 0.0
+    commands: int = 0
+    exec_seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Shell(abc.ABC):
+    """A persistent shell session: commands share cwd and environment like a terminal."""
+
+    @abc.abstractmethod
+    async def run(self, command: str, timeout: float | None = None) -> ExecResult:
+        """Run one command in the session; on timeout its process group is killed within 1 s
+        of the deadline and the session stays usable."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """End the session."""
+
+
+class Sandbox(abc.ABC):
+    """One isolated execution environment. Use as `async with` or call `close()`."""
+
+    backend: str = "abstract"
+
+    def __init__(self) -> None:
+        self.stats = SandboxStats()
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        """Run one command (a string runs under `bash -lc`), capture its output, enforce the
+        timeout by killing the command's whole process group."""
+
+    @abc.abstractmethod
+    async def shell(self) -> Shell:
+        """The sandbox's persistent shell session (created on first use, then reused)."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        """Create or replace a file inside the sandbox (parents are created)."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Read a file from inside the sandbox; raises FileNotFoundError if missing."""
+
+    async def upload(self, local: str | Path, remote: str) -> None:
+        """Copy a local file or directory tree into the sandbox."""
+        local = Path(local)
+        if local.is_dir():
+            for item in sorted(local.rglob("*")):
+                if item.is_file():
+                    rel = item.relative_to(local).as_posix()
+                    await self.write_file(f"{remote.rstrip('/')}/{rel}", item.read_bytes(),
+                                          item.stat().st_mode & 0o777)
+        else:
+            await self.write_file(remote, local.read_bytes(), local.stat().st_mode & 0o777)
+
+    async def download(self, remote: str, local: str | Path) -> None:
+        """Copy a file out of the sandbox."""
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(await self.read_file(remote))
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release everything the sandbox holds. Idempotent."""
+
+    @property
+    def alive(self) -> bool:
+        """False once the sandbox is closed or known dead."""
+        return True
+
+    async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def cap_output(data: bytes, limit: int = DEFAULT_OUTPUT_LIMIT) -> tuple[str, bool]:
+    """Decode at most `limit` bytes of `data`, marking what was dropped."""
+    if len(data) <= limit:
+        return data.decode("utf-8", "replace"), False
+    kept = data[:limit].decode("utf-8", "replace")
+    return kept + TRUNCATION_MARKER.format(dropped=len(data) - limit), True

@@ -1,0 +1,388 @@
+"""bubblewrap backend: daemonless sandboxes in milliseconds, on a rootfs exported from an image.
+
+Usage is the same as the docker backend (normally through `corral.sandbox.open_sandbox`)::
+
+    async with await BwrapSandbox.create(Terminal(), run_id="r1") as sb:
+        print((await sb.exec("cat /etc/debian_version")).stdout)
+
+How a sandbox is laid out:
+
+- The image's filesystem is exported once per image id (`images.export_rootfs`) and is the
+  read-only lower layer of a kernel overlayfs; each sandbox gets its own upper dir, so the whole
+  filesystem is writable and every write persists for the sandbox's life (like a container).
+  The overlay is mounted inside a private mount namespace (`unshare --mount`), so it vanishes
+  with the sandbox and never shows on the host. (bubblewrap 0.8 has no `--overlay`; mounting
+  overlayfs needs root, which is what this backend is tested as.)
+- One long-lived `bwrap --unshare-pid --unshare-net --unshare-ipc --unshare-uts --die-with-parent
+  --new-session` holds the namespaces; commands join them with `nsenter` and drop privileges with
+  the image's `setpriv` (capability bounding set = `docker.CAP_ADD`, no-new-privs, optional
+  non-root user). Processes started by `exec` (services from a setup step) therefore keep running
+  for the sandbox's life, exactly as in a container.
+- Limits: a cgroup per sandbox (v1 pids/memory/cpu controllers, or v2) when /sys/fs/cgroup is
+  writable; otherwise `prlimit` rlimits (nproc, address space) inside the sandbox.
+- Network: off unless spec.network is set, in which case the host's network is shared (bwrap has
+  no bridge).
+- Kill guarantee: the same host-side /proc group kill as the docker backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import SandboxDied, SandboxError
+from . import _procs
+from ._proto import ShellSession, Transport, run_command
+from .base import ExecResult, Sandbox, Shell
+from .docker import CAP_ADD
+from .images import cache_dir, export_rootfs, rootfs_config
+from .spec import Terminal
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_MOUNT = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 4 && exec "$@"'
+_JOIN_CGROUPS = 'for f in $1; do echo $$ > "$f" || exit 125; done; shift; exec "$@"'
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def sandboxes_dir() -> Path:
+    """Where per-sandbox upper dirs live ($CORRAL_CACHE/bwrap)."""
+    return cache_dir() / "bwrap"
+
+
+def parse_bytes(size: str) -> int:
+    """'512m' -> bytes."""
+    s = size.lower().rstrip("b")
+    return int(float(s[:-1]) * _UNITS[s[-1]]) if s[-1] in _UNITS else int(s)
+
+
+def _passwd(rootfs: Path, user: str) -> tuple[int, int, str]:
+    if user.isdigit():
+        return int(user), int(user), "/"
+    for line in (rootfs / "etc" / "passwd").read_text().splitlines():
+        parts = line.split(":")
+        if len(parts) >= 6 and parts[0] == user:
+            return int(parts[2]), int(parts[3]), parts[5]
+    raise SandboxError(f"user {user!r} does not exist in the image; add it in the Dockerfile")
+
+
+class Cgroup:
+    """A per-sandbox cgroup (v1: one dir per controller; v2: one dir) with the spec's limits."""
+
+    def __init__(self, name: str, spec: Terminal) -> None:
+        self.dirs: list[Path] = []
+        mem, cpu = parse_bytes(spec.memory), spec.cpus
+        if (CGROUP_ROOT / "cgroup.controllers").exists():  # v2
+            d = CGROUP_ROOT / "corral" / name
+            d.mkdir(parents=True)
+            self.dirs = [d]
+            self._set(d, "pids.max", spec.pids)
+            self._set(d, "memory.max", mem)
+            self._set(d, "memory.swap.max", 0)
+            self._set(d, "cpu.max", f"{int(cpu * 100000)} 100000")
+            return
+        limits = {"pids": {"pids.max": spec.pids},
+                  "memory": {"memory.limit_in_bytes": mem},
+                  "cpu": {"cpu.cfs_period_us": 100000, "cpu.cfs_quota_us": int(cpu * 100000)}}
+        for ctl, files in limits.items():
+            d = CGROUP_ROOT / ctl / "corral" / name
+            d.mkdir(parents=True)
+            self.dirs.append(d)
+            for key, value in files.items():
+                self._set(d, key, value)
+
+    @staticmethod
+    def _set(d: Path, key: str, value: object) -> None:
+        try:
+            (d / key).write_text(str(value))
+        except OSError as exc:  # e.g. memory.swap.max absent without swap accounting
+            log.debug("cgroup %s/%s: %s", d, key, exc)
+
+    @staticmethod
+    def available() -> bool:
+        """Whether this process may create cgroups."""
+        for probe in (CGROUP_ROOT / "cgroup.procs", CGROUP_ROOT / "pids" / "cgroup.procs"):
+            if probe.exists():
+                return os.access(probe.parent, os.W_OK)
+        return False
+
+    @property
+    def procs(self) -> str:
+        return " ".join(str(d / "cgroup.procs") for d in self.dirs)
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except OSError:
+                log.warning("cgroup %s still busy; `corral sandbox gc` removes it later", d)
+
+
+class PipeTransport(Transport):
+    """An asyncio subprocess's pipes as frames."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        super().__init__()
+        self.proc = proc
+        self._open = 2
+        self._pumps = [asyncio.create_task(self._read(proc.stdout, 1)),  # type: ignore[arg-type]
+                       asyncio.create_task(self._read(proc.stderr, 2))]  # type: ignore[arg-type]
+
+    async def _read(self, stream: asyncio.StreamReader, sid: int) -> None:
+        while data := await stream.read(1 << 16):
+            await self.frames.put((sid, data))
+        self._open -= 1
+        if not self._open:
+            await self.frames.put((0, b""))
+
+    async def write(self, data: bytes) -> None:
+        self.proc.stdin.write(data)  # type: ignore[union-attr]
+        await self.proc.stdin.drain()  # type: ignore[union-attr]
+
+    async def host_pid(self) -> int | None:
+        return self.proc.pid
+
+    async def close(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            # the wrapper exits right after its markers; background services it started were
+            # reparented to the sandbox's init and live on
+            await asyncio.wait_for(self.proc.wait(), 2.0)
+        except TimeoutError:
+            await asyncio.to_thread(_procs.kill_below, self.proc.pid, None, True)
+            await self.proc.wait()
+        # drop our pipe ends even if a background process still holds the other ends
+        self.proc._transport.close()  # type: ignore[attr-defined]
+
+
+class BwrapSandbox(Sandbox):
+    """A Terminal sandbox under bubblewrap (see module docstring)."""
+
+    backend = "bwrap"
+
+    def __init__(self, spec: Terminal, rootfs: Path, workdir: Path, uid: int, gid: int,
+                 env: dict[str, str], cwd: str, cgroup: Cgroup | None) -> None:
+        super().__init__()
+        self.spec, self.rootfs, self.dir = spec, rootfs, workdir
+        self.uid, self.gid, self.env, self.workdir, self.cgroup = uid, gid, env, cwd, cgroup
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid = 0  # host pid of the sandbox's main process (namespaces to join)
+        self._shell: ShellSession | None = None
+        self._closed = False
+
+    @classmethod
+    async def create(cls, spec: Terminal, *, image: str | None = None, run_id: str = "adhoc",
+                     env_id: str = "") -> "BwrapSandbox":
+        """Start a sandbox on `image`'s exported rootfs (exported on first use, then cached)."""
+        if os.geteuid() != 0:
+            raise SandboxError("the bwrap backend mounts overlayfs and needs root here "
+                               "(bubblewrap 0.8); use backend='docker'")
+        for tool in ("bwrap", "nsenter", "unshare"):
+            if shutil.which(tool) is None:
+                raise SandboxError(f"{tool} is not installed; `apt-get install bubblewrap "
+                                   "util-linux`")
+        t0 = time.monotonic()
+        rootfs = await asyncio.to_thread(export_rootfs, image or spec.image)
+        if not (rootfs / "usr/bin/setpriv").exists():
+            raise SandboxError(f"image {image or spec.image} has no /usr/bin/setpriv (util-linux),"
+                               " which the bwrap backend uses to drop privileges")
+        meta = rootfs_config(rootfs)
+        user = spec.user or meta["user"] or "root"
+        uid, gid, home = _passwd(rootfs, user)
+        env = dict(e.split("=", 1) for e in meta["env"] if "=" in e)
+        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env.update(HOME=home if uid else "/root", USER=user, HOSTNAME="sandbox", **spec.env)
+        cwd = spec.workdir
+        if uid and cwd == "/root":
+            cwd = home
+        name = f"{run_id}-{secrets.token_hex(4)}".replace("/", "_")
+        sbdir = sandboxes_dir() / name
+        for sub in ("upper", "work", "merged"):
+            (sbdir / sub).mkdir(parents=True)
+        (sbdir / "owner.json").write_text(json.dumps(
+            {"pid": os.getpid(), "run": run_id, "env": env_id, "created": time.time()}))
+        cgroup = Cgroup(name, spec) if Cgroup.available() else None
+        sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, cgroup)
+        try:
+            await sandbox._start()
+            for path, content in spec.files.items():
+                await sandbox.write_file(path, content)
+        except BaseException:
+            await sandbox.close()
+            raise
+        sandbox.stats.started_at = t0
+        sandbox.stats.start_seconds = time.monotonic() - t0
+        return sandbox
+
+    def _cgroup_prefix(self) -> list[str]:
+        return ["sh", "-c", _JOIN_CGROUPS, "corral", self.cgroup.procs] if self.cgroup else []
+
+    async def _start(self) -> None:
+        net = [] if self.spec.network_mode != "none" else ["--unshare-net"]
+        resolv = (["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+                  if net == [] and Path("/etc/resolv.conf").exists() else [])
+        merged = str(self.dir / "merged")
+        argv = [*self._cgroup_prefix(), "unshare", "--mount", "--propagation", "private",
+                "sh", "-c", _MOUNT, "corral", str(self.rootfs), str(self.dir / "upper"),
+                str(self.dir / "work"), merged,
+                "bwrap", "--bind", merged, "/", "--proc", "/proc", "--dev", "/dev", *resolv,
+                "--unshare-pid", "--unshare-ipc", "--unshare-uts", *net, "--hostname", "sandbox",
+                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--info-fd", "FD",
+                "--", "sh", "-c", "echo ready && exec sleep infinity"]
+        rfd, wfd = os.pipe()
+        argv[argv.index("--info-fd") + 1] = str(wfd)  # the child sees the fd under our number
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, pass_fds=(wfd,), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        finally:
+            os.close(wfd)
+        try:
+            info = await asyncio.wait_for(asyncio.to_thread(_read_info, rfd),
+                                          self.spec.startup_timeout)
+            # the info comes before the pivot into the new root; the child's line after it
+            ready = await asyncio.wait_for(self.proc.stdout.readline(),  # type: ignore[union-attr]
+                                           self.spec.startup_timeout)
+        finally:
+            os.close(rfd)
+        if not info or ready != b"ready\n":
+            err = (await self.proc.stderr.read()).decode(errors="replace").strip()  # type: ignore[union-attr]
+            raise SandboxError(f"bwrap failed to start: {err or 'no output'}")
+        self.pid = json.loads(info)["child-pid"]
+
+    async def _spawn(self, argv: list[str], *, env: Mapping[str, str] | None = None,
+                     cwd: str | None = None, user: str | None = None,
+                     stdin: bool = False) -> PipeTransport:
+        if self._closed or self.proc is None or self.proc.returncode is not None:
+            raise SandboxDied("bwrap sandbox is closed or died")
+        uid, gid = (self.uid, self.gid) if user is None else _passwd(self.rootfs, user)[:2]
+        envs = {**self.env, **(env or {})}
+        if user is not None:
+            envs["HOME"] = _passwd(self.rootfs, user)[2] if uid else "/root"
+        caps = ",".join(f"+{c.lower()}" for c in CAP_ADD)
+        drop = ["setpriv", "--no-new-privs", "--inh-caps=-all", f"--bounding-set=-all,{caps}"]
+        if uid:
+            drop += [f"--reuid={uid}", f"--regid={gid}", "--init-groups"]
+        limits = [] if self.cgroup else [
+            "prlimit", f"--nproc={self.spec.pids}", f"--as={parse_bytes(self.spec.memory)}", "--"]
+        joined = ["-n"] if self.spec.network_mode == "none" else []
+        full = [*self._cgroup_prefix(), "nsenter", "-t", str(self.pid), "-m", "-u", "-i", "-p",
+                *joined, "-r", "--", "/usr/bin/env", "-i", f"--chdir={cwd or self.workdir}",
+                *[f"{k}={v}" for k, v in envs.items()], *drop, "--", *limits, *argv]
+        proc = await asyncio.create_subprocess_exec(
+            *full, stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        return PipeTransport(proc)
+
+    async def _kill(self, transport: Transport, since: float | None, everything: bool) -> None:
+        pid = await transport.host_pid()
+        if pid is not None:
+            await asyncio.to_thread(_procs.kill_below, pid, since, everything)
+
+    async def exec(self, cmd: str | list[str], timeout: float | None = None,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None) -> ExecResult:
+        """Run one command; a string runs under `bash -lc`. See `Sandbox.exec`."""
+        argv = ["bash", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
+        result = await run_command(
+            lambda a: self._spawn(a, env=env, cwd=cwd, user=user), argv,
+            self.spec.command_timeout if timeout is None else timeout,
+            self.spec.output_limit, self._kill)
+        self.stats.commands += 1
+        self.stats.exec_seconds += result.duration
+        return result
+
+    async def shell(self) -> Shell:
+        """The persistent bash session of this sandbox (started on first use)."""
+        if self._shell is None:
+            self._shell = ShellSession(
+                lambda: self._spawn(["bash", "--noprofile", "--norc"], stdin=True), self._kill,
+                self.spec.output_limit, self.spec.command_timeout, self.workdir)
+        return self._shell
+
+    def _host_path(self, path: str) -> Path:
+        """`path` inside the sandbox, reached through the main process's root (the mounted
+        overlay: writing to the upper dir directly would bypass overlayfs)."""
+        if self.pid == 0:
+            raise SandboxDied("bwrap sandbox is not running")
+        return Path(f"/proc/{self.pid}/root") / path.lstrip("/")
+
+    async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        """Create or replace `path` (parents are created, owned by root)."""
+        raw = data.encode() if isinstance(data, str) else data
+        target = self._host_path(path)
+
+        def write() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(raw)
+            target.chmod(mode)
+
+        await asyncio.to_thread(write)
+
+    async def read_file(self, path: str) -> bytes:
+        """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open()."""
+        return await asyncio.to_thread(self._host_path(path).read_bytes)
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self.proc is not None and self.proc.returncode is None
+
+    async def close(self) -> None:
+        """Kill everything in the sandbox, drop its cgroup and upper dir. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._shell is not None:
+            await self._shell.close()
+        if self.proc is not None and self.proc.returncode is None:
+            # SIGKILL to the session: bwrap dies, its pid namespace (and every process) with it
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await self.proc.wait()
+        if self.cgroup:
+            await asyncio.to_thread(_wait_empty, self.cgroup)
+            self.cgroup.remove()
+        await asyncio.to_thread(shutil.rmtree, self.dir, True)
+
+
+def _read_info(fd: int) -> bytes:
+    """Read bwrap's --info-fd JSON: until it parses (bwrap may keep the fd open) or EOF."""
+    data = b""
+    while chunk := os.read(fd, 4096):
+        data += chunk
+        try:
+            json.loads(data)
+            return data
+        except ValueError:
+            continue
+    return data
+
+
+def _wait_empty(cgroup: Cgroup, limit: float = 5.0) -> None:
+    """Wait until the kernel has reaped every process of the cgroup (rmdir needs it empty)."""
+    deadline = time.monotonic() + limit
+    for d in cgroup.dirs:
+        procs = d / "cgroup.procs"
+        while procs.exists() and procs.read_text().strip() and time.monotonic() < deadline:
+            for pid in procs.read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            time.sleep(0.005)

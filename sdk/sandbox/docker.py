@@ -1,0 +1,288 @@
+"""Docker backend: one container per sandbox, driven through the Docker Engine API.
+
+Usage (normally through `corral.sandbox.open_sandbox`)::
+
+    sb = await DockerSandbox.create(Terminal(cpus=1, memory="512m"), run_id="r1", env_id="demo")
+    try:
+        r = await sb.exec("ls /", timeout=10)          # one-shot: ExecResult
+        sh = await sb.shell()                          # persistent bash: cwd/env carry over
+        await sh.run("cd /tmp && export X=1")
+        print((await sh.run("pwd; echo $X")).stdout)  # /tmp\n1
+    finally:
+        await sb.close()
+
+Container lifecycle (create/start/remove, archives) goes through the `docker` SDK in threads.
+The hot path (exec create + attach) talks HTTP to the daemon's unix socket with asyncio directly,
+so a command costs no thread hop and the persistent shell is a plain socket round trip.
+
+Security defaults: network `none` (spec.network opts in: `bridge`, or `host-loopback` = the
+host's network namespace), `cap_drop=ALL` plus the few capabilities root-in-container tasks need
+(`CAP_ADD`: chown/chmod of other users' files, su to another user, kill, bind low ports),
+`no-new-privileges`, pids/memory(+swap)/cpu limits, `init=True` (tini as pid 1: it reaps orphans,
+so a killed fork bomb does not leave zombies holding the pids limit, and it exits at once on
+SIGTERM) and `stop_signal=SIGKILL` so teardown never waits. Timeouts are enforced from the host
+through /proc (`_procs.kill_below`), so the daemon must be local (a unix socket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import secrets
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import SandboxDied, SandboxError
+from . import _procs
+from ._proto import ShellSession, Transport, run_command
+from .base import ExecResult, Sandbox, Shell
+from .images import LABEL_MANAGED, docker_client, missing_image
+from .spec import Terminal
+
+log = logging.getLogger(__name__)
+
+LABEL_RUN = "corral.run"
+LABEL_ENV = "corral.env"
+CAP_ADD = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL",
+           "NET_BIND_SERVICE"]
+
+
+def _socket_path() -> str:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        raise SandboxError(f"DOCKER_HOST={host}: the docker backend needs a local daemon on a "
+                           "unix socket (timeouts are enforced from the host)")
+    return host[len("unix://"):]
+
+
+async def _http(method: str, path: str, body: Any, upgrade: bool = False
+                ) -> tuple[int, bytes, asyncio.StreamReader, asyncio.StreamWriter]:
+    """One HTTP/1.1 request to the daemon; returns status, body-so-far and the open stream."""
+    reader, writer = await asyncio.open_unix_connection(_socket_path(), limit=1 << 20)
+    data = json.dumps(body).encode()
+    conn = "Upgrade\r\nUpgrade: tcp" if upgrade else "close"
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json"
+                 f"\r\nContent-Length: {len(data)}\r\nConnection: {conn}\r\n\r\n".encode() + data)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, head, reader, writer
+
+
+class DockerTransport(Transport):
+    """An attached exec: demultiplexes Docker's 8-byte-header frames into `frames`."""
+
+    def __init__(self, exec_id: str, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        super().__init__()
+        self.exec_id, self._reader, self._writer = exec_id, reader, writer
+        self._pid: int | None = None
+        self._pump = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                header = await self._reader.readexactly(8)
+                data = await self._reader.readexactly(int.from_bytes(header[4:], "big"))
+                await self.frames.put((header[0] or 1, data))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        await self.frames.put((0, b""))
+
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+    async def host_pid(self) -> int | None:
+        if self._pid is None:
+            info = await asyncio.to_thread(docker_client().api.exec_inspect, self.exec_id)
+            self._pid = info.get("Pid") or None
+        return self._pid
+
+    async def close(self) -> None:
+        self._pump.cancel()
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+
+class DockerSandbox(Sandbox):
+    """A Terminal sandbox in a Docker container (see module docstring)."""
+
+    backend = "docker"
+
+    def __init__(self, container_id: str, spec: Terminal, user: str, workdir: str) -> None:
+        super().__init__()
+        self.id, self.spec, self.user, self.workdir = container_id, spec, user, workdir
+        self._version = docker_client().api._version
+        self._shell: ShellSession | None = None
+        self._closed = False
+
+    @classmethod
+    async def create(cls, spec: Terminal, *, image: str | None = None, run_id: str = "adhoc",
+                     env_id: str = "", name: str | None = None) -> "DockerSandbox":
+        """Create and start a container for `spec` (image: a resolved tag, default spec.image)."""
+        import docker
+
+        _socket_path()
+        image = image or spec.image
+        user = spec.user or ""
+        workdir = spec.workdir
+        if user not in ("", "root", "0") and workdir == "/root":
+            workdir = f"/home/{user}"  # /root is not readable by other users
+        kwargs: dict[str, Any] = dict(
+            image=image, command=["sleep", "infinity"], init=True, detach=True,
+            name=name or f"corral-{secrets.token_hex(6)}", hostname="sandbox",
+            labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id},
+            nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory, memswap_limit=spec.memory,
+            pids_limit=spec.pids, network_mode="host" if spec.network_mode == "host-loopback"
+            else spec.network_mode, cap_drop=["ALL"], cap_add=CAP_ADD,
+            security_opt=["no-new-privileges"], environment=dict(spec.env),
+            working_dir=workdir, user=user or None, stop_signal="SIGKILL")
+        if spec.disk:
+            kwargs["storage_opt"] = {"size": spec.disk}
+        client = docker_client()
+        t0 = time.monotonic()
+        try:
+            container = await asyncio.to_thread(client.containers.create, **kwargs)
+        except docker.errors.ImageNotFound:
+            raise missing_image(image, spec.dockerfile, env_id or None) from None
+        except docker.errors.APIError as exc:
+            if spec.disk and "storage-opt" in str(exc):
+                raise SandboxError(f"disk={spec.disk} needs overlay2 on xfs with pquota: "
+                                   f"{exc.explanation}") from exc
+            raise SandboxError(f"cannot create a container from {image}: "
+                               f"{exc.explanation}") from exc
+        sandbox = cls(container.id, spec, user, workdir)
+        try:
+            if spec.files:
+                await asyncio.to_thread(client.api.put_archive, container.id, "/",
+                                        _tar({p: c.encode() for p, c in spec.files.items()}))
+            await asyncio.to_thread(client.api.start, container.id)
+        except BaseException:
+            await sandbox.close()
+            raise
+        sandbox.stats.started_at = t0
+        sandbox.stats.start_seconds = time.monotonic() - t0
+        log.debug("started %s (%s) in %.3fs", container.id[:12], image, sandbox.stats.start_seconds)
+        return sandbox
+
+    # --- processes ------------------------------------------------------------------------
+    async def _spawn(self, argv: list[str], *, env: Mapping[str, str] | None = None,
+                     cwd: str | None = None, user: str | None = None,
+                     stdin: bool = False) -> DockerTransport:
+        if self._closed:
+            raise SandboxDied(f"sandbox {self.id[:12]} is closed")
+        config = {"AttachStdin": stdin, "AttachStdout": True, "AttachStderr": True,
+                  "Tty": False, "Cmd": argv, "Env": [f"{k}={v}" for k, v in (env or {}).items()],
+                  "WorkingDir": cwd or "", "User": self.user if user is None else user}
+        status, head, reader, writer = await _http(
+            "POST", f"/v{self._version}/containers/{self.id}/exec", config)
+        body = await reader.read()
+        writer.close()
+        if status != 201:
+            msg = json.loads(body or b"{}").get("message", head.decode(errors="replace"))
+            raise SandboxDied(f"sandbox {self.id[:12]} cannot run commands: {msg}")
+        exec_id = json.loads(body)["Id"]
+        status, head, reader, writer = await _http(
+            "POST", f"/v{self._version}/exec/{exec_id}/start", {"Detach": False, "Tty": False},
+            upgrade=True)
+        if status not in (101, 200):
+            writer.close()
+            raise SandboxDied(f"sandbox {self.id[:12]}: exec start failed with HTTP {status}")
+        return DockerTransport(exec_id, reader, writer)
+
+    async def _kill(self, transport: Transport, since: float | None, everything: bool) -> None:
+        pid = await transport.host_pid()
+        if pid is None or not Path(f"/proc/{pid}").exists():
+            return  # the process is gone already
+        await asyncio.to_thread(_procs.kill_below, pid, since, everything)
+
+    async def exec(self, cmd: str | list[str], timeout: float | None = None,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None) -> ExecResult:
+        """Run one command; a string runs under `bash -lc`. See `Sandbox.exec`."""
+        argv = ["bash", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
+        result = await run_command(
+            lambda a: self._spawn(a, env=env, cwd=cwd, user=user), argv,
+            self.spec.command_timeout if timeout is None else timeout,
+            self.spec.output_limit, self._kill)
+        self.stats.commands += 1
+        self.stats.exec_seconds += result.duration
+        return result
+
+    async def shell(self) -> Shell:
+        """The persistent bash session of this sandbox (started on first use)."""
+        if self._shell is None:
+            self._shell = ShellSession(
+                lambda: self._spawn(["bash", "--noprofile", "--norc"], stdin=True), self._kill,
+                self.spec.output_limit, self.spec.command_timeout, self.workdir)
+        return self._shell
+
+    # --- files ----------------------------------------------------------------------------
+    async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        """Create or replace `path` (missing parents are created by the daemon)."""
+        raw = data.encode() if isinstance(data, str) else data
+        await asyncio.to_thread(docker_client().api.put_archive, self.id, "/",
+                                _tar({path: raw}, mode))
+
+    async def read_file(self, path: str) -> bytes:
+        """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open()."""
+        import docker
+
+        def fetch() -> bytes:
+            try:
+                stream, stat = docker_client().api.get_archive(self.id, path)
+            except docker.errors.NotFound:
+                raise FileNotFoundError(path) from None
+            if stat.get("mode", 0) & (1 << 31):  # Go's os.ModeDir
+                raise IsADirectoryError(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                fobj = tar.extractfile(member) if member else None
+                if fobj is None:
+                    raise FileNotFoundError(path)
+                return fobj.read()
+
+        return await asyncio.to_thread(fetch)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    async def close(self) -> None:
+        """Remove the container (force). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._shell is not None:
+            try:
+                await self._shell.close()
+            except Exception:  # the container may already be gone; removal below matters
+                log.debug("shell close failed", exc_info=True)
+        import docker
+
+        try:
+            await asyncio.to_thread(docker_client().api.remove_container, self.id, force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+def _tar(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:
+    """An in-memory tar of absolute paths, without directory entries (the daemon creates
+    missing parents; existing directories keep their owner and mode)."""
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, data in files.items():
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode, info.mtime = len(data), mode, now
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

@@ -1,0 +1,89 @@
+"""Fixtures for the policy tests: one tiny model, a tool-calling fine-tune of it, real servers."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+
+from corral.runner.chat import encode_prompt
+from corral.runner.local_policy import LocalPolicy
+from corral.runner.models import build_tiny_model, load_model, load_tokenizer
+from corral.runner.serve import PolicyServer
+
+TOOLS = [{"type": "function", "function": {
+    "name": "bash", "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                   "required": ["command"]}}}]
+TOOL_PROMPT = [{"role": "user", "content": "List the files."}]
+TOOL_ANSWER = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>'
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    # The machine is shared; one thread avoids oversubscription in the short fine-tune.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path: Path):
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def tool_model_path(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model fine-tuned until greedy decoding of TOOL_PROMPT (with TOOLS) is TOOL_ANSWER."""
+    model, tok = load_model(tiny_path)
+    prompt = encode_prompt(tok, TOOL_PROMPT, tools=TOOLS)
+    target = tok.encode(TOOL_ANSWER, add_special_tokens=False)
+    ids = torch.tensor([prompt + target])
+    gold = torch.tensor(target)[:, None]
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with _one_thread():
+        for _ in range(400):
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+            logp = torch.log_softmax(logits, -1).gather(1, gold)
+            if logp.min().item() > -0.05:  # every target token has p > 0.95: greedy reproduces it
+                break
+            opt.zero_grad()
+            (-logp.mean()).backward()
+            opt.step()
+        else:
+            raise AssertionError("the tool-call fine-tune did not converge in 400 steps")
+    out = tmp_path_factory.mktemp("models") / "tool"
+    model.eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def policy(tiny_path: Path) -> LocalPolicy:
+    """A LocalPolicy bound to the session event loop (tests must not change its weights)."""
+    return LocalPolicy(tiny_path, max_batch=8)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_path: Path) -> Iterator[PolicyServer]:
+    """serve-policy's app on a free 127.0.0.1 port, with its own LocalPolicy."""
+    with PolicyServer(LocalPolicy(tiny_path, max_batch=8)) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def second_server(tiny_path: Path) -> Iterator[PolicyServer]:
+    with PolicyServer(LocalPolicy(tiny_path, max_batch=8)) as running:
+        yield running

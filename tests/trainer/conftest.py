@@ -1,0 +1,19 @@
+"""Trainer test fixtures (helpers live in trainer_helpers.py)."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import LlamaForCausalLM
+from trainer_helpers import tiny_model
+
+from corral.trainer import TrainerConfig
+
+
+@pytest.fixture
+def model() -> LlamaForCausalLM:
+    return tiny_model()
+
+
+@pytest.fixture
+def fp32_config() -> TrainerConfig:
+    return TrainerConfig(lr=1e-3, micro_batch_size=2, dtype="float32")

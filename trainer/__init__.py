@@ -1,0 +1,30 @@
+"""`corral.trainer`: GRPO-family training over runner batches (DESIGN §7).
+
+The pieces, each usable on its own:
+
+* `TrainerConfig`: every knob, validated;
+* `build_tensor_batch`: a runner `Batch` as padded tensors with group-normalised advantages;
+* `loss`: token logprobs, truncated/masked importance weights, the clipped surrogate;
+* `staleness`: per-sample divergence and age, drop/down-weight decisions, the throttle signal;
+* `numerics`: trainer vs rollout-engine logprob alignment report;
+* `Trainer`: the step loop with weight publishing, NaN safety and atomic checkpoints.
+"""
+
+from .batching import TensorBatch, build_tensor_batch, group_advantages
+from .config import TrainerConfig
+from .loss import (ISWeights, aggregate, importance_weights, k3, policy_loss, sft_loss,
+                   token_logprobs)
+from .numerics import AlignmentStats, NumericsReport, numerics_report
+from .sft import SFTExample, supervised_warmup
+from .staleness import (StalenessReport, ThrottleController, ThrottleSignal, assess_staleness,
+                        sample_age, sample_divergence)
+from .trainer import Publisher, StepResult, Trainer, resolve_dtype
+
+__all__ = [
+    "AlignmentStats", "ISWeights", "NumericsReport", "Publisher", "SFTExample",
+    "StalenessReport", "StepResult", "TensorBatch", "ThrottleController", "ThrottleSignal",
+    "Trainer", "TrainerConfig", "aggregate", "assess_staleness", "build_tensor_batch",
+    "group_advantages", "importance_weights", "k3", "numerics_report", "policy_loss",
+    "resolve_dtype", "sample_age", "sample_divergence", "sft_loss", "supervised_warmup",
+    "token_logprobs",
+]

@@ -1,0 +1,383 @@
+"""`Trainer`: one GRPO step per runner `Batch`, with staleness control and weight publishing.
+
+A step, in order:
+
+1. pad the batch (`build_tensor_batch`); samples with zero advantage carry no gradient and are
+   left out (counted);
+2. recompute the logprobs of every generated token without gradient: this is the proximal
+   policy of decoupled PPO and the "current policy" of the staleness filter;
+3. staleness filter (age backstop, divergence threshold), importance weights, numerics report;
+4. loss over micro-batches with gradient accumulation (normalised by whole-step counts), grad
+   clipping, one optimizer step;
+5. bump the policy version and `publish(model, version)` (timed).
+
+A NaN/inf in the recompute, a micro-batch loss or the gradient norm stops the step before the
+optimizer runs: weights and optimizer state stay those of the last good step, the step is
+reported with `applied=False`, and the next `step` proceeds normally. A batch without learnable
+signal is a logged skip. The model stays in `eval()` mode: dropout would make the trainer score
+tokens with a different distribution from the one that sampled them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from corral.runner.trajectory import Batch, Trajectory
+
+from . import checkpoint as ckpt
+from .batching import TensorBatch, build_tensor_batch
+from .config import TrainerConfig
+from .loss import importance_weights, policy_loss, sft_loss, token_logprobs
+from .numerics import NumericsReport, numerics_report
+from .sft import SFTExample, encode_example
+from .staleness import StalenessReport, ThrottleController, ThrottleSignal, assess_staleness
+
+log = logging.getLogger(__name__)
+
+Publisher = Callable[[torch.nn.Module, int], Any]
+LossFn = Callable[[TensorBatch, torch.Tensor, torch.Tensor],
+                  tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass
+class StepResult:
+    """The outcome of one `Trainer.step` / `sft_step`."""
+
+    step: int                       # index of this call (applied or not)
+    version: int                    # policy version after the call
+    applied: bool                   # whether the weights changed
+    skipped_reason: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    staleness: StalenessReport | None = None
+    numerics: NumericsReport | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able record for run logs and reports (histograms as lists)."""
+        return {"step": self.step, "version": self.version, "applied": self.applied,
+                "skipped_reason": self.skipped_reason, "metrics": self.metrics,
+                "staleness": self.staleness.to_dict() if self.staleness else None,
+                "numerics_warning": self.numerics.warning if self.numerics else None}
+
+
+class NonFinite(Exception):
+    """Internal: a NaN/inf appeared; the step is stopped before any update."""
+
+
+class Trainer:
+    """GRPO-family trainer over runner batches (see the module docstring).
+
+    `publish(model, version)` is called synchronously after every applied update (for example
+    `LocalPolicy.load_weights`, or a function that saves a checkpoint and calls a server's
+    reload endpoint). Call `step` from a worker thread in async code (`asyncio.to_thread`).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
+                 config: TrainerConfig | None = None, publish: Publisher | None = None, *,
+                 version: int = 0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or TrainerConfig()
+        self.publish = publish
+        self.version = version
+        self.step_count = 0
+        self.updates = 0
+        self.extra: dict[str, Any] = {}
+        self.device = next(model.parameters()).device
+        self.compute_dtype = resolve_dtype(self.config.dtype, self.device)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        cfg = self.config
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas,
+                                           eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        self.throttle = ThrottleController.from_config(cfg)
+        self.model.eval()
+
+    # --- the RL step --------------------------------------------------------------------------
+    def step(self, batch: Batch | Sequence[Sequence[Trajectory]]) -> StepResult:
+        """One policy-gradient update from `batch` (see the module docstring)."""
+        started = time.perf_counter()
+        cfg = self.config
+        full = build_tensor_batch(batch, cfg)
+        metrics: dict[str, float] = {
+            "samples": float(full.size), "excluded": float(full.excluded),
+            "zero_variance_groups": float(full.zero_variance_groups),
+            "reward_mean": float(full.rewards.mean()) if full.size else 0.0,
+        }
+        tb = full.select(torch.nonzero(full.advantages != 0).flatten())  # NaN stays in
+        metrics["zero_advantage_samples"] = float(full.size - tb.size)
+        if tb.size == 0 or not bool((tb.loss_mask > 0).any()):
+            return self._skip("no learnable signal (all advantages are zero or no generated "
+                              "tokens)", metrics, started)
+        tb = _to_device(tb, self.device)
+        chunks = [torch.arange(i, min(i + cfg.micro_batch_size, tb.size), device=self.device)
+                  for i in range(0, tb.size, cfg.micro_batch_size)]
+
+        t0 = time.perf_counter()
+        prox = self._recompute(tb, chunks)
+        metrics["time/recompute_s"] = time.perf_counter() - t0
+        on = tb.loss_mask > 0
+        if not bool(torch.isfinite(prox[on]).all()):
+            return self._skip("non-finite logprobs in the recompute (model weights or inputs "
+                              "are broken)", metrics, started, nonfinite=True)
+
+        stale = assess_staleness(prox, tb.behaviour_logprobs, tb.loss_mask, tb.versions,
+                                 self.version, cfg)
+        stale.sample_ids = list(tb.sample_ids)
+        isw = importance_weights(
+            prox, tb.behaviour_logprobs, tb.loss_mask, mode=cfg.is_mode,
+            truncate_cap=cfg.is_truncate_cap, token_low=cfg.is_token_mask_low,
+            token_high=cfg.is_token_mask_high, seq_low=cfg.is_seq_mask_low,
+            seq_high=cfg.is_seq_mask_high)
+        numerics = numerics_report(prox, tb.behaviour_logprobs, tb.loss_mask, tb.versions,
+                                   self.version, isw, warn_kl=cfg.numerics_warn_kl,
+                                   warn_mean_abs=cfg.numerics_warn_mean_abs)
+        metrics.update(stale.summary())
+        metrics.update(numerics.summary())
+        finite_div = stale.divergences[np.isfinite(stale.divergences)]
+        self.throttle.update(float(finite_div.mean()) if finite_div.size else float("nan"))
+        metrics["throttle/cut_inflight"] = float(self.throttle.signal().cut_inflight)
+        if stale.dropped_age or stale.dropped_divergence or stale.downweighted:
+            log.info("staleness: dropped %d by age, %d by divergence, down-weighted %d of %d",
+                     stale.dropped_age, stale.dropped_divergence, stale.downweighted, tb.size)
+
+        weights = torch.as_tensor(stale.weights, dtype=torch.float32, device=self.device)
+        keep = weights > 0
+        if not bool(keep.any()):
+            return self._skip("no learnable signal (every sample dropped as stale)", metrics,
+                              started, staleness=stale, numerics=numerics)
+        num_tokens = float(on[keep].sum())
+        num_seqs = float((on[keep].any(dim=-1)).sum())
+        metrics["loss_tokens"] = num_tokens
+
+        def loss_fn(mb: TensorBatch, logp: torch.Tensor, idx: torch.Tensor
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+            width = logp.shape[1]
+            return policy_loss(
+                logp, prox[idx, :width], mb.advantages, mb.loss_mask,
+                is_weights=isw.weights[idx, :width], sample_weights=weights[idx],
+                clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+                agg=cfg.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs)
+
+        # Same chunks as the recompute (bitwise ratio 1 on-policy), minus dropped samples.
+        train_chunks = [c[keep[c]] for c in chunks]
+        train_chunks = [c for c in train_chunks if c.numel()]
+        return self._update(tb, train_chunks, loss_fn, metrics, started,
+                            staleness=stale, numerics=numerics)
+
+    # --- supervised warm start ----------------------------------------------------------------
+    def sft_step(self, examples: Sequence[SFTExample], *, lr: float | None = None,
+                 publish: bool = True) -> StepResult:
+        """One supervised step (mean NLL over completion tokens) on `examples`."""
+        started = time.perf_counter()
+        trajs = [encode_example(e, self.tokenizer, self.version, i) for i, e in enumerate(examples)]
+        tb = _to_device(build_tensor_batch([[t] for t in trajs], self.config), self.device)
+        on = tb.loss_mask > 0
+        metrics = {"samples": float(tb.size), "loss_tokens": float(on.sum())}
+        if tb.size == 0 or not bool(on.any()):
+            return self._skip("no tokens to imitate", metrics, started)
+        num_tokens = float(on.sum())
+        mbs = self.config.micro_batch_size
+        chunks = [torch.arange(i, min(i + mbs, tb.size), device=self.device)
+                  for i in range(0, tb.size, mbs)]
+
+        def loss_fn(mb: TensorBatch, logp: torch.Tensor, idx: torch.Tensor
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+            return sft_loss(logp, mb.loss_mask, num_tokens=num_tokens), {}
+
+        saved_lr = [g["lr"] for g in self.optimizer.param_groups]
+        if lr is not None:
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
+        try:
+            result = self._update(tb, chunks, loss_fn, metrics, started, publish=publish)
+        finally:
+            for g, value in zip(self.optimizer.param_groups, saved_lr):
+                g["lr"] = value
+        if "loss" in result.metrics:
+            result.metrics["sft_loss"] = result.metrics.pop("loss")
+        return result
+
+    # --- weights, throttle, checkpoints -------------------------------------------------------
+    def publish_weights(self) -> float:
+        """Call `publish(model, version)` now; returns the seconds it took (0 without one)."""
+        if self.publish is None:
+            return 0.0
+        t0 = time.perf_counter()
+        outcome = self.publish(self.model, self.version)
+        if inspect.isawaitable(outcome):
+            if hasattr(outcome, "close"):
+                outcome.close()
+            raise TypeError("publish must be synchronous; wrap an async reloader, e.g. "
+                            "lambda m, v: asyncio.run_coroutine_threadsafe(reload(m, v), "
+                            "loop).result()")
+        seconds = time.perf_counter() - t0
+        log.info("published weights version %d in %.3f s", self.version, seconds)
+        return seconds
+
+    def throttle_signal(self) -> ThrottleSignal:
+        """Whether the runner should cut in-flight work now (polled after each step)."""
+        return self.throttle.signal()
+
+    def save_checkpoint(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Write an atomic checkpoint; `extra` (JSON-able, e.g. the runner cursor) comes back
+        as `trainer.extra` after `Trainer.resume`."""
+        if extra is not None:
+            self.extra = dict(extra)
+        dtype = next(self.model.parameters()).dtype
+        state = {"step": self.step_count, "updates": self.updates, "version": self.version,
+                 "config": self.config.model_dump(mode="json"), "extra": self.extra,
+                 "throttle": self.throttle.state_dict(),
+                 "model_dtype": str(dtype).removeprefix("torch.")}
+        where = ckpt.write_checkpoint(path, model=self.model, optimizer=self.optimizer,
+                                      tokenizer=self.tokenizer, state=state)
+        log.info("checkpoint step %d version %d written to %s", self.step_count, self.version,
+                 where)
+        return where
+
+    @classmethod
+    def resume(cls, path: str | Path, model: torch.nn.Module | None = None,
+               tokenizer: Any = None, config: TrainerConfig | None = None,
+               publish: Publisher | None = None, *,
+               device: str | torch.device | None = None) -> "Trainer":
+        """Rebuild a trainer from `save_checkpoint` output.
+
+        Without `model`, the saved model is loaded with transformers' `from_pretrained` onto
+        `device` (CUDA when available); with one, the saved weights are copied into it.
+        RNG states are restored, so the next step matches an uninterrupted run.
+        """
+        where = ckpt.resolve(path)
+        state = ckpt.read_state(where).state
+        if model is None:
+            from transformers import AutoModelForCausalLM
+
+            target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            model = AutoModelForCausalLM.from_pretrained(
+                str(where / "model"), dtype=getattr(torch, state["model_dtype"])).to(target)
+        else:
+            ckpt.load_weights_into(model, where)
+        if tokenizer is None and (where / "tokenizer").is_dir():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(where / "tokenizer"))
+        trainer = cls(model, tokenizer, config or TrainerConfig(**state["config"]), publish,
+                      version=state["version"])
+        saved = ckpt.read_state(where, device=trainer.device)
+        trainer.optimizer.load_state_dict(saved.optimizer)
+        trainer.step_count = state["step"]
+        trainer.updates = state["updates"]
+        trainer.extra = state.get("extra", {})
+        trainer.throttle.load_state_dict(state.get("throttle", {}))
+        ckpt.restore_rng(saved.rng)
+        log.info("resumed from %s at step %d, version %d", where, trainer.step_count,
+                 trainer.version)
+        return trainer
+
+    # --- internals ----------------------------------------------------------------------------
+    def _forward_logprobs(self, mb: TensorBatch) -> torch.Tensor:
+        autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
+                    if self.compute_dtype == torch.bfloat16 else nullcontext())
+        with autocast:
+            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                use_cache=False).logits
+        return token_logprobs(logits, mb.input_ids, self.config.temperature)
+
+    @torch.no_grad()
+    def _recompute(self, tb: TensorBatch, chunks: list[torch.Tensor]) -> torch.Tensor:
+        prox = torch.zeros_like(tb.behaviour_logprobs)
+        for idx in chunks:
+            mb = tb.select(idx)
+            logp = self._forward_logprobs(mb)
+            prox[idx, : logp.shape[1]] = logp
+        return prox
+
+    def _update(self, tb: TensorBatch, chunks: list[torch.Tensor], loss_fn: LossFn,
+                metrics: dict[str, float], started: float, *, publish: bool = True,
+                staleness: StalenessReport | None = None,
+                numerics: NumericsReport | None = None) -> StepResult:
+        """Accumulate gradients over `chunks`, clip, step, publish; stop on NaN/inf."""
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        sums: dict[str, float] = {}
+        try:
+            for n, idx in enumerate(chunks):
+                mb = tb.select(idx)
+                loss, parts = loss_fn(mb, self._forward_logprobs(mb), idx)
+                if not bool(torch.isfinite(loss)):
+                    raise NonFinite(f"non-finite loss ({float(loss.detach())}) in "
+                                    f"micro-batch {n}")
+                loss.backward()
+                total += float(loss.detach())
+                tokens = parts.get("loss_tokens", 0.0)
+                for key, value in parts.items():
+                    if key == "ratio_max":
+                        sums[key] = max(sums.get(key, 0.0), value)
+                    elif key != "loss_tokens":  # token-weighted average over micro-batches
+                        sums[key] = sums.get(key, 0.0) + value * tokens
+            clip = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+            if not np.isfinite(grad_norm):
+                raise NonFinite(f"non-finite gradient norm ({grad_norm})")
+        except NonFinite as stop:
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._skip(f"{stop}; no update applied, weights kept from the last good "
+                              "step", metrics, started, nonfinite=True, staleness=staleness,
+                              numerics=numerics)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        self.updates += 1
+        metrics["time/train_s"] = time.perf_counter() - t0
+        metrics["time/sync_s"] = self.publish_weights() if publish else 0.0
+        weight = max(metrics.get("loss_tokens", 0.0), 1.0)
+        for key, value in sums.items():
+            metrics[key] = value if key == "ratio_max" else value / weight
+        metrics.update({"loss": total, "grad_norm": grad_norm, "nonfinite": 0.0,
+                        "lr": float(self.optimizer.param_groups[0]["lr"])})
+        return self._finish(True, None, metrics, started, staleness, numerics)
+
+    def _skip(self, reason: str, metrics: dict[str, float], started: float, *,
+              nonfinite: bool = False, staleness: StalenessReport | None = None,
+              numerics: NumericsReport | None = None) -> StepResult:
+        metrics["nonfinite"] = float(nonfinite)
+        (log.error if nonfinite else log.warning)("step %d skipped: %s", self.step_count, reason)
+        return self._finish(False, reason, metrics, started, staleness, numerics)
+
+    def _finish(self, applied: bool, reason: str | None, metrics: dict[str, float],
+                started: float, staleness: StalenessReport | None,
+                numerics: NumericsReport | None) -> StepResult:
+        metrics["applied"] = float(applied)
+        metrics["time/step_s"] = time.perf_counter() - started
+        result = StepResult(step=self.step_count, version=self.version, applied=applied,
+                            skipped_reason=reason, metrics=metrics, staleness=staleness,
+                            numerics=numerics)
+        self.step_count += 1
+        return result
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The compute dtype for `TrainerConfig.dtype` on `device`."""
+    if name == "bfloat16":
+        return torch.bfloat16
+    if name == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _to_device(tb: TensorBatch, device: torch.device) -> TensorBatch:
+    if tb.input_ids.device == device:
+        return tb
+    moved = {name: getattr(tb, name).to(device) for name in (
+        "input_ids", "attention_mask", "loss_mask", "behaviour_logprobs", "versions",
+        "advantages", "rewards", "group_index", "lengths")}
+    return TensorBatch(**moved, sample_ids=tb.sample_ids,
+                       zero_variance_groups=tb.zero_variance_groups, excluded=tb.excluded)
