@@ -1,17 +1,17 @@
 """`LocalPolicy`: in-process sampling with transformers + torch, batched across coroutines.
 
-Requests from concurrent coroutines queue up; a background task takes everything pending (up to
-`max_batch`), left-pads the prompts and decodes them together with a KV cache in a worker
-thread, so the event loop stays free. Rows that finish (stop token, stop string, `max_tokens`)
-leave the batch and their cache rows are dropped.
+Requests from concurrent coroutines are decoded together with a KV cache in a worker thread, so
+the event loop stays free. Batching is continuous: between two decode steps, waiting requests
+are prefilled and join the running batch (up to `max_batch` rows); rows that finish (stop
+token, stop string, `max_tokens`) leave it at once (see `corral.runner._decode`).
 
 Behaviour log-probabilities: for each sampled token, `log_softmax(logits / temperature)` at that
 token, in fp32, *before* top-p truncation (the distribution a trainer recomputes from logits).
 With `temperature == 0` decoding is greedy and the log-probability is `log_softmax(logits)`.
 
-Weights can be replaced in process (`load_weights`) between batches; a batch that is running
-finishes with the weights and version it started with, so every returned token is tagged with
-the version that really produced it.
+Weights can be replaced in process (`load_weights`): new rows stop being admitted, the rows in
+flight finish with the weights they started with, the weights change, and admission resumes.
+Every returned token is therefore tagged with the version that really produced it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import logging
 import os
+import queue
 import threading
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from corral.errors import PolicyError
+from corral.runner._decode import DecodeBatch, Row
 from corral.runner.models import load_model, stop_token_ids
 from corral.runner.policy import Generation, GenerationRequest, Policy
 
@@ -38,12 +40,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class LocalPolicyStats:
-    """Counters of the batching loop."""
+    """Counters of the decoding loop."""
 
     requests: int = 0
-    batches: int = 0
     generated_tokens: int = 0
-    batch_sizes: Counter = field(default_factory=Counter)
+    steps: int = 0           # decode steps (one token for every row in the batch)
+    admissions: int = 0      # prefills; each admits every request waiting at that moment
+    joined_running: int = 0  # requests that joined a batch already decoding
+    batch_sizes: Counter = field(default_factory=Counter)  # rows per decode step
 
     @property
     def max_batch_size(self) -> int:
@@ -54,19 +58,13 @@ class LocalPolicyStats:
 class _Pending:
     request: GenerationRequest
     future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
     enqueued: float
 
 
-@dataclass(slots=True)
-class _Row:
-    """Decode state of one request inside a batch."""
-
-    request: GenerationRequest
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    stop_at: int | None = None  # char offset of a matched stop string in the decoded text
-    done_at: float = 0.0
+def _resolve(future: asyncio.Future, result: Any) -> None:
+    if not future.done():
+        (future.set_exception if isinstance(result, BaseException) else future.set_result)(result)
 
 
 class LocalPolicy(Policy):
@@ -79,6 +77,8 @@ class LocalPolicy(Policy):
         """`model` is a local directory, `"tiny"`, or a loaded model (then pass `tokenizer`)."""
         import torch
 
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if isinstance(model, (str, os.PathLike)):
             self.name = name or ("tiny" if str(model) == "tiny" else os.path.basename(str(model)))
             model, loaded_tok = load_model(model, device=device, dtype=dtype)
@@ -88,8 +88,6 @@ class LocalPolicy(Policy):
             if tokenizer is None:
                 raise ValueError("LocalPolicy(model_object) needs tokenizer=; pass the model's "
                                  "tokenizer or a model path instead")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -102,11 +100,16 @@ class LocalPolicy(Policy):
         self._pad = int(pad if pad is not None else 0)
         self._version = version
         self._rng = torch.Generator().manual_seed(seed)
-        self._lock = threading.Lock()  # held while a batch decodes or weights change
         params = inspect.signature(type(model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
-        self._queue: asyncio.Queue[_Pending] | None = None
+        # Thread hand-off: coroutines put requests in the inbox; the decode thread runs while
+        # there is work. Weight swaps wait until no row is in flight (see _exclusive).
+        self._inbox: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._swaps_waiting = 0
+        self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -116,26 +119,40 @@ class LocalPolicy(Policy):
     def version(self) -> int:
         return self._version
 
+    def _exclusive(self, change: Any) -> Any:
+        """Run `change()` when no row is decoding; new rows wait until it is done."""
+        with self._cond:
+            self._swaps_waiting += 1
+            try:
+                self._cond.wait_for(lambda: not self._busy)
+                return change()
+            finally:
+                self._swaps_waiting -= 1
+                self._cond.notify_all()
+
     def set_version(self, version: int) -> None:
-        """Tag tokens from the next batch on with `version` (weights shared with a trainer)."""
-        with self._lock:
+        """Tag tokens of requests admitted from now on with `version` (weights shared in place)."""
+        def change() -> None:
             self._version = int(version)
+        self._exclusive(change)
 
     def load_weights(self, weights: "Mapping[str, torch.Tensor] | str | os.PathLike[str]",
                      version: int | None = None) -> int:
-        """Replace the weights (a state dict or a `save_pretrained` directory) between batches.
+        """Replace the weights (a state dict or a `save_pretrained` directory).
 
-        Blocks until the running batch ends; returns the new version (default: current + 1).
-        From async code use `aload_weights`.
+        Waits for the rows in flight to finish (new ones are held back meanwhile) and returns
+        the new version (default: current + 1). From async code use `aload_weights`.
         """
         if isinstance(weights, (str, os.PathLike)):
             source, _ = load_model(weights, device=str(self.device), dtype=self.model.dtype)
             weights = source.state_dict()
-        with self._lock:
+
+        def change() -> int:
             self.model.load_state_dict(dict(weights), strict=True)
             self._version = self._version + 1 if version is None else int(version)
             log.info("local policy weights replaced, version %d", self._version)
             return self._version
+        return self._exclusive(change)
 
     async def aload_weights(self, weights: "Mapping[str, torch.Tensor] | str | os.PathLike[str]",
                             version: int | None = None) -> int:
@@ -159,14 +176,16 @@ class LocalPolicy(Policy):
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        """Queue `request` for the next batch and wait for its result."""
+        """Queue `request`; it joins the running batch at the next step."""
         self._check(request)
-        queue = self._ensure_worker()
-        future = asyncio.get_running_loop().create_future()
-        queue.put_nowait(_Pending(request, future, time.perf_counter()))
+        wake = self._ensure_worker()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._inbox.put(_Pending(request, future, loop, time.perf_counter()))
+        wake.set()
         return await future
 
-    def _ensure_worker(self) -> asyncio.Queue[_Pending]:
+    def _ensure_worker(self) -> asyncio.Event:
         if self._closed:
             raise PolicyError("LocalPolicy is closed; create a new one")
         loop = asyncio.get_running_loop()
@@ -174,86 +193,83 @@ class LocalPolicy(Policy):
             if self._loop is not None and self._loop.is_running():
                 raise PolicyError("LocalPolicy is already serving another event loop; "
                                   "use one policy per loop")
-            self._loop, self._queue = loop, asyncio.Queue()
+            self._loop, self._wake = loop, asyncio.Event()
             self._worker = loop.create_task(self._serve(), name="corral-local-policy")
-        assert self._queue is not None
-        return self._queue
+        assert self._wake is not None
+        return self._wake
 
     async def _serve(self) -> None:
-        assert self._queue is not None
+        assert self._wake is not None
         while True:
-            batch = [await self._queue.get()]
+            await self._wake.wait()
+            self._wake.clear()
             await asyncio.sleep(0)  # let coroutines scheduled in the same tick enqueue too
-            while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            batch = [p for p in batch if not p.future.cancelled()]
-            if not batch:
-                continue
+            while not self._inbox.empty():
+                await asyncio.to_thread(self._run)
+
+    def _take(self, limit: int) -> list[_Pending]:
+        taken: list[_Pending] = []
+        while len(taken) < limit:
             try:
-                started, results = await asyncio.to_thread(self._decode,
-                                                           [p.request for p in batch])
-            except Exception as exc:  # noqa: BLE001 - every waiter must hear about the failure
-                log.exception("local generation failed")
-                err = PolicyError(f"local generation failed: {type(exc).__name__}: {exc}")
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(err)
-                continue
-            for pending, gen in zip(batch, results):
-                gen.queue_seconds = max(0.0, started - pending.enqueued)
-                if not pending.future.done():
-                    pending.future.set_result(gen)
+                pending = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if not pending.future.cancelled():
+                taken.append(pending)
+        return taken
 
-    def _decode(self, requests: list[GenerationRequest]) -> tuple[float, list[Generation]]:
-        """Decode one batch to completion (runs in a worker thread); returns its start time."""
+    def _run(self) -> None:
+        """Decode until no row is left and nothing waits (runs in a worker thread)."""
         import torch
 
-        with self._lock, torch.inference_mode():
-            version = self._version
-            t0 = time.perf_counter()
-            rows = [_Row(r) for r in requests]
-            ids, mask = self._left_pad([r.prompt_ids for r in requests])
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            cache = self._new_cache()
-            logits = self._forward(ids, mask, positions, cache, last_only=True)
-            next_pos = positions[:, -1]
-            live = list(range(len(rows)))  # cache row -> index in `rows`
-            temps = torch.tensor([max(r.temperature, 0.0) for r in requests], device=self.device)
-            top_ps = torch.tensor([r.top_p for r in requests], device=self.device)
-            gens = [torch.Generator().manual_seed(r.seed) if r.seed is not None else self._rng
-                    for r in requests]
-            while True:
-                tokens, logps = self._sample(logits, temps, top_ps, [gens[i] for i in live])
-                for tok, lp, i in zip(tokens.tolist(), logps.tolist(), live):
-                    self._advance(rows[i], tok, lp)
-                keep = [j for j, i in enumerate(live) if rows[i].finish is None]
-                if not keep:
-                    break
-                if len(keep) < len(live):  # finished rows leave the batch and the cache
-                    sel = torch.tensor(keep, device=self.device)
-                    cache.batch_select_indices(sel)
-                    mask, tokens, next_pos = mask[sel], tokens[sel], next_pos[sel]
-                    temps, top_ps = temps[sel], top_ps[sel]
-                    live = [live[j] for j in keep]
-                mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-                next_pos = next_pos + 1
-                logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache)
-            self.stats.batches += 1
-            self.stats.batch_sizes[len(rows)] += 1
-            self.stats.requests += len(rows)
-            self.stats.generated_tokens += sum(len(r.ids) for r in rows)
-            return t0, [self._result(r, version, t0) for r in rows]
+        with self._cond:
+            self._cond.wait_for(lambda: self._swaps_waiting == 0)
+            self._busy = True
+        batch = DecodeBatch(self._forward, self._new_cache, self._sample, self._advance,
+                            self._pad, self.device, self._rng)
+        try:
+            with torch.inference_mode():
+                while True:
+                    open_slots = self.max_batch - len(batch)
+                    admitting = self._swaps_waiting == 0 and not self._closed
+                    if admitting and open_slots > 0 and (batch.can_merge or not batch):
+                        self._admit(batch, self._take(open_slots))
+                    if not batch:
+                        return
+                    self.stats.steps += 1
+                    self.stats.batch_sizes[len(batch)] += 1
+                    for row in batch.step():
+                        self._finish(row)
+        except Exception as exc:  # noqa: BLE001 - every waiter must hear about the failure
+            log.exception("local generation failed")
+            error = PolicyError(f"local generation failed: {type(exc).__name__}: {exc}")
+            for row in batch.rows:
+                row.payload.loop.call_soon_threadsafe(_resolve, row.payload.future, error)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
-    def _left_pad(self, prompts: list[list[int]]) -> tuple["torch.Tensor", "torch.Tensor"]:
-        import torch
+    def _admit(self, batch: DecodeBatch, pending: list[_Pending]) -> None:
+        if not pending:
+            return
+        if batch:
+            self.stats.joined_running += len(pending)
+        self.stats.admissions += 1
+        self.stats.requests += len(pending)
+        batch.admit([Row(p.request, self._version, payload=p) for p in pending])
 
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt):] = 1
-        return ids.to(self.device), mask.to(self.device)
+    def _finish(self, row: Row) -> None:
+        text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
+        if row.stop_at is not None:  # OpenAI semantics: the stop string is not in the text
+            text = text[:row.stop_at]
+        self.stats.generated_tokens += len(row.ids)
+        pending: _Pending = row.payload
+        gen = Generation(token_ids=row.ids, logprobs=row.logprobs, text=text, version=row.version,
+                         finish_reason=row.finish or "length",
+                         queue_seconds=max(0.0, row.admitted_at - pending.enqueued),
+                         decode_seconds=row.done_at - row.admitted_at)
+        pending.loop.call_soon_threadsafe(_resolve, pending.future, gen)
 
     def _new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -291,7 +307,7 @@ class LocalPolicy(Policy):
         tokens = torch.where(greedy, logits.argmax(-1), sampled.clamp(max=logits.shape[-1] - 1))
         return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
-    def _advance(self, row: _Row, token: int, logprob: float) -> None:
+    def _advance(self, row: Row, token: int, logprob: float) -> None:
         row.ids.append(token)
         row.logprobs.append(logprob)
         if token in self.stop_ids:
@@ -306,14 +322,6 @@ class LocalPolicy(Policy):
         if row.finish is not None:
             row.done_at = time.perf_counter()
 
-    def _result(self, row: _Row, version: int, started: float) -> Generation:
-        text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
-        if row.stop_at is not None:  # OpenAI semantics: the stop string is not in the text
-            text = text[:row.stop_at]
-        return Generation(token_ids=row.ids, logprobs=row.logprobs, text=text, version=version,
-                          finish_reason=row.finish or "length",
-                          decode_seconds=row.done_at - started)
-
     async def close(self) -> None:
         """Stop the batching task and fail requests still waiting; idempotent."""
         self._closed = True
@@ -324,8 +332,7 @@ class LocalPolicy(Policy):
                 await worker
             except (asyncio.CancelledError, RuntimeError):
                 pass
-        while self._queue is not None and not self._queue.empty():
-            pending = self._queue.get_nowait()
-            if not pending.future.done():
-                pending.future.set_exception(PolicyError("LocalPolicy was closed before this "
-                                                         "request ran"))
+        error = PolicyError("LocalPolicy was closed before this request ran")
+        for pending in self._take(10**9):
+            if not pending.loop.is_closed():
+                pending.loop.call_soon_threadsafe(_resolve, pending.future, error)

@@ -40,8 +40,11 @@ def __getattr__(name: str):  # registry functions, imported lazily (registry dep
 
 
 # Names that live in heavier modules, loaded on first use.
-_LAZY: dict[str, tuple[str, str]] = {}
+_LAZY: dict[str, tuple[str, str]] = {
+    "TerminalEnv": ("corral.terminal", "TerminalEnv"),
+    "load_harbor": ("corral.harbor", "load_harbor"),
+}
 
-__all__ = ["Browser", "Dataset", "Env", "Episode", "Task", "Terminal", "TextEnv", "ToolCall",
-           "environment", "errors", "make", "register", "registry", "reward", "spec", "tool",
-           "__version__"]
+__all__ = ["Browser", "Dataset", "Env", "Episode", "Task", "Terminal", "TerminalEnv", "TextEnv",
+           "ToolCall", "environment", "errors", "load_harbor", "make", "register", "registry",
+           "reward", "spec", "tool", "__version__"]

@@ -96,7 +96,8 @@ def sample_divergence(logp_current: torch.Tensor, logp_behaviour: torch.Tensor,
     return masked_mean_per_sample(per_token, loss_mask)
 
 
-def sample_age(versions: torch.Tensor, loss_mask: torch.Tensor, current_version: int) -> torch.Tensor:
+def sample_age(versions: torch.Tensor, loss_mask: torch.Tensor,
+               current_version: int) -> torch.Tensor:
     """current_version - oldest version among each sample's generated tokens ([B]; 0 if none)."""
     on = loss_mask > 0
     big = torch.iinfo(torch.long).max

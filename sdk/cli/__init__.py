@@ -71,10 +71,8 @@ def main() -> None:
     except KeyboardInterrupt:
         fail("interrupted", code=130)
     except Exception as exc:  # click usage errors and anything unexpected: one line, no trace
-        import click
-
-        if isinstance(exc, click.ClickException):
-            fail(exc.format_message(), code=exc.exit_code)
+        if hasattr(exc, "format_message"):  # usage errors (typer vendors its own click)
+            fail(exc.format_message(), code=getattr(exc, "exit_code", 2))
         if os.environ.get("CORRAL_DEBUG"):
             raise
         fail(f"{type(exc).__name__}: {exc} (set CORRAL_DEBUG=1 for the traceback)")

@@ -27,13 +27,13 @@ def recompute(policy: LocalPolicy, prompt: list[int], generated: list[int],
 
 
 async def test_batched_logprobs_match_a_forward_pass(policy: LocalPolicy, tokenizer) -> None:
-    before = policy.stats.batches
+    before = policy.stats.admissions
     requests = [GenerationRequest(tokenizer.encode(p), max_tokens=12 + 4 * i,
                                   temperature=[1.0, 0.7, 0.0, 1.3][i], top_p=[1.0, 0.9, 1.0, 1.0][i],
                                   seed=i)
                 for i, p in enumerate(PROMPTS)]
     results = await asyncio.gather(*(policy.generate(r) for r in requests))
-    assert policy.stats.batches == before + 1  # all four decoded together, prompts left-padded
+    assert policy.stats.admissions == before + 1  # all four prefilled together, left-padded
     for request, gen in zip(requests, results):
         assert 1 <= len(gen.token_ids) <= request.max_tokens
         assert len(gen.logprobs) == len(gen.token_ids)
@@ -54,6 +54,23 @@ async def test_concurrent_requests_share_batches(policy: LocalPolicy, tokenizer)
     assert policy.stats.requests == before[1] + 8
     assert policy.stats.max_batch_size >= 4
     assert len({tuple(g.token_ids) for g in gens}) > 1  # different seeds, different samples
+
+
+async def test_requests_join_a_running_batch(policy: LocalPolicy, tokenizer) -> None:
+    """Continuous batching: a late request joins mid-generation, finishes first, and its
+    logprobs (computed through a merged, re-padded KV cache) still match a forward pass."""
+    long = GenerationRequest(tokenizer.encode("ls"), max_tokens=80, temperature=1.0, seed=7)
+    steps, joined = policy.stats.steps, policy.stats.joined_running
+    first = asyncio.ensure_future(policy.generate(long))
+    while policy.stats.steps < steps + 5:  # wait until the long request is decoding
+        await asyncio.sleep(0.001)
+    late = [GenerationRequest(tokenizer.encode(PROMPTS[3] * 2), max_tokens=5, seed=1),
+            GenerationRequest(tokenizer.encode("1"), max_tokens=5, temperature=0.5, seed=2)]
+    done = await asyncio.gather(*(policy.generate(r) for r in late))
+    assert not first.done() and policy.stats.joined_running == joined + 2
+    for request, gen in [*zip(late, done), (long, await first)]:
+        expected = recompute(policy, request.prompt_ids, gen.token_ids, request.temperature)
+        assert (expected - torch.tensor(gen.logprobs)).abs().max().item() < 1e-4
 
 
 async def test_seeded_and_greedy_requests_reproduce(policy: LocalPolicy, tokenizer) -> None:

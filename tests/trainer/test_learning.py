@@ -34,19 +34,20 @@ def test_grpo_steps_raise_the_probability_of_rewarded_tokens():
     gen = torch.Generator().manual_seed(0)
     start = good_mass(model)
     rewards = []
-    for step in range(12):
+    for step in range(16):
         groups = [sample_group(model, prompt, 8, 4, good_share, group=f"s{step}p{p}",
                                version=trainer.version, generator=gen)
                   for p, prompt in enumerate(PROMPTS)]
         rewards.append(sum(t.reward for g in groups for t in g) / 16)
         result = trainer.step(Batch(groups=groups, policy_version=trainer.version))
-        assert result.applied, result.skipped_reason
-        assert result.staleness.dropped_divergence == 0  # on-policy: nothing is stale
+        assert result.metrics["nonfinite"] == 0.0
+        if result.applied:  # a batch whose groups all agree is a legitimate skip
+            assert result.staleness.dropped_divergence == 0  # on-policy: nothing is stale
     end = good_mass(model)
     assert 0.08 < start < 0.2          # ~1/8 before training
-    assert end > start + 0.25, (start, end)
+    assert end > start + 0.3, (start, end)  # measured: 0.126 -> 0.694
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.15, rewards
-    assert published == list(range(1, 13))
+    assert published == list(range(1, trainer.version + 1)) and trainer.version >= 14
 
 
 class ByteTokenizer:

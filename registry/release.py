@@ -1,0 +1,435 @@
+"""The release format: a manifest plus the env folder's files in one deterministic tar.gz.
+
+An archive holds `corral-release.json` (the `ReleaseManifest`) as its first member, then every
+file of the env folder under `files/`, sorted, with fixed mtimes, owners and modes, gzip'd
+without a timestamp: the same folder and manifest always give the same bytes. A release is
+named by the sha256 of its archive; the manifest inside lists the sha256 of every file, so the
+release hash covers the code, the tasks and the metadata alike.
+
+Reading an archive (`read_release`, `unpack`) checks everything before anything is trusted:
+member names (no absolute paths, no `..`), member types (regular files only; links are refused),
+sizes (per file and in total, from the headers, before reading), and every file's hash against
+the manifest, with no file missing or extra.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import stat
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .catalog import parse_id
+from .errors import ReleaseError
+
+FORMAT = 1
+MANIFEST_NAME = "corral-release.json"
+FILES_PREFIX = "files/"
+_CHUNK = 1 << 20
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# semver.org's regular expression, without the named groups we do not use.
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
+
+
+class SemVer(NamedTuple):
+    """A parsed semantic version; `key` orders versions as semver.org says (1.0.0-rc < 1.0.0)."""
+
+    major: int
+    minor: int
+    patch: int
+    prerelease: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "SemVer":
+        match = _SEMVER.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise ReleaseError(f"version {text!r} is not a semantic version: use MAJOR.MINOR.PATCH, "
+                               "e.g. 1.0.0 or 1.2.0-rc.1")
+        return cls(int(match[1]), int(match[2]), int(match[3]), match[4] or "")
+
+    @property
+    def key(self) -> tuple:
+        pre = tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
+                    for p in self.prerelease.split(".")) if self.prerelease else ()
+        return (self.major, self.minor, self.patch, not self.prerelease, pre)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Sizes past which a release is refused (checked from tar headers, before reading)."""
+
+    max_file_bytes: int = 64 << 20
+    max_total_bytes: int = 512 << 20
+    max_files: int = 20_000
+    max_manifest_bytes: int = 16 << 20
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class FileEntry(BaseModel):
+    """One file of a release."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sha256: str
+    size: int = Field(ge=0)
+    executable: bool = False
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not _HEX64.match(value):
+            raise ValueError("must be 64 lowercase hex digits")
+        return value
+
+
+class DatasetCard(BaseModel):
+    """What a release's dataset is: size, splits, families, where it came from, its licence."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: int = Field(ge=0)
+    splits: dict[str, int] = Field(default_factory=dict)
+    families: dict[str, int] = Field(default_factory=dict)
+    task_type: str = "Task"
+    fields: list[str] = Field(default_factory=list)
+    source: str = ""
+    example: str = ""
+    provenance: dict[str, str] = Field(default_factory=dict)
+    license: str = "unspecified"
+
+
+class ReleaseManifest(BaseModel):
+    """Everything a release says about itself; stored as `corral-release.json` in the archive."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = FORMAT
+    id: str
+    version: str
+    kind: str | None = None
+    entry_point: str = Field(description="'module:Class', module relative to the env folder")
+    description: str = ""
+    tags: list[str] = Field(default_factory=list)
+    max_turns: int | None = None
+    files: dict[str, FileEntry]
+    content_sha256: str
+    dataset_sha256: str
+    image_recipe_sha256: str
+    corral_version: str
+    card: DatasetCard
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    sandbox: dict[str, Any] | None = None
+    validation: dict[str, Any] | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        parse_id(value, require_version=True)
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        SemVer.parse(value)
+        return value
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point(cls, value: str) -> str:
+        module, _, attr = value.partition(":")
+        if not attr or not all(p.isidentifier() for p in module.split(".") + attr.split(".")):
+            raise ValueError(f"{value!r} is not 'module:Class' relative to the env folder")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _paths(cls, value: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        for path in value:
+            check_path(path)
+        return value
+
+    @field_validator("content_sha256", "dataset_sha256", "image_recipe_sha256")
+    @classmethod
+    def _digest(cls, value: str) -> str:
+        if not _HEX64.match(value):
+            raise ValueError("must be 64 lowercase hex digits")
+        return value
+
+    @property
+    def semver(self) -> SemVer:
+        return SemVer.parse(self.version)
+
+    @property
+    def namespace(self) -> str:
+        return parse_id(self.id)[0]
+
+    @property
+    def ref(self) -> str:
+        """`id@version`, the human name of this release."""
+        return f"{self.id}@{self.version}"
+
+    def to_json(self) -> bytes:
+        """Canonical bytes: sorted keys, no whitespace variance."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> "ReleaseManifest":
+        """Parse and validate; any problem is a `ReleaseError` naming the field."""
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "manifest"
+            raise ReleaseError(f"release manifest: field '{where}': {first['msg']}") from None
+
+
+def check_path(path: str) -> str:
+    """A safe relative POSIX path inside a release, or `ReleaseError`."""
+    if not path or "\x00" in path or "\\" in path:
+        raise ReleaseError(f"release path {path!r} is empty or has a NUL or backslash")
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+        raise ReleaseError(f"release path {path!r} is absolute; releases hold relative paths only")
+    parts = PurePosixPath(path).parts
+    if ".." in parts or "." in parts or path.endswith("/") or "//" in path:
+        raise ReleaseError(f"release path {path!r} is not a plain relative path ('..' or '.' "
+                           "segments are refused)")
+    return path
+
+
+def content_digest(files: dict[str, FileEntry]) -> str:
+    """sha256 over the sorted (path, file hash) list: what 'same content' means for a version."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"{path}\0{files[path].sha256}\n".encode())
+    return digest.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- packing -------------------------------------------------------------------------------------
+IGNORED_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv",
+                ".ipynb_checkpoints"}
+IGNORED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+IGNORED_NAMES = {".DS_Store"}
+
+
+def collect_files(folder: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, Path]:
+    """The files of an env folder to release, by relative path. Symlinks inside the folder are
+    stored as the files they point to; symlinks pointing outside are refused."""
+    folder = folder.resolve()
+    found: dict[str, Path] = {}
+    for root, dirs, names in os.walk(folder):
+        base = Path(root)
+        keep = []
+        for name in sorted(dirs):
+            if name in IGNORED_DIRS or name.endswith(IGNORED_SUFFIXES):
+                continue
+            path = base / name
+            if path.is_symlink():
+                _inside(folder, path)  # a linked folder inside is reached by its real path
+                continue
+            keep.append(name)
+        dirs[:] = keep
+        for name in names:
+            if name in IGNORED_NAMES or name.endswith(IGNORED_SUFFIXES):
+                continue
+            path = base / name
+            real = _inside(folder, path) if path.is_symlink() else path
+            if not real.is_file():
+                raise ReleaseError(f"{path} is not a regular file; releases hold files only")
+            size = real.stat().st_size
+            if size > limits.max_file_bytes:
+                raise ReleaseError(f"{path} is {size:,} bytes, over the {limits.max_file_bytes:,}"
+                                   "-byte limit per release file")
+            found[check_path(path.relative_to(folder).as_posix())] = real
+    if len(found) > limits.max_files:
+        raise ReleaseError(f"{folder} has {len(found):,} files, over the limit of "
+                           f"{limits.max_files:,} per release")
+    return dict(sorted(found.items()))
+
+
+def _inside(folder: Path, link: Path) -> Path:
+    target = link.resolve()
+    if not target.is_relative_to(folder):
+        raise ReleaseError(f"{link} is a symlink to {target}, outside the env folder; copy the "
+                           "file in instead")
+    return target
+
+
+def file_entries(files: dict[str, Path]) -> dict[str, FileEntry]:
+    """Hash, size and executable bit of each file."""
+    entries = {}
+    for rel, path in files.items():
+        st = path.stat()
+        entries[rel] = FileEntry(sha256=sha256_file(path), size=st.st_size,
+                                 executable=bool(st.st_mode & stat.S_IXUSR))
+    return entries
+
+
+def pack(manifest: ReleaseManifest, files: dict[str, Path], out: IO[bytes]) -> None:
+    """Write the deterministic archive of `manifest` and `files` (relative path → file) to `out`."""
+    if set(files) != set(manifest.files):
+        raise ReleaseError("pack: the files given differ from the manifest's file list")
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=6) as gz:
+        with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            blob = manifest.to_json()
+            tar.addfile(_info(MANIFEST_NAME, len(blob), False), io.BytesIO(blob))
+            for rel in sorted(files):
+                entry = manifest.files[rel]
+                with open(files[rel], "rb") as fh:
+                    tar.addfile(_info(FILES_PREFIX + rel, entry.size, entry.executable), fh)
+
+
+def _info(name: str, size: int, executable: bool) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o755 if executable else 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+# --- reading -------------------------------------------------------------------------------------
+def read_release(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ReleaseManifest:
+    """Verify an archive completely and return its manifest (`ReleaseError` if anything is off)."""
+    return _scan(archive, limits, dest=None)
+
+
+def unpack(archive: Path, dest: Path, limits: Limits = DEFAULT_LIMITS) -> ReleaseManifest:
+    """Verify an archive while writing its files into the empty folder `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise ReleaseError(f"unpack: {dest} is not empty")
+    return _scan(archive, limits, dest=dest)
+
+
+def _scan(archive: Path, limits: Limits, dest: Path | None) -> ReleaseManifest:
+    try:
+        with tarfile.open(archive, mode="r|gz") as tar:
+            return _scan_members(tar, limits, dest)
+    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
+        if isinstance(exc, ReleaseError):
+            raise
+        raise ReleaseError(f"{archive.name}: not a readable release archive ({exc})") from None
+
+
+def _scan_members(tar: tarfile.TarFile, limits: Limits, dest: Path | None) -> ReleaseManifest:
+    manifest: ReleaseManifest | None = None
+    seen: set[str] = set()
+    total = 0
+    for member in tar:
+        _check_member(member)
+        if manifest is None:
+            if member.name != MANIFEST_NAME:
+                raise ReleaseError(f"the first archive member must be {MANIFEST_NAME}, "
+                                   f"found {member.name!r}")
+            if member.size > limits.max_manifest_bytes:
+                raise ReleaseError(f"{MANIFEST_NAME} is {member.size:,} bytes, over the limit")
+            manifest = ReleaseManifest.from_json(_read(tar, member))
+            _check_manifest(manifest, limits)
+            continue
+        if not member.name.startswith(FILES_PREFIX):
+            raise ReleaseError(f"archive member {member.name!r} is outside {FILES_PREFIX}")
+        rel = check_path(member.name[len(FILES_PREFIX):])
+        entry = manifest.files.get(rel)
+        if entry is None:
+            raise ReleaseError(f"archive holds {rel!r}, which the manifest does not list")
+        if rel in seen:
+            raise ReleaseError(f"archive holds {rel!r} twice")
+        if member.size != entry.size:
+            raise ReleaseError(f"{rel}: {member.size:,} bytes in the archive, {entry.size:,} in "
+                               "the manifest")
+        if member.size > limits.max_file_bytes:
+            raise ReleaseError(f"{rel} is {member.size:,} bytes, over the "
+                               f"{limits.max_file_bytes:,}-byte limit per release file")
+        total += member.size
+        if total > limits.max_total_bytes:
+            raise ReleaseError(f"release files exceed {limits.max_total_bytes:,} bytes in total")
+        digest = _copy(tar, member, None if dest is None else dest / rel, entry.executable)
+        if digest != entry.sha256:
+            raise ReleaseError(f"{rel}: sha256 {digest[:12]}… does not match the manifest's "
+                               f"{entry.sha256[:12]}…; the release is corrupt or tampered with")
+        seen.add(rel)
+    if manifest is None:
+        raise ReleaseError(f"empty archive: no {MANIFEST_NAME}")
+    missing = sorted(set(manifest.files) - seen)
+    if missing:
+        raise ReleaseError(f"archive lacks {len(missing)} file(s) its manifest lists, e.g. "
+                           f"{missing[0]!r}")
+    return manifest
+
+
+def _check_member(member: tarfile.TarInfo) -> None:
+    name = member.name
+    if member.issym() or member.islnk():
+        target = PurePosixPath(name).parent / member.linkname
+        outside = member.linkname.startswith("/") or ".." in target.parts
+        where = "pointing outside the release" if outside else "inside the release"
+        raise ReleaseError(f"archive member {name!r} is a link to {member.linkname!r} ({where}); "
+                           "releases hold regular files only")
+    if not member.isreg():
+        raise ReleaseError(f"archive member {name!r} is not a regular file")
+    if name != MANIFEST_NAME:
+        check_path(name)
+
+
+def _check_manifest(manifest: ReleaseManifest, limits: Limits) -> None:
+    if manifest.format != FORMAT:
+        raise ReleaseError(f"release format {manifest.format} is not supported (this Corral "
+                           f"reads format {FORMAT}); upgrade corral")
+    if len(manifest.files) > limits.max_files:
+        raise ReleaseError(f"manifest lists {len(manifest.files):,} files, over the limit")
+    if content_digest(manifest.files) != manifest.content_sha256:
+        raise ReleaseError("manifest content_sha256 does not match its file list")
+
+
+def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    fh = tar.extractfile(member)
+    assert fh is not None
+    return fh.read()
+
+
+def _copy(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path | None,
+          executable: bool) -> str:
+    digest = hashlib.sha256()
+    fh = tar.extractfile(member)
+    assert fh is not None
+    out = None
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        out = open(target, "xb")  # 'x': never overwrite, never follow a planted link
+    try:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            if out is not None:
+                out.write(chunk)
+    finally:
+        if out is not None:
+            out.close()
+    if target is not None:
+        target.chmod(0o755 if executable else 0o644)
+    return digest.hexdigest()
+
+
+def archive_digest(archive: Path) -> str:
+    """The release hash: sha256 of the archive bytes."""
+    return sha256_file(archive)

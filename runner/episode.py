@@ -1,0 +1,285 @@
+"""The episode loop: one attempt at one work item, from reset to verified rewards, as tokens.
+
+The trajectory's token ids are built turn by turn and never re-tokenized: the prompt is the
+policy tokenizer's chat template over the env's first messages (tools included), then each
+turn appends the ids the policy generated (`loss_mask` 1, tagged with the `Generation`'s
+version) and the encoded environment turn (`loss_mask` 0), using `corral.runner.chat`.
+
+Sandbox start and task setup overlap with the first inference call: the first prompt needs
+only the instruction, so `env.areset` runs concurrently with the first `generate` (if the
+env's messages after reset differ from the predicted ones, that generation is discarded).
+
+Failures are classified, never raised (except cancellation): `InfraError` (sandbox, browser,
+`PolicyError` from a server) and unexpected exceptions from env code end the attempt as
+`Status.INFRA_ERROR` (the runner retries it with a fresh sandbox); an `AgentError` escaping
+the env ends it as `Status.AGENT_ERROR` (recorded, not retried). Deadlines (per turn, per
+episode) and max turns end it as `Status.TRUNCATED` with rewards computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from corral.errors import AgentError, InfraError
+from corral.runner.chat import ChatTranscript
+from corral.runner.policy import Generation, GenerationRequest, Policy
+from corral.runner.pool import span_sink
+from corral.runner.trajectory import Span, Status, Trajectory
+from corral.toolcalls import parse_openai_tool_calls
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One trajectory to collect: sample `sample` of group `group` (task `task_index` of env
+    `env_index`). Ids are deterministic, which is what makes resuming exact."""
+
+    group: int
+    sample: int
+    env_index: int
+    env_id: str
+    task_index: int
+    seed: int
+
+    @property
+    def group_id(self) -> str:
+        return f"g{self.group:06d}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.group_id}-s{self.sample:03d}"
+
+
+@dataclass(slots=True)
+class EpisodeLimits:
+    """Sampling settings and limits of every episode of a run."""
+
+    max_turns: int | None = None
+    max_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    turn_deadline: float | None = None
+    episode_deadline: float | None = None
+    verify_deadline: float = 120.0
+    max_context: int | None = None  # prompt + generation tokens; default: the policy's limit
+
+
+class _Deadline(Exception):
+    def __init__(self, which: str) -> None:
+        super().__init__(f"{which} deadline reached")
+        self.which = which
+
+
+@contextlib.asynccontextmanager
+async def _deadline(seconds: float | None, which: str) -> AsyncIterator[None]:
+    """`asyncio.timeout` whose own expiry raises `_Deadline` (other TimeoutErrors pass)."""
+    if seconds is None:
+        yield
+        return
+    try:
+        async with asyncio.timeout(seconds) as cm:
+            yield
+    except TimeoutError:
+        if cm.expired():
+            raise _Deadline(which) from None
+        raise
+
+
+def instrument_env(env: Any) -> None:
+    """Record a "verify" span around the env's end-of-episode reward computation.
+
+    The Env API has no hook for it, so the instance's `_score` is wrapped once (per_step=False
+    is the verifier run after the episode ends)."""
+    if getattr(env, "_corral_instrumented", False):
+        return
+    inner = env._score
+
+    async def score(episode: Any, *, per_step: bool) -> float:
+        if per_step:
+            return await inner(episode, per_step=per_step)
+        start = time.time()
+        try:
+            return await inner(episode, per_step=per_step)
+        finally:
+            sink = span_sink.get()
+            if sink is not None:
+                sink.append(Span("verify", start, time.time()))
+
+    env._score = score
+    env._corral_instrumented = True
+
+
+class _Episode:
+    """State of one attempt (kept off the Trajectory so the dataclass stays a record)."""
+
+    def __init__(self, env: Any, policy: Policy, item: WorkItem, limits: EpisodeLimits,
+                 inference: asyncio.Semaphore, traj: Trajectory, attempt: int) -> None:
+        self.env, self.policy, self.item, self.limits = env, policy, item, limits
+        self.inference, self.traj = inference, traj
+        self.session = f"{item.id}#a{attempt}"
+        self.turn = 0
+        self.max_context = limits.max_context or getattr(policy, "max_positions", None)
+
+    # --- phases --------------------------------------------------------------------------------
+    async def reset(self) -> None:
+        start = time.time()
+        await self.env.areset(seed=self.item.seed, options={"task_index": self.item.task_index})
+        waits = [s for s in self.traj.spans if s.phase == "sandbox_wait" and s.start >= start]
+        self.traj.spans.append(Span("setup", waits[-1].end if waits else start, time.time()))
+
+    async def generate(self, transcript: ChatTranscript) -> Generation | None:
+        """One policy call under the inference semaphore; None when the context is full."""
+        max_tokens = self.limits.max_tokens
+        if self.max_context:
+            max_tokens = min(max_tokens, int(self.max_context) - len(transcript.ids))
+            if max_tokens < 1:
+                return None
+        request = GenerationRequest(
+            prompt_ids=list(transcript.ids), max_tokens=max_tokens,
+            temperature=self.limits.temperature, top_p=self.limits.top_p,
+            session_id=self.session, seed=self.item.seed * 1009 + self.turn)
+        queued = time.time()
+        async with self.inference:
+            admitted = time.time()
+            gen = await self.policy.generate(request)
+        done = time.time()
+        decode_from = min(done, admitted + max(0.0, gen.queue_seconds))
+        self.traj.spans.append(Span("queue", queued, decode_from))
+        self.traj.spans.append(Span("decode", decode_from, done))
+        return gen
+
+    async def step(self, gen: Generation) -> tuple[bool, bool]:
+        """Apply the generation to the env; returns (terminated, truncated)."""
+        action: Any = gen.text
+        tool_calls = getattr(gen, "tool_calls", None)  # OpenAI-style servers may return these
+        if tool_calls:
+            action = parse_openai_tool_calls(list(tool_calls))
+        start = len(self.traj.spans)
+        began = time.time()
+        _, _, terminated, truncated, _ = await self.env.astep(action)
+        verify = [s for s in self.traj.spans[start:] if s.phase == "verify"]
+        self.traj.spans.append(Span("env", began, verify[0].start if verify else time.time()))
+        return terminated, truncated
+
+    # --- the loop ------------------------------------------------------------------------------
+    async def play(self) -> None:
+        env, traj = self.env, self.traj
+        task = env.pick_task({"task_index": self.item.task_index})
+        traj.task_id = task.id
+        predicted = ([{"role": "system", "content": env.system_prompt}] if env.system_prompt
+                     else []) + [{"role": "user", "content": env.instruction(task)}]
+        tools = env.tool_schemas() or None
+        transcript = ChatTranscript(self.policy.tokenizer, predicted, tools=tools)
+        first = asyncio.ensure_future(self.generate(transcript))  # overlaps sandbox + setup
+        try:
+            await self.reset()
+        except BaseException:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            raise
+        if env.episode.messages != predicted:  # the instruction depended on setup
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            transcript = ChatTranscript(self.policy.tokenizer, env.episode.messages, tools=tools)
+            first = asyncio.ensure_future(self.generate(transcript))
+        traj.append(list(transcript.ids), generated=False)
+        pending: asyncio.Future[Generation | None] | None = first
+        while True:
+            async with _deadline(self.limits.turn_deadline, "turn"):
+                if pending is not None:
+                    gen, pending = await pending, None
+                else:
+                    gen = await self.generate(transcript)
+                if gen is None:
+                    raise _Deadline("context")
+                traj.append(gen.token_ids, generated=True, logprobs=gen.logprobs,
+                            version=gen.version)
+                transcript.add_generation(gen.token_ids, gen.text)
+                self.turn += 1
+                before = len(env.episode.messages)
+                terminated, truncated = await self.step(gen)
+            if terminated or truncated:
+                traj.status = Status.TRUNCATED if truncated else Status.COMPLETE
+                return
+            # the env appended our assistant message, then tool results / its reply
+            new_ids = transcript.add_messages(env.episode.messages[before + 1:])
+            traj.append(new_ids, generated=False)
+
+    async def truncate(self, why: str) -> None:
+        """End the episode early (deadline, context) and still compute its rewards."""
+        episode = self.env.episode
+        self.traj.status = Status.TRUNCATED
+        self.traj.metadata["truncated_by"] = why
+        if episode is None or episode.done:
+            return
+        episode.done = episode.truncated = True
+        # The Env API computes end-of-episode rewards only inside astep; run its verifier here.
+        async with _deadline(self.limits.verify_deadline, "verify"):
+            episode.reward += await self.env._score(episode, per_step=False)
+
+
+async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeLimits,
+                      inference: asyncio.Semaphore, *, attempt: int = 1) -> Trajectory:
+    """One attempt at `item` with `env` (an instance the caller does not share meanwhile)."""
+    traj = Trajectory(id=item.id, env_id=item.env_id, task_id="", group_id=item.group_id,
+                      attempts=attempt,
+                      metadata={"task_index": item.task_index, "sample": item.sample,
+                                "seed": item.seed, "group": item.group})
+    if limits.max_turns is not None:
+        env.max_turns = limits.max_turns
+    instrument_env(env)
+    run = _Episode(env, policy, item, limits, inference, traj, attempt)
+    token = span_sink.set(traj.spans)
+    try:
+        try:
+            async with _deadline(limits.episode_deadline, "episode"):
+                await run.play()
+        except _Deadline as exc:
+            await run.truncate(exc.which)
+    except (InfraError, _Deadline) as exc:  # _Deadline here: the verifier itself timed out
+        _fail(traj, env, Status.INFRA_ERROR, exc)
+    except AgentError as exc:
+        _fail(traj, env, Status.AGENT_ERROR, exc)
+    except Exception as exc:  # env or policy code raised: not the agent's fault, retry it
+        log.warning("episode %s raised %s: %s", item.id, type(exc).__name__, exc)
+        _fail(traj, env, Status.INFRA_ERROR, exc)
+    finally:
+        span_sink.reset(token)
+    _collect_outcome(traj, env)
+    await _close(env, traj)
+    return traj
+
+
+def _fail(traj: Trajectory, env: Any, status: Status, exc: BaseException) -> None:
+    traj.status = status
+    traj.error = f"{type(exc).__name__}: {exc}"
+    if status is Status.INFRA_ERROR and env.episode is not None:
+        env.episode.infra_error = traj.error  # so its sandbox is replaced, not reused
+
+
+def _collect_outcome(traj: Trajectory, env: Any) -> None:
+    episode = env.episode
+    if episode is None:
+        return
+    traj.reward = float(episode.reward)
+    traj.rewards = {k: float(v) for k, v in episode.rewards.items()}
+    traj.turns = int(episode.turn)
+    traj.messages = [dict(m) for m in episode.messages]
+    if episode.errors:
+        traj.metadata["errors"] = list(episode.errors)
+        traj.error = traj.error or episode.errors[0]
+
+
+async def _close(env: Any, traj: Trajectory) -> None:
+    try:
+        await env.aclose()
+    except Exception as exc:  # the sandbox is gone either way; record it, do not fail
+        log.warning("closing the env of %s failed: %s", traj.id, exc)
+        traj.metadata["close_error"] = f"{type(exc).__name__}: {exc}"
+    env.episode = None

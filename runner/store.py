@@ -1,0 +1,184 @@
+"""The trajectory store: one append-only JSONL file per run directory, crash-safe.
+
+    RUN_DIR/manifest.json        run config (envs, seed, group, ...) and a cursor
+    RUN_DIR/trajectories.jsonl   one finished trajectory per line, flushed and fsync'd
+
+Every line is written whole and fsync'd before the trajectory counts as collected, so a
+process killed at any instant leaves at most one torn last line, which `open` cuts off. Work
+items have deterministic ids (group index, sample index), so a resumed run with the same seed
+skips what is stored: nothing is lost (everything acknowledged is on disk) and nothing is
+duplicated (a stored id is never run again, and loading keeps the first copy of an id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from corral.errors import CorralError
+from corral.runner.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+TRAJECTORIES = "trajectories.jsonl"
+MANIFEST = "manifest.json"
+METRICS = "metrics.json"
+# Config keys that must match for a run directory to be resumed (others may change).
+RESUME_KEYS = ("seed", "envs", "group")
+
+
+class StoreMismatch(CorralError):
+    """A run directory holds a different run than the one being resumed into it."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace `path` with `data` as JSON so a crash leaves the old or the new file, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True, default=str)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def read_trajectories(path: Path) -> Iterator[dict[str, Any]]:
+    """Complete JSON lines of a trajectories file (a torn last line is skipped)."""
+    if not path.exists():
+        return
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break  # torn by a crash mid-write: never acknowledged
+            try:
+                yield json.loads(raw)
+            except json.JSONDecodeError:
+                log.warning("skipping a corrupt line in %s", path)
+
+
+class TrajectoryStore:
+    """Append-only trajectory log of one run directory (see the module docstring)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / TRAJECTORIES
+        self.manifest_path = self.run_dir / MANIFEST
+        self.manifest: dict[str, Any] = {}
+        self._ids: set[str] = set()
+        self._fh: Any = None
+        self._lock = threading.Lock()
+
+    # --- opening and resuming ------------------------------------------------------------------
+    def open(self, config: dict[str, Any]) -> list[Trajectory]:
+        """Create or resume the run; returns the trajectories already stored (first copy of
+        each id). Raises `StoreMismatch` if the directory holds a run with another config."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.manifest_path.exists():
+            self.manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            old = self.manifest.get("config", {})
+            for key in RESUME_KEYS:
+                if key in config and key in old and old[key] != config[key]:
+                    raise StoreMismatch(
+                        f"{self.run_dir} holds a run with {key}={old[key]!r}, not {config[key]!r}; "
+                        "resume with the same settings or choose another --run-dir")
+            self.manifest["config"] = {**old, **config}
+            self.manifest["resumes"] = int(self.manifest.get("resumes", 0)) + 1
+        else:
+            self.manifest = {"config": config, "cursor": {"batches": 0, "consumed_groups": []},
+                             "resumes": 0}
+        write_json_atomic(self.manifest_path, self.manifest)
+        self._truncate_torn_tail()
+        stored: list[Trajectory] = []
+        for data in read_trajectories(self.path):
+            if data["id"] in self._ids:
+                continue
+            self._ids.add(data["id"])
+            stored.append(Trajectory.from_dict(data))
+        self._fh = open(self.path, "ab")
+        return stored
+
+    def _truncate_torn_tail(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb+") as fh:
+            data = fh.read()
+            keep = data.rfind(b"\n") + 1
+            if keep != len(data):
+                log.warning("cutting a torn last line (%d bytes) from %s", len(data) - keep,
+                            self.path)
+                fh.truncate(keep)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    # --- writing -------------------------------------------------------------------------------
+    def __contains__(self, trajectory_id: str) -> bool:
+        return trajectory_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def append_sync(self, trajectories: list[Trajectory]) -> int:
+        """Write trajectories not stored yet, one line each, then fsync; returns how many."""
+        if self._fh is None:
+            raise CorralError("the trajectory store is not open; call open(config) first")
+        with self._lock:
+            fresh = [t for t in trajectories if t.id not in self._ids]
+            if not fresh:
+                return 0
+            blob = b"".join(json.dumps(t.to_dict(), separators=(",", ":"), default=str).encode()
+                            + b"\n" for t in fresh)
+            self._fh.write(blob)
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._ids.update(t.id for t in fresh)
+            return len(fresh)
+
+    async def append(self, *trajectories: Trajectory) -> int:
+        """`append_sync` in a worker thread (fsync must not block the event loop)."""
+        return await asyncio.to_thread(self.append_sync, list(trajectories))
+
+    def update_cursor(self, batches: int, consumed_groups: list[str]) -> None:
+        """Record which groups were handed out in batches (atomically)."""
+        self.manifest["cursor"] = {"batches": batches, "consumed_groups": consumed_groups}
+        write_json_atomic(self.manifest_path, self.manifest)
+
+    @property
+    def cursor(self) -> dict[str, Any]:
+        return dict(self.manifest.get("cursor") or {"batches": 0, "consumed_groups": []})
+
+    def close(self) -> None:
+        """Close the file; idempotent."""
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Trajectory]]:
+    """The manifest and the stored trajectories of a run directory (read-only)."""
+    root = Path(run_dir)
+    manifest_path = root / MANIFEST
+    if not manifest_path.exists() and not (root / TRAJECTORIES).exists():
+        raise CorralError(f"{root} is not a run directory (no {MANIFEST} or {TRAJECTORIES}); "
+                          "pass the --run-dir of a `corral collect` run")
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    seen: set[str] = set()
+    trajectories = []
+    for data in read_trajectories(root / TRAJECTORIES):
+        if data["id"] not in seen:
+            seen.add(data["id"])
+            trajectories.append(Trajectory.from_dict(data))
+    return manifest, trajectories

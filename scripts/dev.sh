@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Corral's one-stop set-up. Idempotent and quiet; safe to run again and again.
+#
+#   bash scripts/dev.sh demo [ARGS]   set everything up, then run `corral demo`
+#   bash scripts/dev.sh test [ARGS]   set everything up, then run the test suite
+#   bash scripts/dev.sh setup         set everything up only
+#
+# Set-up: Debian packages (docker.io, bubblewrap, chromium, debootstrap), a running dockerd,
+# a virtualenv in .venv with Corral and its extras (torch pinned to the local CPU build), and the
+# base image corral/base:bookworm (debootstrap + docker import; no registry is needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+log() { printf '\033[1;34m[corral]\033[0m %s\n' "$*" >&2; }
+
+need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    log "set-up needs root for apt and dockerd (run as root, or install: $*)"; exit 1
+  fi
+}
+
+apt_packages() {
+  local want=(docker.io bubblewrap chromium debootstrap python3-venv ca-certificates) missing=()
+  for pkg in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+  done
+  # python3-venv is not needed where python3 already has a working venv module (pyenv etc.)
+  if [ ${#missing[@]} -gt 0 ] && python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    missing=("${missing[@]/python3-venv}")
+  fi
+  missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+  [ ${#missing[@]} -eq 0 ] && return
+  need_root "${missing[*]}"
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+docker_daemon() {
+  docker info >/dev/null 2>&1 && return
+  need_root docker.io
+  log "starting dockerd"
+  (setsid dockerd >/var/log/corral-dockerd.log 2>&1 &)
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && return; sleep 0.5; done
+  log "dockerd did not start; see /var/log/corral-dockerd.log"; exit 1
+}
+
+python_env() {
+  [ -x "$VENV/bin/python" ] || { log "creating $VENV"; python3 -m venv "$VENV"; }
+  local stamp="$VENV/.corral-installed" digest
+  digest=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ] && return
+  log "installing Python packages into .venv (torch: local CPU build)"
+  local pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
+  "${pip[@]}" -U pip setuptools wheel 2>&1 | grep -v WARNING || true
+  # A plain torch requirement would pull several GB of CUDA wheels; pin the local CPU build.
+  "$VENV/bin/python" -c 'import torch' 2>/dev/null || "${pip[@]}" torch==2.13.0 2>&1 | grep -v WARNING || true
+  "${pip[@]}" -e ".[train,hf,ray,dev]" 2>&1 | grep -v -E 'WARNING|^\s*$' || true
+  "$VENV/bin/python" -c 'import corral, torch, playwright' || { log "Python set-up failed"; exit 1; }
+  echo "$digest" >"$stamp"
+}
+
+base_image() {
+  docker image inspect corral/base:bookworm >/dev/null 2>&1 && return
+  log "building corral/base:bookworm (debootstrap + docker import, about a minute)"
+  "$VENV/bin/corral" image base
+}
+
+setup() { apt_packages; docker_daemon; python_env; base_image; }
+
+cmd=${1:-setup}; shift || true
+case "$cmd" in
+  setup) setup ;;
+  demo) setup; exec "$VENV/bin/corral" demo "$@" ;;
+  test) setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  *) log "usage: bash scripts/dev.sh demo|test|setup [ARGS]"; exit 2 ;;
+esac

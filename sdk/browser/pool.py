@@ -1,0 +1,275 @@
+"""A warm pool of Chromium processes; each episode gets a fresh, isolated context in one of them.
+
+One browser process serves many contexts (each with its own cookies, storage and cache), so an
+episode costs a context, not a browser launch. The pool keeps `size` browsers running, hands out
+contexts from the least loaded one, keeps a few contexts pre-created so a reset does not wait for
+a renderer process to start, and replaces a browser that crashed or disconnected on the next
+acquire. Playwright objects belong to the event loop that made them, so pools are per loop:
+`get_pool()` returns the running loop's pool for a mode (host, or a container image).
+
+Launchers say how a browser comes to exist: `HostLauncher` starts Debian's Chromium here;
+`corral.browser.container.ContainerLauncher` starts it in a container and connects over CDP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+from playwright.async_api import Browser, BrowserContext, Page, Playwright, async_playwright
+
+from ..errors import BrowserError
+
+log = logging.getLogger(__name__)
+
+CHROMIUM = "/usr/bin/chromium"
+LAUNCH_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--disable-quic",
+               "--no-first-run", "--disable-features=Translate,MediaRouter,OptimizationHints",
+               "--disable-extensions", "--mute-audio", "--disable-breakpad")
+Viewport = tuple[int, int]
+
+
+class Launcher(Protocol):
+    """Starts one browser; `close` releases whatever else it holds (a container)."""
+
+    name: str
+
+    async def launch(self, playwright: Playwright) -> tuple[Browser, Callable[[], Awaitable[None]]]:
+        ...
+
+
+class HostLauncher:
+    """Debian's Chromium on this machine (headless), driven by Playwright."""
+
+    name = "host"
+
+    def __init__(self, executable: str = CHROMIUM, args: tuple[str, ...] = LAUNCH_ARGS) -> None:
+        self.executable = executable
+        self.args = args
+
+    async def launch(self, playwright: Playwright) -> tuple[Browser, Callable[[], Awaitable[None]]]:
+        try:
+            browser = await playwright.chromium.launch(
+                executable_path=self.executable, headless=True, args=list(self.args))
+        except Exception as exc:
+            raise BrowserError(f"Chromium did not start from {self.executable} ({exc}); install "
+                               "it with `apt-get install chromium`") from exc
+
+        async def close() -> None:
+            await browser.close()
+
+        return browser, close
+
+
+@dataclass(eq=False)
+class BrowserSlot:
+    """One running browser and how many episode contexts it serves."""
+
+    browser: Browser
+    closer: Callable[[], Awaitable[None]]
+    contexts: int = 0
+    dead: bool = False
+    warm: dict[Viewport, list[tuple[BrowserContext, Page]]] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ContextLease:
+    """A context (with its first page) lent to one episode; `release` closes it."""
+
+    context: BrowserContext
+    page: Page
+    slot: BrowserSlot
+    pool: "BrowserPool"
+    released: bool = False
+
+    @property
+    def browser_dead(self) -> bool:
+        return self.slot.dead
+
+    async def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        await self.pool._give_back(self)
+
+
+class BrowserPool:
+    """Warm browsers on one event loop. Use `lease = await pool.acquire(viewport)`, then
+    `await lease.release()`; `await pool.close()` at the end."""
+
+    def __init__(self, launcher: Launcher | None = None, *, size: int = 1,
+                 warm_contexts: int = 2) -> None:
+        self.launcher = launcher or HostLauncher()
+        self.size = max(1, size)
+        self.warm_contexts = max(0, warm_contexts)
+        self.launches = 0
+        self.replaced = 0
+        self._playwright: Playwright | None = None
+        self._slots: list[BrowserSlot] = []
+        self._lock = asyncio.Lock()
+        self._refills: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def _ensure_playwright(self) -> Playwright:
+        if self._playwright is None:
+            self._playwright = await async_playwright().start()
+        return self._playwright
+
+    async def _launch(self) -> BrowserSlot:
+        playwright = await self._ensure_playwright()
+        browser, closer = await self.launcher.launch(playwright)
+        slot = BrowserSlot(browser, closer)
+        browser.on("disconnected", lambda _b: self._mark_dead(slot))
+        self.launches += 1
+        log.info("launched %s browser #%d", self.launcher.name, self.launches)
+        return slot
+
+    def _mark_dead(self, slot: BrowserSlot) -> None:
+        if not slot.dead:
+            slot.dead = True
+            log.warning("a %s browser disconnected; it will be replaced", self.launcher.name)
+
+    async def _slot(self) -> BrowserSlot:
+        """The least loaded live browser, launching one (or a replacement) when needed."""
+        async with self._lock:
+            if self._closed:
+                raise BrowserError("the browser pool is closed")
+            for dead in [s for s in self._slots if s.dead]:
+                self._slots.remove(dead)
+                self.replaced += 1
+                asyncio.ensure_future(_quietly(dead.closer()))
+            if len(self._slots) < self.size:
+                self._slots.append(await self._launch())
+            return min(self._slots, key=lambda s: s.contexts)
+
+    async def start(self) -> "BrowserPool":
+        """Launch the browsers now and pre-create warm contexts for the default viewport."""
+        async with self._lock:
+            while len(self._slots) < self.size:
+                self._slots.append(await self._launch())
+        return self
+
+    async def acquire(self, viewport: Viewport = (1280, 720)) -> ContextLease:
+        """A fresh isolated context with one blank page."""
+        slot = await self._slot()
+        slot.contexts += 1
+        try:
+            ready = slot.warm.get(viewport)
+            if ready:
+                context, page = ready.pop()
+            else:
+                context, page = await self._new_context(slot, viewport)
+        except BaseException:
+            slot.contexts -= 1
+            raise
+        self._refill(slot, viewport)
+        return ContextLease(context, page, slot, self)
+
+    async def _new_context(self, slot: BrowserSlot, viewport: Viewport
+                           ) -> tuple[BrowserContext, Page]:
+        try:
+            context = await slot.browser.new_context(
+                viewport={"width": viewport[0], "height": viewport[1]},
+                service_workers="block", accept_downloads=False)
+            try:
+                page = await context.new_page()
+            except BaseException:
+                await _quietly(context.close())
+                raise
+        except Exception as exc:
+            if slot.dead or not slot.browser.is_connected():
+                self._mark_dead(slot)
+                raise BrowserError(f"the browser went away while opening a context ({exc}); "
+                                   "it will be replaced, retry the episode") from exc
+            raise BrowserError(f"could not open a browser context: {exc}") from exc
+        return context, page
+
+    def _refill(self, slot: BrowserSlot, viewport: Viewport) -> None:
+        if self.warm_contexts == 0 or self._closed:
+            return
+        ready = slot.warm.setdefault(viewport, [])
+        if len(ready) + sum(1 for t in self._refills if not t.done()) >= self.warm_contexts:
+            return
+
+        async def refill() -> None:
+            if slot.dead or self._closed:
+                return
+            try:
+                pair = await self._new_context(slot, viewport)
+            except BrowserError as exc:
+                log.debug("warm context not made: %s", exc)
+                return
+            if slot.dead or self._closed:
+                await _quietly(pair[0].close())
+            else:
+                ready.append(pair)
+
+        task = asyncio.ensure_future(refill())
+        self._refills.add(task)
+        task.add_done_callback(self._refills.discard)
+
+    async def _give_back(self, lease: ContextLease) -> None:
+        lease.slot.contexts -= 1
+        if not lease.slot.dead:
+            await _quietly(lease.context.close())
+
+    @property
+    def browsers(self) -> int:
+        """Live browsers in the pool."""
+        return sum(1 for s in self._slots if not s.dead)
+
+    async def close(self) -> None:
+        """Close every browser and the Playwright driver."""
+        self._closed = True
+        for task in list(self._refills):
+            task.cancel()
+        async with self._lock:
+            slots, self._slots = self._slots, []
+        for slot in slots:
+            for pairs in slot.warm.values():
+                for context, _ in pairs:
+                    await _quietly(context.close())
+            await _quietly(slot.closer())
+        if self._playwright is not None:
+            await _quietly(self._playwright.stop())
+            self._playwright = None
+
+
+async def _quietly(awaitable: Awaitable[Any]) -> None:
+    """Await a teardown step, logging instead of raising (the thing may already be gone)."""
+    try:
+        await awaitable
+    except Exception as exc:
+        log.debug("teardown step failed: %s", exc)
+
+
+_pools: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, BrowserPool]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def get_pool(mode: str = "host", image: str | None = None) -> BrowserPool:
+    """The running event loop's pool for `mode` ("host" or "container" with `image`)."""
+    loop = asyncio.get_running_loop()
+    pools = _pools.setdefault(loop, {})
+    key = mode if mode == "host" else f"container:{image}"
+    pool = pools.get(key)
+    if pool is None or pool._closed:
+        if mode == "host":
+            pool = BrowserPool(HostLauncher())
+        else:
+            from .container import ContainerLauncher
+
+            pool = BrowserPool(ContainerLauncher(image))
+        pools[key] = pool
+    return pool
+
+
+async def close_pools() -> None:
+    """Close every pool of the running loop (tests and CLI call this at the end)."""
+    loop = asyncio.get_running_loop()
+    for pool in list(_pools.pop(loop, {}).values()):
+        await pool.close()

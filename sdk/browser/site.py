@@ -1,0 +1,228 @@
+"""Task sites: each episode's pages, served from one local HTTP server per process.
+
+An env describes its site for one task as a mapping `path -> page`, where a page is HTML text,
+bytes, a `Response`, or a function `Request -> Response | str` (dynamic pages: search results).
+`TaskServer.open(pages)` gives the episode a `SiteSession` with its own origin,
+`http://<token>.localhost:<port>`: Chromium resolves every `*.localhost` name to 127.0.0.1, so
+each episode gets a separate origin (its own cookies and storage, absolute links work) while one
+server on 127.0.0.1 serves them all. Every POST (and every request to a path the site does not
+define with a page) is recorded in `session.submissions`, which rewards read after the episode.
+
+The same `TaskServer.handle` answers both real HTTP requests (host mode) and requests fulfilled
+through Playwright routing (containerized mode, where the browser has no network at all).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+from html import escape
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Mapping, Union
+from urllib.parse import parse_qs, urlsplit
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+DOMAIN = "localhost"
+
+
+@dataclass(slots=True)
+class Request:
+    """One request to a task site."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    form: dict[str, list[str]]
+    headers: dict[str, str]
+
+    def arg(self, name: str, default: str = "") -> str:
+        """The first value of `name` in the form body, else in the query string."""
+        values = self.form.get(name) or self.query.get(name)
+        return values[0] if values else default
+
+
+@dataclass(slots=True)
+class Response:
+    """What a task site answers."""
+
+    body: bytes | str = b""
+    status: int = 200
+    content_type: str = "text/html; charset=utf-8"
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def payload(self) -> bytes:
+        return self.body.encode() if isinstance(self.body, str) else self.body
+
+
+Page = Union[str, bytes, Response, Callable[[Request], Union[Response, str]]]
+
+
+@dataclass
+class SiteSession:
+    """One episode's site: its origin, pages and what was submitted to it."""
+
+    token: str
+    origin: str
+    pages: dict[str, Page]
+    submissions: list[dict[str, Any]] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def url(self, path: str = "/") -> str:
+        """Absolute URL of `path` on this site."""
+        return self.origin + (path if path.startswith("/") else "/" + path)
+
+    def last(self, path: str | None = None) -> dict[str, Any] | None:
+        """The latest submission (to `path` when given), or None."""
+        for sub in reversed(self.submissions):
+            if path is None or sub["path"] == path:
+                return sub
+        return None
+
+
+def html_page(title: str, body: str, script: str = "", style: str = "") -> str:
+    """A small complete HTML document (task pages share this scaffold)."""
+    css = ("body{font-family:sans-serif;margin:16px;max-width:760px}"
+           "button{margin:2px}label{margin-right:8px}" + style)
+    js = f"<script>{script}</script>" if script else ""
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
+            f"<style>{css}</style></head><body>{body}{js}</body></html>")
+
+
+SUBMITTED = html_page("Submitted", "<h1>Submitted</h1><p>Your submission was received.</p>")
+
+
+class TaskServer:
+    """A threaded HTTP server on 127.0.0.1 serving every open `SiteSession` by Host name."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, SiteSession] = {}
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: one connection serves a whole episode
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                host = (self.headers.get("Host") or "").split(":")[0]
+                resp = server.handle(self.command, host, self.path, dict(self.headers), body)
+                data = resp.payload()
+                self.send_response(resp.status)
+                self.send_header("Content-Type", resp.content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Cache-Control", "no-store")
+                for key, value in resp.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _serve
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("site %s", format % args)
+
+        self._httpd = ThreadingHTTPServer((HOST, 0), Handler)
+        self._httpd.daemon_threads = True
+        self.port: int = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="corral-site",
+                                        daemon=True)
+        self._thread.start()
+        log.info("task site server on http://%s:%d", HOST, self.port)
+
+    # --- sessions -------------------------------------------------------------------------
+    def open(self, pages: Mapping[str, Page]) -> SiteSession:
+        """Serve `pages` under a fresh origin for one episode."""
+        token = "t" + secrets.token_hex(6)
+        session = SiteSession(token, f"http://{token}.{DOMAIN}:{self.port}",
+                              {_norm(p): page for p, page in pages.items()})
+        with self._lock:
+            self._sessions[token] = session
+        return session
+
+    def close(self, session: SiteSession) -> None:
+        """Stop serving a session (its submissions stay readable on the object)."""
+        with self._lock:
+            self._sessions.pop(session.token, None)
+
+    def owns(self, url: str) -> SiteSession | None:
+        """The open session whose origin `url` is on, if any."""
+        parts = urlsplit(url)
+        if parts.port != self.port or not (parts.hostname or "").endswith("." + DOMAIN):
+            return None
+        return self._sessions.get((parts.hostname or "").split(".")[0])
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    # --- requests -------------------------------------------------------------------------
+    def handle(self, method: str, host: str, target: str, headers: Mapping[str, str],
+               body: bytes) -> Response:
+        """Answer one request (from the HTTP server or from browser routing)."""
+        session = self._sessions.get(host.split(".")[0])
+        if session is None:
+            return Response(html_page("Not found", "<h1>No such site</h1>"), 404)
+        parts = urlsplit(target)
+        path = _norm(parts.path)
+        request = Request(method.upper(), path, parse_qs(parts.query),
+                          _parse_body(body, headers), {k.lower(): v for k, v in headers.items()})
+        page = session.pages.get(path)
+        if request.method == "POST" or page is None and path != "/favicon.ico":
+            session.submissions.append({"method": request.method, "path": path,
+                                        "form": {k: v[0] if len(v) == 1 else v
+                                                 for k, v in {**request.query,
+                                                              **request.form}.items()}})
+        if page is None:
+            if request.method == "POST" or request.query:
+                return Response(SUBMITTED)
+            return Response(html_page("Not found", f"<h1>Not found: {escape(path)}</h1>"), 404)
+        return _render(page, request)
+
+
+def _norm(path: str) -> str:
+    path = "/" + path.lstrip("/")
+    return "/" if path in ("/", "/index.html") else path
+
+
+def _parse_body(body: bytes, headers: Mapping[str, str]) -> dict[str, list[str]]:
+    if not body:
+        return {}
+    ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+    text = body.decode("utf-8", "replace")
+    if "json" in ctype:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return {"_raw": [text]}
+        if isinstance(data, dict):
+            return {str(k): [v if isinstance(v, str) else json.dumps(v)] for k, v in data.items()}
+        return {"_json": [text]}
+    return parse_qs(text, keep_blank_values=True)
+
+
+def _render(page: Page, request: Request) -> Response:
+    if callable(page):
+        page = page(request)
+    if isinstance(page, Response):
+        return page
+    return Response(page)
+
+
+_servers: dict[int, TaskServer] = {}
+_servers_lock = threading.Lock()
+
+
+def task_server() -> TaskServer:
+    """The process's task-site server, started on first use."""
+    with _servers_lock:
+        server = _servers.get(0)
+        if server is None:
+            server = _servers[0] = TaskServer()
+        return server

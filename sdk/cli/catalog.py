@@ -1,0 +1,127 @@
+"""`corral list`, `corral info ID`, `corral run ID`: browse the catalog and play episodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from corral.agents import AGENTS, EpisodeResult, play
+from corral.errors import CorralError
+
+from .common import console
+
+
+def _kind_and_tasks(spec: Any) -> tuple[str, str]:
+    """Kind and task count; loading the entry point only when the listing needs it."""
+    try:
+        target = spec.load()
+    except CorralError as exc:
+        return spec.kind or "?", f"[red]{exc}[/]"
+    tasks = getattr(target, "tasks", None)
+    count = f"{len(tasks):,}" if tasks is not None else "?"
+    return getattr(target, "kind", spec.kind or "?"), count
+
+
+def list_envs(pattern: str = typer.Argument(None, help="Glob over ids, e.g. 'corral/*'.")) -> None:
+    """List registered environments."""
+    import corral.registry as registry
+
+    specs = registry.list(pattern)
+    if not specs:
+        raise CorralError(f"no environment matches {pattern!r}" if pattern
+                          else "no environments registered")
+    table = Table(title=f"{len(specs)} environments", title_justify="left")
+    for column in ("id", "kind", "tasks", "tags"):
+        table.add_column(column, justify="right" if column == "tasks" else "left")
+    for spec in specs:
+        kind, tasks = _kind_and_tasks(spec)
+        table.add_row(spec.id, kind, tasks, ", ".join(spec.tags))
+    console.print(table)
+
+
+def info(env_id: str = typer.Argument(..., help="Environment id."),
+         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
+    """Show an environment's spec, tools (with schemas) and dataset card."""
+    import corral.registry as registry
+
+    spec = registry.spec(env_id)
+    env = registry.make(spec.id)
+    try:
+        card = dataset_card(env)
+        data = {"id": spec.id, "kind": env.kind, "entry_point": spec.entry_point_path,
+                "source": spec.source, "tags": spec.tags, "description": spec.description,
+                "max_turns": env.max_turns,
+                "sandbox": env.sandbox_spec.model_dump() if env.sandbox_spec else None,
+                "tools": env.tool_schemas(), "rewards": {n: r.weight for n, r in env._rewards.items()},
+                "dataset": card}
+    finally:
+        env.close()
+    if as_json:
+        console.print_json(json.dumps(data, default=str))
+        return
+    console.print(f"[bold]{spec.id}[/]  {spec.description}")
+    table = Table(show_header=False, box=None)
+    for key in ("kind", "entry_point", "source", "tags", "max_turns", "rewards"):
+        table.add_row(f"[dim]{key}[/]", str(data[key]))
+    if data["sandbox"]:
+        table.add_row("[dim]sandbox[/]", json.dumps(data["sandbox"], default=str))
+    console.print(table)
+    console.print(f"[bold]dataset[/]: {card['tasks']:,} tasks from {card['source']}; "
+                  f"task type {card['task_type']}; fields {', '.join(card['fields'])}")
+    console.print(f"[dim]example instruction:[/] {card['example']}")
+    if data["tools"]:
+        console.print("[bold]tools[/]")
+        for schema in data["tools"]:
+            console.print_json(json.dumps(schema))
+
+
+def dataset_card(env: Any) -> dict[str, Any]:
+    """A short description of an env's dataset: size, type, fields, one example."""
+    tasks = env.tasks
+    example_task = tasks[0] if len(tasks) else None
+    return {"tasks": len(tasks), "source": tasks.source, "task_type": tasks.task_type.__name__,
+            "fields": sorted(example_task.fields()) if example_task else [],
+            "example": env.instruction(example_task) if example_task else ""}
+
+
+def run(env_id: str = typer.Argument(..., help="Environment id."),
+        agent: str = typer.Option("oracle", "--agent", "-a",
+                                  help=f"Scripted agent: {', '.join(AGENTS)}."),
+        n: int = typer.Option(5, "--n", "-n", min=1, help="Episodes to run."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the first episode."),
+        backend: str = typer.Option(None, "--backend", help="Sandbox backend (docker|bwrap).")) -> None:
+    """Run episodes with a scripted agent and print their rewards."""
+    import corral.registry as registry
+
+    if agent not in AGENTS:
+        raise CorralError(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
+    overrides = {"backend": backend} if backend else {}
+
+    async def episodes() -> list[EpisodeResult]:
+        results = []
+        for i in range(n):
+            env = registry.make(env_id, **overrides)
+            results.append(await play(env, agent, seed=seed + i))
+        return results
+
+    results = asyncio.run(episodes())
+    table = Table(title=f"{env_id} · agent {agent}", title_justify="left")
+    for column in ("episode", "task", "reward", "turns", "seconds", "note"):
+        table.add_column(column)
+    for i, result in enumerate(results):
+        note = result.infra_error or "; ".join(result.errors) or ("truncated" if result.truncated else "")
+        table.add_row(str(seed + i), result.task_id, f"{result.reward:.2f}", str(result.turns),
+                      f"{result.seconds:.2f}", note)
+    console.print(table)
+    mean = sum(r.reward for r in results) / len(results)
+    console.print(f"mean reward {mean:.3f} over {len(results)} episodes")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_envs)
+    app.command("info")(info)
+    app.command("run")(run)

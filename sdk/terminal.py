@@ -1,0 +1,237 @@
+"""`cr.TerminalEnv`: environments whose agent works in a Linux sandbox (DESIGN §3–§4).
+
+The agent gets two tools: `bash` (a persistent shell: `cd` and `export` carry over between calls,
+each command has its own deadline) and `write_file`. The author writes `setup` (prepare the
+sandbox), `instruction`, verifiers as `@cr.reward` methods that receive the `sandbox` after the
+episode, and an oracle `solution(task)` returning `bash` tool calls::
+
+    @cr.environment("acme/hello-v1", tasks=[{"name": "world"}], max_turns=10)
+    class Hello(cr.TerminalEnv):
+        def instruction(self, task):
+            return f"Create /root/hello.txt containing 'hello {task.name}'."
+
+        @cr.reward
+        async def file_ok(self, sandbox, task) -> float:
+            r = await sandbox.exec("cat /root/hello.txt")
+            return float(r.stdout.strip() == f"hello {task.name}")
+
+        def solution(self, task):
+            return [bash(f"echo 'hello {task.name}' > /root/hello.txt")]
+
+Tests-script convention: override `tests_script(task)` to return a bash script; after the episode
+it runs as `/tests/test.sh` and its `/logs/verifier/reward.txt` (or `reward.json`, or else its
+exit code) becomes the reward `tests` — the same contract as Harbor / Terminal-Bench tasks.
+
+Config keys (`cr.make(id, backend="bwrap", run_id="run-7")`): `backend` overrides the spec's
+backend; `run_id` labels the sandboxes (default `$CORRAL_RUN_ID`, else "adhoc").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, ClassVar
+
+from .env import Env
+from .sandbox.base import ExecResult, Sandbox
+from .sandbox.spec import Terminal
+from .tools import reward, tool
+from .types import Task, ToolCall
+
+log = logging.getLogger(__name__)
+
+TESTS_DIR = "/tests"
+VERIFIER_LOGS = "/logs/verifier"
+_NO_REWARD_FILE = "__corral_no_reward_file__"
+
+
+def bash(command: str, timeout: float | None = None) -> ToolCall:
+    """A `bash` tool call (what oracles return): `bash("ls -l")`."""
+    arguments: dict[str, Any] = {"command": command}
+    if timeout is not None:
+        arguments["timeout"] = timeout
+    return ToolCall(name="bash", arguments=arguments)
+
+
+def format_result(result: ExecResult, timeout: float) -> str:
+    """What the agent sees for one command: its output, then an exit-code (or timeout) line."""
+    output = result.output
+    if output and not output.endswith("\n"):
+        output += "\n"
+    if result.timed_out:
+        return (f"{output}[command timed out after {timeout:g} s and was killed; the shell is "
+                "still usable — run long jobs in the background or raise `timeout`]")
+    return f"{output}[exit code {result.exit_code}]"
+
+
+def parse_reward_file(text: str, name: str) -> float:
+    """The reward in a verifier's reward.txt (a number) or reward.json (`{"reward": x}`, or the
+    mean of its numeric values). Raises ValueError naming the file when it holds neither."""
+    text = text.strip()
+    if name.endswith(".txt"):
+        try:
+            return float(text.split()[0])
+        except (ValueError, IndexError):
+            raise ValueError(f"{name} must hold a number, got {text[:40]!r}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name} is not valid JSON ({exc.msg})") from None
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return float(data)
+    if isinstance(data, dict):
+        if isinstance(data.get("reward"), (int, float)):
+            return float(data["reward"])
+        values = [float(v) for v in data.values()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if values:
+            return sum(values) / len(values)
+    raise ValueError(f"{name} must be a number or an object with a numeric 'reward'")
+
+
+async def run_tests_script(sandbox: Sandbox, files: dict[str, str | bytes], *,
+                           timeout: float, cwd: str | None = None,
+                           env: dict[str, str] | None = None) -> tuple[float, ExecResult]:
+    """Run a verifier the Harbor way and return (reward, result).
+
+    `/tests` and `/logs/verifier` are emptied first (so nothing the agent planted counts), `files`
+    (relative path -> content, must include `test.sh`) are written under `/tests`, then
+    `bash /tests/test.sh` runs. The reward is read from /logs/verifier/reward.txt, else
+    reward.json, else 1.0 for exit code 0 and 0.0 otherwise; a timed-out verifier scores 0.
+    """
+    await sandbox.exec(f"rm -rf {TESTS_DIR} {VERIFIER_LOGS} && mkdir -p {TESTS_DIR} "
+                       f"{VERIFIER_LOGS}", timeout=30)
+    for rel, content in files.items():
+        await sandbox.write_file(f"{TESTS_DIR}/{rel}", content, 0o755 if rel.endswith(".sh")
+                                 else 0o644)
+    result = await sandbox.exec(["bash", f"{TESTS_DIR}/test.sh"], timeout=timeout, cwd=cwd,
+                                env=env)
+    if result.timed_out:
+        log.info("verifier timed out after %.0f s", timeout)
+        return 0.0, result
+    found = await sandbox.exec(
+        f"for f in reward.txt reward.json; do if [ -f {VERIFIER_LOGS}/$f ]; then echo $f; "
+        f"cat {VERIFIER_LOGS}/$f; exit 0; fi; done; echo {_NO_REWARD_FILE}", timeout=30)
+    name, _, content = found.stdout.partition("\n")
+    if name == _NO_REWARD_FILE:
+        return (1.0 if result.exit_code == 0 else 0.0), result
+    return parse_reward_file(content, f"{VERIFIER_LOGS}/{name}"), result
+
+
+def default_run_id() -> str:
+    """The run label sandboxes get when the caller names none."""
+    return os.environ.get("CORRAL_RUN_ID") or "adhoc"
+
+
+class TerminalEnv(Env):
+    """Base of terminal environments: a sandbox per episode, `bash` and `write_file` tools.
+
+    Class attributes: `sandbox_spec` (a `cr.Terminal`), `max_turns` (default 30),
+    `episode_timeout` (seconds of command time the agent may use in one episode; None = no
+    limit), `verifier_timeout` (seconds for `tests_script`).
+    """
+
+    kind: ClassVar[str] = "terminal"
+    sandbox_spec: ClassVar[Terminal] = Terminal()  # type: ignore[assignment]
+    max_turns: int = 30
+    episode_timeout: ClassVar[float | None] = None
+    verifier_timeout: ClassVar[float] = 60.0
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if type(self).tests_script is TerminalEnv.tests_script:
+            self._rewards.pop("tests", None)  # the convention is opt-in
+
+    # --- sandbox -------------------------------------------------------------------------------
+    def sandbox_for(self, task: Task) -> Terminal:
+        """The sandbox spec for `task` (default: the env's `sandbox_spec`)."""
+        return self.sandbox_spec
+
+    @property
+    def backend(self) -> str:
+        """The backend sandboxes open on: config `backend`, else the spec's."""
+        return str(self.config.get("backend") or self.sandbox_spec.backend)
+
+    async def open_sandbox(self, task: Task) -> Sandbox:
+        """A fresh sandbox for `task` on the configured backend, labelled with run and env."""
+        from .sandbox import open_sandbox
+
+        spec = self.sandbox_for(task)
+        backend = self.config.get("backend") or spec.backend
+        return await open_sandbox(spec, backend, env_id=self.env_id or type(self).__name__,
+                                  run_id=str(self.config.get("run_id") or default_run_id()))
+
+    async def _acquire(self, task: Task) -> Any:
+        # Like Env._acquire, but a provider gets the task's own spec (families may differ per task).
+        if self.sandbox_provider is not None:
+            return await self.sandbox_provider.acquire(self.sandbox_for(task), self)
+        return await self.open_sandbox(task)
+
+    # --- tools ---------------------------------------------------------------------------------
+    @tool
+    async def bash(self, sandbox: Sandbox, state: dict[str, Any], command: str,
+                   timeout: float = 30.0) -> str:
+        """Run a command in a persistent bash shell (cwd and exported variables carry over).
+
+        Args:
+            command: the shell command line to run.
+            timeout: seconds before the command is killed (the shell stays usable).
+        """
+        left = self._time_left(state)
+        if left <= 0:
+            return (f"Error: the episode's command time limit ({self.episode_timeout:g} s) is "
+                    "used up; finish with your answer.")
+        timeout = max(0.1, min(float(timeout), left))
+        shell = await sandbox.shell()
+        result = await shell.run(command, timeout=timeout)
+        state["command_seconds"] = state.get("command_seconds", 0.0) + result.duration
+        return format_result(result, timeout)
+
+    @tool
+    async def write_file(self, sandbox: Sandbox, path: str, content: str) -> str:
+        """Create or overwrite a file with the given content (parent folders are created).
+
+        Args:
+            path: absolute path of the file inside the sandbox.
+            content: the complete new content of the file.
+        """
+        if not path.startswith("/"):
+            return f"Error: path must be absolute, got {path!r}"
+        await sandbox.write_file(path, content)
+        return f"wrote {len(content.encode())} bytes to {path}"
+
+    def _time_left(self, state: dict[str, Any]) -> float:
+        if self.episode_timeout is None:
+            return float("inf")
+        return self.episode_timeout - state.get("command_seconds", 0.0)
+
+    # --- verifier convention -------------------------------------------------------------------
+    def tests_script(self, task: Task) -> str | dict[str, str | bytes] | None:
+        """A verifier script for `task` (bash, run as /tests/test.sh after the episode) or a
+        mapping of files for /tests including `test.sh`. Override to opt in to the `tests`
+        reward; None skips it."""
+        return None
+
+    @reward
+    async def tests(self, sandbox: Sandbox, task: Task, state: dict[str, Any]) -> float:
+        """Run `tests_script(task)` and read its reward (see `run_tests_script`)."""
+        script = self.tests_script(task)
+        if script is None:
+            return 0.0
+        files = {"test.sh": script} if isinstance(script, str) else dict(script)
+        started = time.monotonic()
+        value, result = await run_tests_script(sandbox, files, timeout=self.verifier_timeout,
+                                               cwd=self.sandbox_for(task).workdir)
+        state["verifier"] = {"exit_code": result.exit_code, "timed_out": result.timed_out,
+                             "seconds": round(time.monotonic() - started, 3),
+                             "output": result.output[-4000:]}
+        return value
+
+    def random_action(self, task: Task, rng: Any) -> ToolCall | str:
+        """A harmless random command (a floor for difficulty profiles)."""
+        if rng.random() < 0.2:
+            return "done"
+        return bash(rng.choice(["ls", "pwd", "ls -la /", "cat /etc/hostname", "echo hi",
+                                "ls ~", "env | head -5", "ps aux | head -5"]))

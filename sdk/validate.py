@@ -1,0 +1,204 @@
+"""Validation: every task's oracle must pass and a no-op agent must fail (DESIGN §5, Curation).
+
+Works for any env kind (text, terminal, browser): each episode gets its own env instance made
+from the catalog, episodes run concurrently on the event loop (bounded by `concurrency`), and
+the result is a `ValidationReport` (pydantic, saved as JSON; releases attach it).
+
+    report = await validate("corral/term-files-v0", backend="bwrap", limit=10, concurrency=4)
+    report.ok, report.oracle_pass_rate, report.noop_pass_rate
+
+Procedural datasets can hold millions of tasks, so by default only the first
+`DEFAULT_LIMIT` tasks are checked (`limit=0` checks all of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, Field
+
+from .agents import EpisodeResult, play
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = 50
+"""Tasks checked when no limit is given: all of them if the dataset is no bigger, else the
+first 50 (built-in families put one task of every template first, so these cover them all)."""
+
+AgentName = Literal["oracle", "noop"]
+
+
+class EpisodeCheck(BaseModel):
+    """One scripted episode of a validation run."""
+
+    agent: AgentName
+    reward: float
+    passed: bool
+    seconds: float
+    turns: int = 0
+    rewards: dict[str, float] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+    infra_error: str | None = None
+
+    @classmethod
+    def from_result(cls, agent: AgentName, result: EpisodeResult) -> "EpisodeCheck":
+        return cls(agent=agent, reward=result.reward, passed=result.passed,
+                   seconds=round(result.seconds, 3), turns=result.turns,
+                   rewards=result.rewards, errors=result.errors, infra_error=result.infra_error)
+
+
+class TaskCheck(BaseModel):
+    """Both episodes of one task and whether the task is valid."""
+
+    index: int
+    task_id: str
+    summary: str = ""
+    oracle: EpisodeCheck
+    noop: EpisodeCheck
+
+    @property
+    def ok(self) -> bool:
+        """Oracle passed, no-op failed, and neither hit an infrastructure error."""
+        return (self.oracle.passed and not self.noop.passed
+                and self.oracle.infra_error is None and self.noop.infra_error is None)
+
+    @property
+    def problem(self) -> str:
+        """Why the task is invalid ('' if it is valid)."""
+        for check in (self.oracle, self.noop):
+            if check.infra_error:
+                return f"{check.agent}: {check.infra_error}"
+        if not self.oracle.passed:
+            why = "; ".join(self.oracle.errors) or f"reward {self.oracle.reward:g}"
+            return f"oracle failed ({why})"
+        if self.noop.passed:
+            return f"no-op agent passed (reward {self.noop.reward:g}): the verifier checks nothing"
+        return ""
+
+
+class ValidationReport(BaseModel):
+    """The outcome of `validate`: per-task results, pass rates, timings and an overall verdict."""
+
+    env_id: str
+    kind: str | None = None
+    backend: str | None = None
+    tasks_total: int
+    tasks_checked: int
+    limit: int | None
+    concurrency: int
+    started_at: str
+    seconds: float
+    oracle_pass_rate: float
+    noop_pass_rate: float
+    infra_errors: int
+    ok: bool
+    tasks: list[TaskCheck]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the report as JSON (parents created); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.model_dump_json(indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ValidationReport":
+        return cls.model_validate_json(Path(path).read_text())
+
+    @property
+    def failures(self) -> list[TaskCheck]:
+        return [t for t in self.tasks if not t.ok]
+
+
+def checked_count(size: int, limit: int | None) -> int:
+    """How many tasks a validation with `limit` covers (None = the default, 0 = all)."""
+    if limit is None:
+        limit = DEFAULT_LIMIT
+    return size if limit <= 0 else min(size, limit)
+
+
+async def _resolve_backend(env: Any) -> str:
+    """The backend a terminal env's sandboxes will really use ('auto' resolved)."""
+    choice = str(getattr(env, "backend", "auto"))
+    if choice != "auto":
+        return choice
+    from corral.sandbox import docker_available
+
+    return "docker" if await asyncio.to_thread(docker_available) else "bwrap"
+
+
+def _summary(task: Any) -> str:
+    fields = task.fields() if hasattr(task, "fields") else {}
+    text = ", ".join(f"{k}={v}" for k, v in fields.items() if not isinstance(v, (dict, list)))
+    return text[:80]
+
+
+async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
+                   limit: int | None = None, concurrency: int = 4, run_id: str | None = None,
+                   on_episode: Callable[[int, AgentName, EpisodeCheck], None] | None = None,
+                   **env_kwargs: Any) -> ValidationReport:
+    """Validate an env id (or a factory returning env instances).
+
+    `backend` is passed to terminal envs as config; `run_id` labels their sandboxes (default: a
+    fresh `validate-…` id). `on_episode(index, agent, check)` is called as episodes finish.
+    """
+    from corral.registry import make as make_env
+
+    kwargs = dict(env_kwargs)
+    if backend:
+        kwargs["backend"] = backend
+    kwargs["run_id"] = run_id or f"validate-{uuid.uuid4().hex[:8]}"
+    if isinstance(env, str):
+        env_name = env
+        factory: Callable[[], Any] = lambda: make_env(env_name, **kwargs)  # noqa: E731
+    else:
+        factory = lambda: env(**kwargs)  # noqa: E731
+
+    probe = factory()
+    env_id = probe.env_id or (env if isinstance(env, str) else type(probe).__name__)
+    size = len(probe.tasks)
+    count = checked_count(size, limit)
+    kind = getattr(probe, "kind", None)
+    used_backend = await _resolve_backend(probe) if kind == "terminal" else backend
+    await probe.aclose()
+
+    gate = asyncio.Semaphore(max(1, concurrency))
+    results: dict[tuple[int, str], EpisodeCheck] = {}
+
+    async def episode(index: int, agent: AgentName) -> None:
+        async with gate:
+            instance = factory()
+            try:
+                result = await play(instance, agent, seed=index, options={"task_index": index})
+            except Exception as exc:  # an author bug (setup, oracle) fails this task, not the run
+                log.debug("validation episode %s/%s raised", index, agent, exc_info=True)
+                result = EpisodeResult(env_id, "", agent, 0.0,
+                                       errors=[f"{type(exc).__name__}: {exc}"])
+                await instance.aclose()
+        check = EpisodeCheck.from_result(agent, result)
+        results[(index, agent)] = check
+        if on_episode is not None:
+            on_episode(index, agent, check)
+
+    started, stamp = time.monotonic(), _dt.datetime.now(_dt.timezone.utc).isoformat()
+    await asyncio.gather(*(episode(i, agent) for i in range(count)
+                           for agent in ("oracle", "noop")))
+    tasks = [TaskCheck(index=i, task_id=probe.tasks[i].id, summary=_summary(probe.tasks[i]),
+                       oracle=results[(i, "oracle")], noop=results[(i, "noop")])
+             for i in range(count)]
+    oracle_rate = sum(t.oracle.passed for t in tasks) / count if count else 0.0
+    noop_rate = sum(t.noop.passed for t in tasks) / count if count else 0.0
+    infra = sum((t.oracle.infra_error is not None) + (t.noop.infra_error is not None)
+                for t in tasks)
+    return ValidationReport(
+        env_id=env_id, kind=kind, backend=used_backend, tasks_total=size,
+        tasks_checked=count, limit=limit, concurrency=concurrency, started_at=stamp,
+        seconds=round(time.monotonic() - started, 3), oracle_pass_rate=oracle_rate,
+        noop_pass_rate=noop_rate, infra_errors=infra,
+        ok=count > 0 and all(t.ok for t in tasks), tasks=tasks)

@@ -1,0 +1,209 @@
+"""An environment written only from DESIGN §3 and the docs: class form and function form."""
+
+from __future__ import annotations
+
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import corral as cr
+
+
+class CounterTask(cr.Task):
+    target: int
+
+
+@cr.environment("test/counter-v1", tasks=[{"target": 3}, {"target": 5}], max_turns=10,
+                tags=["test", "tools"])
+class Counter(cr.TextEnv):
+    """Increment a counter up to a target, then say done."""
+
+    def instruction(self, task: CounterTask) -> str:
+        return f"Call `inc` until the counter reaches {task.target}, then reply 'done'."
+
+    async def setup(self, sandbox, task) -> None:
+        self.count = 0
+
+    @cr.tool
+    async def inc(self, by: int = 1) -> str:
+        """Increment the counter.
+
+        Args:
+            by: how much to add (1 to 3).
+        """
+        if not 1 <= by <= 3:
+            raise ValueError("by must be between 1 and 3")
+        self.count += by
+        return f"counter={self.count}"
+
+    @cr.tool
+    def peek(self, state: dict) -> str:
+        """Show the counter without changing it."""
+        state["peeks"] = state.get("peeks", 0) + 1
+        return f"counter={self.count}"
+
+    @cr.reward(weight=1.0)
+    async def reached(self, task) -> float:
+        return float(self.count == task.target)
+
+    @cr.reward(weight=0.5, per_step=True)
+    def step_penalty(self) -> float:
+        return -0.01
+
+    def solution(self, task) -> list[cr.ToolCall]:
+        return [cr.ToolCall.of("inc", by=1) for _ in range(task.target)] + ["done"]
+
+
+@cr.environment("test/add-v0", tasks=[{"a": 1, "b": 2}, {"a": 30, "b": 12}])
+def add(task):
+    """Add two numbers."""
+    return f"What is {task.a} + {task.b}? Reply with the number only."
+
+
+@add.reward
+def correct(task, completion):
+    return completion.strip() == str(task.a + task.b)
+
+
+@add.solution
+def add_solution(task):
+    return str(task.a + task.b)
+
+
+def test_class_form_registers_and_lists() -> None:
+    ids = [s.id for s in cr.registry.list("test/*")]
+    assert "test/counter-v1" in ids and "test/add-v0" in ids
+    assert cr.spec("test/counter").id == "test/counter-v1"
+    assert cr.spec("test/counter-v1").tags == ["test", "tools"]
+
+
+def test_tool_schema_from_signature_and_docstring() -> None:
+    env = cr.make("test/counter-v1")
+    schemas = {s["function"]["name"]: s for s in env.tool_schemas()}
+    assert set(schemas) == {"inc", "peek"}
+    inc = schemas["inc"]["function"]
+    assert inc["description"] == "Increment the counter."
+    assert inc["parameters"]["properties"]["by"] == {
+        "type": "integer", "default": 1, "description": "how much to add (1 to 3)."}
+    # injected parameters never reach the schema
+    assert schemas["peek"]["function"]["parameters"]["properties"] == {}
+
+
+def test_sync_episode_with_tools_and_rewards() -> None:
+    env = cr.make("test/counter-v1")
+    obs, info = env.reset(options={"task_index": 0})
+    assert "reaches 3" in obs and info["task_id"] == env.episode.task.id
+    total = 0.0
+    for action in env.solution(env.episode.task):
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += reward
+    assert terminated and not truncated
+    assert info["rewards"]["reached"] == 1.0
+    assert total == pytest.approx(1.0 + 0.5 * -0.01 * 4)
+    roles = [m["role"] for m in env.episode.messages]
+    assert roles == ["user"] + ["assistant", "tool"] * 3 + ["assistant"]
+
+
+async def test_async_twins_and_text_tool_calls() -> None:
+    env = cr.make("test/counter-v1")
+    await env.areset(options={"task_index": 1})
+    obs, *_ = await env.astep('<tool_call>{"name": "inc", "arguments": {"by": 3}}</tool_call>')
+    assert obs == "counter=3"
+    obs, *_ = await env.astep(cr.ToolCall.of("inc", by=2))
+    assert obs == "counter=5"
+    obs, reward, terminated, _, info = await env.astep("done")
+    assert terminated and info["rewards"]["reached"] == 1.0
+    await env.aclose()
+
+
+async def test_agent_mistakes_become_observations() -> None:
+    env = cr.make("test/counter-v1")
+    await env.areset(options={"task_index": 0})
+    obs, *_ = await env.astep(cr.ToolCall.of("incc"))
+    assert "Unknown tool 'incc'" in obs and "Did you mean 'inc'" in obs
+    obs, *_ = await env.astep(cr.ToolCall.of("inc", by="lots"))
+    assert "Invalid arguments for tool 'inc'" in obs and "'by'" in obs
+    obs, *_ = await env.astep(cr.ToolCall.of("inc", by=1, extra=True))
+    assert "'extra'" in obs
+    obs, *_ = await env.astep(cr.ToolCall.of("inc", by=9))
+    assert obs == "Error: tool 'inc' failed: ValueError: by must be between 1 and 3"
+    obs, *_ = await env.astep("<tool_call>{not json}</tool_call>")
+    assert obs.startswith("Error: Could not parse tool call (invalid JSON")
+    assert env.episode.turn == 5 and not env.episode.done
+
+
+async def test_max_turns_truncates_and_still_scores() -> None:
+    env = cr.make("test/counter-v1", max_turns=2)
+    await env.areset(options={"task_index": 0})
+    await env.astep(cr.ToolCall.of("inc"))
+    _, _, terminated, truncated, info = await env.astep(cr.ToolCall.of("peek"))
+    assert truncated and not terminated
+    assert info["rewards"]["reached"] == 0.0
+
+
+async def test_raising_reward_marks_episode_errored() -> None:
+    @cr.environment("test/broken-reward-v0", tasks=[{"x": 1}], register=False)
+    def broken(task):
+        """A prompt."""
+        return "say anything"
+
+    @broken.reward
+    def explodes(task, completion):
+        raise RuntimeError("verifier bug")
+
+    @broken.reward(weight=2.0)
+    def fine(completion):
+        return 1.0
+
+    env = broken()
+    await env.areset(seed=0)
+    _, reward, terminated, _, info = await env.astep("hello")
+    assert terminated and info["errored"]
+    assert info["errors"] == ["reward 'explodes' raised RuntimeError: verifier bug"]
+    assert reward == 2.0
+
+
+def test_function_form_and_check_env() -> None:
+    env = cr.make("test/add-v0")
+    obs, _ = env.reset(seed=3)
+    task = env.episode.task
+    assert obs == f"What is {task.a} + {task.b}? Reply with the number only."
+    _, reward, terminated, _, _ = env.step(env.solution(task))
+    assert terminated and reward == 1.0
+    env.reset(seed=3)
+    assert env.step("nope")[1] == 0.0
+    check_env(cr.make("test/add-v0"))
+    check_env(cr.make("test/counter-v1"))
+
+
+def test_reset_seed_is_deterministic() -> None:
+    env = cr.make("corral/arithmetic-v0")
+    first = [env.reset(seed=s)[0] for s in range(5)]
+    again = [env.reset(seed=s)[0] for s in range(5)]
+    assert first == again and len(set(first)) > 1
+
+
+def test_authoring_errors_are_clear() -> None:
+    with pytest.raises(cr.errors.AuthoringError, match="needs a docstring"):
+        @cr.tool
+        def nodoc(x: int) -> str:
+            return ""
+    with pytest.raises(cr.errors.AuthoringError, match="'x' needs a type hint"):
+        @cr.tool
+        def untyped(x) -> str:
+            """Doc."""
+    with pytest.raises(cr.errors.AuthoringError, match="must subclass"):
+        @cr.environment("test/not-env-v0")
+        class NotEnv:
+            pass
+    with pytest.raises(cr.errors.InvalidEnvId, match="needs a version suffix"):
+        cr.environment("test/noversion")
+
+
+def test_step_before_reset_and_after_end() -> None:
+    env = cr.make("test/add-v0")
+    with pytest.raises(cr.errors.AgentError, match="reset"):
+        env.step("1")
+    env.reset(seed=0)
+    env.step("1")
+    with pytest.raises(cr.errors.AgentError, match="episode is over"):
+        env.step("1")

@@ -1,0 +1,72 @@
+"""The `corral` CLI as users run it: a real subprocess, real exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+CORRAL = [sys.executable, "-m", "corral.cli"]
+
+
+def corral(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([*CORRAL, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=120)
+
+
+def test_list_shows_builtins_with_kind_tasks_tags() -> None:
+    out = corral("list", "corral/*")
+    assert out.returncode == 0, out.stderr
+    line = next(l for l in out.stdout.splitlines() if "corral/countdown-v0" in l)
+    assert "text" in line and "100,000" in line and "search" in line
+
+
+def test_user_env_file_registers_lists_and_runs(tmp_path: Path) -> None:
+    (tmp_path / "myenv.py").write_text(textwrap.dedent('''
+        import corral as cr
+
+        @cr.environment("mine/echo-v0", tasks=[{"word": "hi"}, {"word": "yo"}], tags=["demo"])
+        def echo(task):
+            """Repeat a word."""
+            return f"Say {task.word}"
+
+        @echo.reward
+        def same(task, completion):
+            return completion == task.word
+
+        @echo.solution
+        def solve(task):
+            return task.word
+    '''))
+    listed = corral("-i", "myenv.py", "list", "mine/*", cwd=tmp_path)
+    assert listed.returncode == 0 and "mine/echo-v0" in listed.stdout
+    ran = corral("-i", "myenv.py", "run", "mine/echo", "--agent", "oracle", "-n", "3", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "mean reward 1.000 over 3 episodes" in ran.stdout
+    info = corral("-i", "myenv.py", "info", "mine/echo-v0", "--json", cwd=tmp_path)
+    assert '"tasks": 2' in info.stdout and '"same": 1.0' in info.stdout
+
+
+def test_info_shows_tool_schemas() -> None:
+    out = corral("info", "corral/guess-number-v0")
+    assert out.returncode == 0 and "Find a secret number" in out.stdout
+    assert "multi-turn" in out.stdout
+
+
+def test_errors_are_one_line_and_nonzero() -> None:
+    cases = {
+        ("info", "corral/countdwn-v0"): "Did you mean 'corral/countdown-v0'?",
+        ("info", "BAD"): "Malformed environment id 'BAD'",
+        ("run", "corral/arithmetic-v0", "--agent", "genius"): "unknown agent 'genius'",
+        ("-i", "no_such_module_xyz", "list"): "module not found",
+        ("frobnicate",): "No such command 'frobnicate'",
+    }
+    for args, message in cases.items():
+        out = corral(*args)
+        assert out.returncode != 0, args
+        assert message in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "Traceback" not in out.stderr
