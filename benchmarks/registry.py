@@ -1,20 +1,62 @@
 """Registry benchmarks: catalog `make`/`list` speed (issue 2) and release publish/pull (issue 5).
 
-    .venv/bin/python benchmarks/registry.py [--repeat N]
+    .venv/bin/python benchmarks/registry.py [--repeat N] [--tasks 10000] [--release-repeat 3]
 
 Each measurement is a function returning a dict of figures; `main()` runs them all and prints
 them, one `name=value` line each, so results can be pasted into docs/benchmarks.md.
+
+Release figures (targets ≤ 3 s each for an env of 10,000 tasks): publish = load the env and its
+dataset, hash every task (dataset hash, card), pack, verify and commit; pull = resolve, download,
+verify every file hash and commit into a clean local store. Each publish starts from a fresh
+copy of the env folder (nothing cached in the process), as `corral publish` in a new process
+would; `*_cli_s` figures are whole `corral` processes, Python start-up included. The HTTP
+figures run against `corral registry serve` in its own process on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import random
+import shutil
+import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable
+
+import httpx
 
 import corral as cr
 from corral.registry import Catalog
+from corral.registry.store import LocalStore
+from corral.registry.transfer import publish, pull
+
+TOKEN = "bench-token-0001"
+ENV_PY = """from pathlib import Path
+
+import corral as cr
+
+
+@cr.environment("bench/big-v1", tasks=cr.Dataset.from_jsonl(Path(__file__).with_name("tasks.jsonl")),
+                tags=["text", "bench"])
+class Big(cr.TextEnv):
+    \"\"\"A text env with many tasks, for the release benchmarks.\"\"\"
+
+    def instruction(self, task):
+        return task.prompt
+
+    @cr.reward
+    def correct(self, task, completion):
+        return float(completion.strip() == task.answer)
+
+    def solution(self, task):
+        return task.answer
+"""
 
 
 def _median_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -43,16 +85,126 @@ def bench_list(repeat: int = 50, specs: int = 1000) -> dict[str, float]:
             "list_1000_specs_pattern_median_ms": _median_ms(lambda: catalog.list("ns3/*"), repeat)}
 
 
+def write_big_env(folder: Path, tasks: int) -> Path:
+    """An env folder with `tasks` JSONL tasks (~200-byte prompts), a Dockerfile and a manifest."""
+    folder.mkdir(parents=True)
+    (folder / "corral.toml").write_text('[[env]]\nid = "bench/big-v1"\nentry_point = "env:Big"\n'
+                                        'kind = "text"\nlicense = "CC0-1.0"\n')
+    (folder / "env.py").write_text(ENV_PY)
+    (folder / "Dockerfile").write_text("FROM corral/base:bookworm\n")
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9)))
+             for _ in range(5000)]
+    with open(folder / "tasks.jsonl", "w") as fh:
+        for i in range(tasks):  # ~250-byte prompts of varied words: not trivially compressible
+            items = " ".join(rng.choice(words) for _ in range(12))
+            prompt = (f"Task {i}: the inventory of warehouse {rng.randint(1, 999)} lists {items}. "
+                      f"How many crates remain after {rng.randint(1, 20)} shipments leave? "
+                      "Answer with the number only.")
+            fh.write(json.dumps({"prompt": prompt, "answer": str(rng.randint(0, 999))}) + "\n")
+    return folder
+
+
+def _fresh_copy(template: Path, work: Path) -> Path:
+    target = Path(tempfile.mkdtemp(dir=work, prefix="env-")) / "big"
+    shutil.copytree(template, target)
+    return target
+
+
+def bench_publish_pull_local(work: Path, template: Path, repeat: int) -> dict[str, float]:
+    """Publish into a local store and pull into a clean one, in-process."""
+    publish_s, pull_s = [], []
+    for i in range(repeat):
+        folder = _fresh_copy(template, work)
+        source = LocalStore(work / f"local-src-{i}")
+        start = time.perf_counter()
+        record = publish(folder, registry=source, version=f"1.0.{i}").record
+        publish_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        pulled = pull(f"bench/big-v1@1.0.{i}", source=source, dest=LocalStore(work / f"dst-{i}"))
+        pull_s.append(time.perf_counter() - start)
+        assert pulled.sha256 == record.sha256
+    return {"release_archive_mib": record.size / (1 << 20),
+            "publish_10k_local_median_s": statistics.median(publish_s),
+            "pull_10k_local_median_s": statistics.median(pull_s)}
+
+
+def _corral(*args: str, home: Path) -> float:
+    env = {**os.environ, "CORRAL_HOME": str(home)}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "corral.cli", *args], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def bench_publish_pull_http(work: Path, template: Path, repeat: int) -> dict[str, float]:
+    """Publish to and pull from `corral registry serve` over loopback HTTP: in-process client
+    calls and whole `corral publish` / `corral pull` processes."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "corral.cli", "registry", "serve",
+                               "--registry", str(work / "server"), "--port", str(port),
+                               "--token", f"bench:{TOKEN}"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(url):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the registry server did not start")
+            time.sleep(0.05)
+        publish_s, pull_s, cli_publish_s, cli_pull_s = [], [], [], []
+        for i in range(repeat):
+            start = time.perf_counter()
+            publish(_fresh_copy(template, work), registry=url, token=TOKEN, version=f"2.0.{i}")
+            publish_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            pull(f"bench/big-v1@2.0.{i}", source=url, dest=LocalStore(work / f"http-dst-{i}"))
+            pull_s.append(time.perf_counter() - start)
+            home = work / f"cli-home-{i}"
+            cli_publish_s.append(_corral("publish", str(_fresh_copy(template, work)), "--version",
+                                         f"3.0.{i}", "--registry", url, "--token", TOKEN,
+                                         home=home))
+            cli_pull_s.append(_corral("pull", f"bench/big-v1@3.0.{i}", "--registry", url,
+                                      home=home))
+    finally:
+        server.terminate()
+        server.wait(30)
+    return {"publish_10k_http_median_s": statistics.median(publish_s),
+            "pull_10k_http_median_s": statistics.median(pull_s),
+            "publish_10k_http_cli_s": statistics.median(cli_publish_s),
+            "pull_10k_http_cli_s": statistics.median(cli_pull_s)}
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/api/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 BENCHMARKS: list[Callable[..., dict[str, float]]] = [bench_make, bench_list]
+RELEASE_BENCHMARKS: list[Callable[..., dict[str, float]]] = [bench_publish_pull_local,
+                                                             bench_publish_pull_http]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=200, help="samples per timing")
+    parser.add_argument("--repeat", type=int, default=200, help="samples per catalog timing")
+    parser.add_argument("--tasks", type=int, default=10_000, help="tasks of the released env")
+    parser.add_argument("--release-repeat", type=int, default=3,
+                        help="samples per publish/pull timing")
     args = parser.parse_args()
     for bench in BENCHMARKS:
         for name, value in bench(repeat=args.repeat).items():
             print(f"{name}={value:.3f}")
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+        work = Path(tmp)
+        template = write_big_env(work / "template", args.tasks)
+        os.environ["CORRAL_HOME"] = str(work / "home")  # never touch the user's store
+        for bench in RELEASE_BENCHMARKS:
+            for name, value in bench(work, template, args.release_repeat).items():
+                print(f"{name}={value:.3f}", flush=True)
 
 
 if __name__ == "__main__":

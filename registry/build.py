@@ -1,0 +1,283 @@
+"""Build a release from an env folder: read its `corral.toml`, load the env, describe it, pack it.
+
+An env folder holds the env's code, its tasks, its Dockerfile and assets, and a `corral.toml`
+with `[[env]]` entries (`id`, `entry_point`, optional `kind`, `tags`, `description`, `version`,
+`license`). The entry point may name the folder's module relatively (`env:MyEnv`) or by its
+import name when the folder is part of an installed package (`corral.envs.text.arithmetic:...`);
+the release stores it relative to the folder, so installing it anywhere works. Code in the
+folder imports its own modules relatively and everything else absolutely; a relative import
+that climbs out of the folder is refused at publish time, since the release would not carry it.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import subprocess
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import corral
+from corral import envs as builtin_envs
+from corral.tools import collect
+
+from .catalog import EnvSpec
+from .errors import ReleaseError
+from .imports import finder, module_name_for
+from .release import (DEFAULT_LIMITS, DatasetCard, Limits, ReleaseManifest, SemVer,
+                      archive_digest, collect_files, content_digest, file_entries, pack)
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "corral.toml"
+FAMILY_FIELDS = ("family", "category", "template")
+
+
+@dataclass
+class BuiltRelease:
+    """A packed release: its manifest, the archive on disk and the archive's sha256."""
+
+    manifest: ReleaseManifest
+    archive: Path
+    sha256: str
+
+
+def read_entries(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The folder's `corral.toml`: top-level keys and its `[[env]]` entries."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ReleaseError(f"{folder} has no {MANIFEST}; an env folder lists its envs there "
+                           "([[env]] id = ..., entry_point = 'module:Class')")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ReleaseError(f"{path}: invalid TOML ({exc})") from None
+    entries = data.get("env", [])
+    if not entries:
+        raise ReleaseError(f"{path} lists no [[env]] entries")
+    return {k: v for k, v in data.items() if k != "env"}, entries
+
+
+def pick_entry(folder: Path, entries: list[dict[str, Any]], env_id: str | None) -> dict[str, Any]:
+    ids = [e.get("id") for e in entries]
+    if env_id is None:
+        if len(entries) > 1:
+            raise ReleaseError(f"{folder / MANIFEST} lists {len(entries)} envs ({', '.join(ids)});"
+                               " choose one with --id")
+        return entries[0]
+    for entry in entries:
+        if entry.get("id") == env_id:
+            return entry
+    from corral.suggest import closest
+
+    raise ReleaseError(f"{folder / MANIFEST} has no env {env_id!r}.{closest(env_id, ids)}")
+
+
+def relative_entry_point(folder: Path, entry_point: str) -> str:
+    """`module:Class` with the module relative to `folder` (which must contain it)."""
+    module, _, attr = entry_point.partition(":")
+    if not attr:
+        raise ReleaseError(f"entry point {entry_point!r} must look like 'module:Class'")
+    rel_file = folder / Path(*module.split("."))
+    if rel_file.with_suffix(".py").is_file() or (rel_file / "__init__.py").is_file():
+        return entry_point
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    origin = Path(spec.origin).resolve() if spec and spec.origin else None
+    if origin is None or not origin.is_relative_to(folder):
+        raise ReleaseError(f"entry point {entry_point!r}: module {module} is not inside {folder}")
+    parts = list(origin.relative_to(folder).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    if not parts:
+        raise ReleaseError(f"entry point {entry_point!r} is the folder's __init__; name a module")
+    return f"{'.'.join(parts)}:{attr}"
+
+
+def check_relative_imports(folder: Path, files: dict[str, Path]) -> None:
+    """Refuse `from ..x import y` that reaches above the folder: the release would lack `x`."""
+    for rel, path in files.items():
+        if not rel.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(path.read_bytes(), filename=rel)
+        except SyntaxError as exc:
+            raise ReleaseError(f"{rel}:{exc.lineno}: syntax error ({exc.msg})") from None
+        depth = rel.count("/")  # `from .` is the folder itself for a top-level module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level > depth + 1:
+                dots = "." * node.level
+                raise ReleaseError(
+                    f"{rel}:{node.lineno}: 'from {dots}{node.module or ''} import ...' reaches "
+                    f"outside the env folder, which the release does not carry; import it "
+                    "absolutely (e.g. from corral.envs... import ...) or copy it into the folder")
+
+
+def load_class(folder: Path, rel_entry_point: str, original: str) -> Any:
+    """Import the env class: by its own import name when the folder is importable as such, else
+    through a private package name for the folder. A private import's registration in the
+    default catalog is undone: publishing a folder does not add it to this process's catalog
+    (an install of the same env, later in this process, registers the release's copy)."""
+    if original != rel_entry_point:
+        return EnvSpec("x/load-v0", original).load()
+    from . import default_catalog
+
+    name = module_name_for(hashlib.sha256(str(folder).encode()).hexdigest(), "corral_src_")
+    finder.add(name, folder)
+    cls = EnvSpec("x/load-v0", f"{name}.{rel_entry_point}").load()
+    env_id = getattr(cls, "env_id", None)
+    if env_id and env_id in default_catalog and default_catalog.spec(env_id).entry_point is cls:
+        default_catalog.unregister(env_id)
+    return cls
+
+
+def image_recipe_hash(sandbox: dict[str, Any] | None, files: dict[str, Path],
+                      entries: dict[str, Any]) -> str:
+    """sha256 over the sandbox spec and every Dockerfile in the folder (what builds the image)."""
+    recipes = {rel: entries[rel].sha256 for rel in files
+               if Path(rel).name == "Dockerfile" or Path(rel).name.endswith(".Dockerfile")}
+    blob = json.dumps({"sandbox": sandbox, "dockerfiles": recipes}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def dataset_card(cls: Any, folder: Path, license: str,
+                 provenance: dict[str, str]) -> tuple[DatasetCard, str]:
+    """The card of the env's dataset and its hash (equal to `Dataset.fingerprint()`), computed
+    in one pass: a procedural dataset builds every task on access, so the pass is the cost."""
+    from corral.dataset import _bucket
+
+    tasks = cls.tasks
+    size = len(tasks)
+    first = tasks[0] if size else None
+    # The family field is read off the first task (task types are uniform): one lookup per task.
+    family_field = next((f for f in FAMILY_FIELDS if first is not None
+                         and f in first.fields()), None)
+    fingerprint = hashlib.sha256()
+    test = 0
+    families: dict[str, int] = {}
+    for task in tasks:
+        fingerprint.update(task.id.encode() + b"\n")
+        test += _bucket(task.id) < 0.1  # the default split of Dataset.split
+        if family_field is not None:
+            family = str(getattr(task, family_field, None))
+            families[family] = families.get(family, 0) + 1
+    if family_field is None:
+        families = {folder.name: size}
+    source = tasks.source
+    if Path(source).is_absolute() and Path(source).is_relative_to(folder):
+        source = Path(source).relative_to(folder).as_posix()
+    card = DatasetCard(tasks=size, splits={"train": size - test, "test": test},
+                       families=dict(sorted(families.items())), task_type=tasks.task_type.__name__,
+                       fields=sorted(first.fields()) if first else [], source=source,
+                       example=_example(cls, first), provenance=provenance, license=license)
+    return card, fingerprint.hexdigest()
+
+
+def _example(cls: Any, task: Any) -> str:
+    if task is None:
+        return ""
+    try:
+        return str(cls().instruction(task))[:2000]
+    except Exception as exc:  # an example is a nicety; the card is still right without it
+        log.debug("no example instruction for %s: %s", cls, exc)
+        return ""
+
+
+def _git_commit(folder: Path) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _default_license(folder: Path) -> str:
+    builtin_root = Path(builtin_envs.__file__).parent.resolve()
+    if folder == builtin_root or builtin_root in folder.parents:
+        try:  # the built-in envs carry Corral's own licence
+            return importlib.metadata.metadata("corral").get("License") or "unspecified"
+        except importlib.metadata.PackageNotFoundError:
+            return "unspecified"
+    return "unspecified"
+
+
+def _validation_dict(validation: Any) -> dict[str, Any] | None:
+    if validation is None:
+        return None
+    if hasattr(validation, "model_dump"):
+        return validation.model_dump(mode="json")
+    if isinstance(validation, dict):
+        return validation
+    raise ReleaseError(f"validation must be a ValidationReport or a dict, not "
+                       f"{type(validation).__name__}")
+
+
+def run_validation(cls: Any, limit: int) -> Any:
+    """Validate the env class (oracle must pass, no-op must fail) on its first `limit` tasks."""
+    from corral._sync import run_sync
+    from corral.validate import validate
+
+    return run_sync(validate(cls, limit=limit))
+
+
+def build_release(folder: str | Path, *, env_id: str | None = None, version: str | None = None,
+                  validation: Any = None, validate_limit: int | None = None,
+                  license: str | None = None, out_dir: Path | None = None,
+                  limits: Limits = DEFAULT_LIMITS) -> BuiltRelease:
+    """Pack the env folder into a release archive under `out_dir` (a temp dir by default).
+
+    `validation` is a `ValidationReport` (or its dict) to attach; with `validate_limit` and no
+    report, `corral.validate` runs on that many tasks first (0 = all) and its report is attached.
+    """
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        raise ReleaseError(f"{folder} is not a folder")
+    top, entries = read_entries(folder)
+    entry = pick_entry(folder, entries, env_id)
+    version = version or entry.get("version") or top.get("version")
+    if not version:
+        raise ReleaseError(f"{entry['id']}: no version; pass --version X.Y.Z or set version in "
+                           f"{MANIFEST}")
+    SemVer.parse(str(version))  # refuse a bad version before the expensive part
+    files = collect_files(folder, limits)
+    check_relative_imports(folder, files)
+    rel_ep = relative_entry_point(folder, entry["entry_point"])
+    cls = load_class(folder, rel_ep, entry["entry_point"])
+    if validation is None and validate_limit is not None:
+        validation = run_validation(cls, validate_limit)
+    sandbox = cls.sandbox_spec.model_dump(mode="json") if cls.sandbox_spec is not None else None
+    entries_by_path = file_entries(files)
+    provenance = {"folder": folder.name, "entry_point": entry["entry_point"],
+                  "dataset_source": str(cls.tasks.source)}
+    if commit := _git_commit(folder):
+        provenance["git_commit"] = commit
+    licence = license or entry.get("license") or top.get("license") or _default_license(folder)
+    tools, _ = collect(cls)
+    card, dataset_hash = dataset_card(cls, folder, licence, provenance)
+    manifest = ReleaseManifest(
+        id=entry["id"], version=str(version), kind=entry.get("kind") or cls.kind,
+        entry_point=rel_ep, description=entry.get("description", ""),
+        tags=list(entry.get("tags", cls.tags)), max_turns=cls.max_turns,
+        files=entries_by_path, content_sha256=content_digest(entries_by_path),
+        dataset_sha256=dataset_hash,
+        image_recipe_sha256=image_recipe_hash(sandbox, files, entries_by_path),
+        corral_version=corral.__version__,
+        card=card,
+        tools=[spec.schema() for spec in tools.values()], sandbox=sandbox,
+        validation=_validation_dict(validation))
+    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="corral-release-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    archive = out_dir / f"{manifest.id.replace('/', '__')}-{manifest.version}.tar.gz"
+    with open(archive, "wb") as fh:
+        pack(manifest, files, fh)
+    return BuiltRelease(manifest, archive, archive_digest(archive))

@@ -112,11 +112,12 @@ class Catalog:
     def __init__(self, *, builtin: bool = True, entry_points: bool = True) -> None:
         self._specs: dict[str, EnvSpec] = {}
         self._lock = threading.RLock()
-        self._lazy_sources: list[Callable[[], Iterable[EnvSpec]]] = []
+        self._lazy_sources: list[tuple[Callable[[], Iterable[EnvSpec]], bool]] = []
+        self._guards: list[Callable[[EnvSpec], None]] = []
         if builtin:
-            self._lazy_sources.append(_builtin_specs)
+            self._lazy_sources.append((_builtin_specs, False))
         if entry_points:
-            self._lazy_sources.append(_entry_point_specs)
+            self._lazy_sources.append((_entry_point_specs, False))
         self._discovered = not self._lazy_sources
 
     # --- registration ------------------------------------------------------------------------
@@ -148,6 +149,21 @@ class Catalog:
         """Mark `id` deprecated in favour of `replacement`."""
         self.spec(id).deprecated = replacement
 
+    def add_source(self, source: Callable[[], Iterable[EnvSpec]], *,
+                   override: bool = False) -> None:
+        """Add a lazy source of specs, read at the first lookup (at once if that has happened).
+        With `override`, its specs replace same-id specs whose code is not imported yet
+        (installed releases take precedence over built-in manifests)."""
+        with self._lock:
+            if self._discovered:
+                self._merge(source, override)
+            else:
+                self._lazy_sources.append((source, override))
+
+    def add_guard(self, guard: Callable[[EnvSpec], None]) -> None:
+        """Call `guard(spec)` before every `make`; it raises to refuse (e.g. a `corral.lock`)."""
+        self._guards.append(guard)
+
     def unregister(self, id: str) -> None:
         with self._lock:
             self._specs.pop(id, None)
@@ -160,10 +176,14 @@ class Catalog:
             if self._discovered:
                 return
             self._discovered = True
-            for source in self._lazy_sources:
-                for spec in source():
-                    if spec.id not in self._specs:
-                        self._specs[spec.id] = spec
+            for source, override in self._lazy_sources:
+                self._merge(source, override)
+
+    def _merge(self, source: Callable[[], Iterable[EnvSpec]], override: bool) -> None:
+        for spec in source():
+            current = self._specs.get(spec.id)
+            if current is None or (override and not current.loaded):
+                self._specs[spec.id] = spec
 
     def spec(self, id: str) -> EnvSpec:
         """The spec for `id`; an unversioned id resolves to the latest version."""
@@ -186,6 +206,8 @@ class Catalog:
         if spec.deprecated:
             raise DeprecatedEnv(f"Environment version `{spec.id}` is deprecated. "
                                 f"Please use `{spec.deprecated}` instead.")
+        for guard in self._guards:
+            guard(spec)
         return spec.make(**overrides)
 
     def list(self, pattern: str | None = None) -> list[EnvSpec]:

@@ -31,3 +31,7 @@ class LockError(RegistryError):
 
 class RegistryUnavailable(InfraError):
     """The registry server could not be reached or answered with a server error."""
+
+
+class MissingToken(AuthError):
+    """A request that needs a publishing token came without one (HTTP 401)."""

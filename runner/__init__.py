@@ -16,6 +16,13 @@ _EXPORTS = {
     "PolicyServer": "serve", "create_app": "serve",
     "build_tiny_model": "models", "load_model": "models", "load_tokenizer": "models",
     "ChatTranscript": "chat",
+    "Runner": "runner", "SandboxPool": "pool", "BatchAssembler": "assembly",
+    "TrajectoryStore": "store", "load_run": "store", "write_report": "report",
+    "ScriptedPolicy": "scripted", "ByteTokenizer": "scripted",
+    "WorkItem": "episode", "EpisodeLimits": "episode", "run_episode": "episode",
+    "Executor": "executor", "LocalExecutor": "executor",
+    "Trajectory": "trajectory", "Batch": "trajectory", "Status": "trajectory",
+    "Span": "trajectory",
 }
 
 __all__ = sorted(_EXPORTS)

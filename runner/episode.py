@@ -46,6 +46,7 @@ class WorkItem:
     env_id: str
     task_index: int
     seed: int
+    restart: int = 0  # times this item was cut and restarted (a new episode, same id)
 
     @property
     def group_id(self) -> str:
@@ -91,30 +92,6 @@ async def _deadline(seconds: float | None, which: str) -> AsyncIterator[None]:
         raise
 
 
-def instrument_env(env: Any) -> None:
-    """Record a "verify" span around the env's end-of-episode reward computation.
-
-    The Env API has no hook for it, so the instance's `_score` is wrapped once (per_step=False
-    is the verifier run after the episode ends)."""
-    if getattr(env, "_corral_instrumented", False):
-        return
-    inner = env._score
-
-    async def score(episode: Any, *, per_step: bool) -> float:
-        if per_step:
-            return await inner(episode, per_step=per_step)
-        start = time.time()
-        try:
-            return await inner(episode, per_step=per_step)
-        finally:
-            sink = span_sink.get()
-            if sink is not None:
-                sink.append(Span("verify", start, time.time()))
-
-    env._score = score
-    env._corral_instrumented = True
-
-
 class _Episode:
     """State of one attempt (kept off the Trajectory so the dataclass stays a record)."""
 
@@ -122,7 +99,8 @@ class _Episode:
                  inference: asyncio.Semaphore, traj: Trajectory, attempt: int) -> None:
         self.env, self.policy, self.item, self.limits = env, policy, item, limits
         self.inference, self.traj = inference, traj
-        self.session = f"{item.id}#a{attempt}"
+        restart = f"#r{item.restart}" if item.restart else ""
+        self.session = f"{item.id}{restart}#a{attempt}"  # one router session per episode
         self.turn = 0
         self.max_context = limits.max_context or getattr(policy, "max_positions", None)
 
@@ -157,9 +135,8 @@ class _Episode:
     async def step(self, gen: Generation) -> tuple[bool, bool]:
         """Apply the generation to the env; returns (terminated, truncated)."""
         action: Any = gen.text
-        tool_calls = getattr(gen, "tool_calls", None)  # OpenAI-style servers may return these
-        if tool_calls:
-            action = parse_openai_tool_calls(list(tool_calls))
+        if gen.tool_calls:  # OpenAI-style servers may return structured tool calls
+            action = parse_openai_tool_calls(list(gen.tool_calls))
         start = len(self.traj.spans)
         began = time.time()
         _, _, terminated, truncated, _ = await self.env.astep(action)
@@ -218,22 +195,22 @@ class _Episode:
         self.traj.metadata["truncated_by"] = why
         if episode is None or episode.done:
             return
-        episode.done = episode.truncated = True
-        # The Env API computes end-of-episode rewards only inside astep; run its verifier here.
         async with _deadline(self.limits.verify_deadline, "verify"):
-            episode.reward += await self.env._score(episode, per_step=False)
+            await self.env.afinish(truncated=True)
 
 
 async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeLimits,
-                      inference: asyncio.Semaphore, *, attempt: int = 1) -> Trajectory:
-    """One attempt at `item` with `env` (an instance the caller does not share meanwhile)."""
+                      inference: asyncio.Semaphore, *, attempt: int = 1,
+                      spans: list[Span] | None = None) -> Trajectory:
+    """One attempt at `item` with `env` (an instance the caller does not share meanwhile);
+    `spans` are phases already spent on it (e.g. waiting for admission)."""
     traj = Trajectory(id=item.id, env_id=item.env_id, task_id="", group_id=item.group_id,
                       attempts=attempt,
                       metadata={"task_index": item.task_index, "sample": item.sample,
                                 "seed": item.seed, "group": item.group})
     if limits.max_turns is not None:
         env.max_turns = limits.max_turns
-    instrument_env(env)
+    traj.spans.extend(spans or ())
     run = _Episode(env, policy, item, limits, inference, traj, attempt)
     token = span_sink.set(traj.spans)
     try:
@@ -249,10 +226,14 @@ async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeL
     except Exception as exc:  # env or policy code raised: not the agent's fault, retry it
         log.warning("episode %s raised %s: %s", item.id, type(exc).__name__, exc)
         _fail(traj, env, Status.INFRA_ERROR, exc)
+    except asyncio.CancelledError:
+        if env.episode is not None:  # cut by the runner: do not hand a half-used sandbox on
+            env.episode.infra_error = "cancelled"
+        raise
     finally:
         span_sink.reset(token)
-    _collect_outcome(traj, env)
-    await _close(env, traj)
+        _collect_outcome(traj, env)
+        await _close(env, traj)
     return traj
 
 
@@ -271,6 +252,8 @@ def _collect_outcome(traj: Trajectory, env: Any) -> None:
     traj.rewards = {k: float(v) for k, v in episode.rewards.items()}
     traj.turns = int(episode.turn)
     traj.messages = [dict(m) for m in episode.messages]
+    if episode.verify_span is not None:
+        traj.spans.append(Span("verify", *episode.verify_span))
     if episode.errors:
         traj.metadata["errors"] = list(episode.errors)
         traj.error = traj.error or episode.errors[0]

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+SMALL_MODEL_PARAMS = 50_000_000  # below this, CPU decoding is fastest on one thread
 
 
 @dataclass(slots=True)
@@ -73,8 +74,14 @@ class LocalPolicy(Policy):
     def __init__(self, model: Any = "tiny", tokenizer: Any = None, *, device: str | None = None,
                  dtype: "torch.dtype | None" = None, max_batch: int = 16, seed: int = 0,
                  version: int = 0, eos_token_ids: list[int] | None = None,
-                 name: str | None = None) -> None:
-        """`model` is a local directory, `"tiny"`, or a loaded model (then pass `tokenizer`)."""
+                 name: str | None = None, threads: int | None = None) -> None:
+        """`model` is a local directory, `"tiny"`, or a loaded model (then pass `tokenizer`).
+
+        `threads` sets torch's intra-op threads of the decode thread only (OpenMP's setting is
+        per thread). None picks: 1 for models under `SMALL_MODEL_PARAMS` on CPU (thread
+        hand-offs cost more than small matmuls save, many times more on a busy machine), else
+        torch's default.
+        """
         import torch
 
         if max_batch < 1:
@@ -92,6 +99,10 @@ class LocalPolicy(Policy):
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.max_batch = max_batch
+        if threads is None and self.device.type == "cpu":
+            small = sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMS
+            threads = 1 if small else None
+        self.threads = threads
         self.stats = LocalPolicyStats()
         self.stop_ids = set(eos_token_ids) if eos_token_ids else stop_token_ids(model, tokenizer)
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
@@ -222,6 +233,8 @@ class LocalPolicy(Policy):
         """Decode until no row is left and nothing waits (runs in a worker thread)."""
         import torch
 
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)  # this worker thread only
         with self._cond:
             self._cond.wait_for(lambda: self._swaps_waiting == 0)
             self._busy = True

@@ -41,8 +41,9 @@ _RETRYABLE_STATUS = {408, 429}
 class OpenAIPolicy(Policy):
     """A policy served by one or more OpenAI-compatible HTTP replicas."""
 
-    def __init__(self, base_urls: Sequence[str] | str, tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
-                 *, model: str | None = None, timeout: float = 300.0, connect_timeout: float = 5.0,
+    def __init__(self, base_urls: Sequence[str] | str,
+                 tokenizer: Tokenizer | str | os.PathLike[str] | None = None, *,
+                 model: str | None = None, timeout: float = 300.0, connect_timeout: float = 5.0,
                  retries: int = 3, backoff: float = 0.25, max_backoff: float = 5.0,
                  router: Router | None = None, api_key: str | None = None,
                  max_connections: int = 1024, version: int = 0,

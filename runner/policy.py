@@ -48,6 +48,7 @@ class Generation:
     version: int
     finish_reason: str = "stop"  # "stop" | "length"
     replica: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # structured calls from OpenAI-style servers
     queue_seconds: float = 0.0
     decode_seconds: float = 0.0
 

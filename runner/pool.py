@@ -192,11 +192,13 @@ class SandboxPool:
                     self._spawn(self._retire(entry))
                 if self._live < self.capacity:
                     self._live += 1
+                    self._starting[key] = self._starting.get(key, 0) + 1
                     return None
                 victim = self._evictable(key)
                 if victim is not None:  # its capacity unit passes to us; it closes meanwhile
                     self.stats.evictions += 1
-                    self._spawn(self._close_entry(victim))
+                    self._starting[key] = self._starting.get(key, 0) + 1
+                    self._spawn(self._close_entry(victim, give_back=False))
                     return None
                 await self._cond.wait()
 
@@ -207,8 +209,8 @@ class SandboxPool:
         return None
 
     async def _start(self, key: str, spec: SandboxSpec, env_id: str) -> _Entry:
-        """Start one sandbox on a capacity unit already reserved; gives the unit back on error."""
-        self._starting[key] = self._starting.get(key, 0) + 1
+        """Start one sandbox on a capacity unit reserved (and counted in `_starting`) by the
+        caller; gives the unit back on error."""
         t0 = time.perf_counter()
         try:
             sandbox = await asyncio.wait_for(self._opener(spec, env_id),
@@ -241,6 +243,7 @@ class SandboxPool:
         missing = count - len(self._warm.get(key, ())) - self._starting.get(key, 0)
         for _ in range(max(0, min(missing, self.capacity - self._live))):
             self._live += 1
+            self._starting[key] = self._starting.get(key, 0) + 1
             self._spawn(self._warm_one(key, spec, env_id))
 
     async def _warm_one(self, key: str, spec: SandboxSpec, env_id: str) -> None:
@@ -279,14 +282,15 @@ class SandboxPool:
         await self._close_entry(entry)
         self._refill(entry.key)
 
-    async def _close_entry(self, entry: _Entry) -> None:
+    async def _close_entry(self, entry: _Entry, give_back: bool = True) -> None:
         try:
             await entry.sandbox.close()
         except Exception as exc:  # closing is best effort; the reaper removes leftovers
             log.warning("closing a %s sandbox failed: %s", entry.env_id, exc)
         finally:
             self.stats.closes += 1
-            await self._give_back_unit()
+            if give_back:
+                await self._give_back_unit()
 
     async def _give_back_unit(self) -> None:
         async with self._cond:

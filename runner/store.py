@@ -80,6 +80,8 @@ class TrajectoryStore:
         self._ids: set[str] = set()
         self._fh: Any = None
         self._lock = threading.Lock()
+        self._pending: list[tuple[list[Trajectory], asyncio.Future[None]]] = []
+        self._writer: asyncio.Future[None] | None = None
 
     # --- opening and resuming ------------------------------------------------------------------
     def open(self, config: dict[str, Any]) -> list[Trajectory]:
@@ -146,9 +148,30 @@ class TrajectoryStore:
             self._ids.update(t.id for t in fresh)
             return len(fresh)
 
-    async def append(self, *trajectories: Trajectory) -> int:
-        """`append_sync` in a worker thread (fsync must not block the event loop)."""
-        return await asyncio.to_thread(self.append_sync, list(trajectories))
+    async def append(self, *trajectories: Trajectory) -> None:
+        """Store trajectories durably; returns once they are fsync'd.
+
+        Concurrent calls are group-committed: one writer thread writes everything pending with
+        a single fsync, so many episodes finishing together cost one disk flush, not many."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((list(trajectories), future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._drain())
+        await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await asyncio.to_thread(self.append_sync, [t for ts, _ in batch for t in ts])
+            except Exception as exc:  # every waiter learns its trajectories are not stored
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_result(None)
 
     def update_cursor(self, batches: int, consumed_groups: list[str]) -> None:
         """Record which groups were handed out in batches (atomically)."""

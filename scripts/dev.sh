@@ -53,11 +53,13 @@ python_env() {
   digest=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ] && return
   log "installing Python packages into .venv (torch: local CPU build)"
-  local pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
-  "${pip[@]}" -U pip setuptools wheel 2>&1 | grep -v WARNING || true
+  local pip=("$VENV/bin/pip" install -q --disable-pip-version-check) plog="$VENV/pip.log"
+  quiet() { "$@" >>"$plog" 2>&1 || { tail -n 30 "$plog" >&2; log "pip failed; see $plog"; exit 1; }; }
+  : >"$plog"
+  quiet "${pip[@]}" -U pip "setuptools>=77" wheel
   # A plain torch requirement would pull several GB of CUDA wheels; pin the local CPU build.
-  "$VENV/bin/python" -c 'import torch' 2>/dev/null || "${pip[@]}" torch==2.13.0 2>&1 | grep -v WARNING || true
-  "${pip[@]}" -e ".[train,hf,ray,dev]" 2>&1 | grep -v -E 'WARNING|^\s*$' || true
+  "$VENV/bin/python" -c 'import torch' 2>/dev/null || quiet "${pip[@]}" torch==2.13.0
+  quiet "${pip[@]}" -e ".[train,hf,ray,dev]"
   "$VENV/bin/python" -c 'import corral, torch, playwright' || { log "Python set-up failed"; exit 1; }
   echo "$digest" >"$stamp"
 }

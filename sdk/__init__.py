@@ -41,10 +41,12 @@ def __getattr__(name: str):  # registry functions, imported lazily (registry dep
 
 # Names that live in heavier modules, loaded on first use.
 _LAZY: dict[str, tuple[str, str]] = {
+    "BrowserEnv": ("corral.browser.env", "BrowserEnv"),
     "TerminalEnv": ("corral.terminal", "TerminalEnv"),
     "load_harbor": ("corral.harbor", "load_harbor"),
+    "mix": ("corral.registry.curation", "mix"),
 }
 
-__all__ = ["Browser", "Dataset", "Env", "Episode", "Task", "Terminal", "TerminalEnv", "TextEnv",
-           "ToolCall", "environment", "errors", "load_harbor", "make", "register", "registry",
-           "reward", "spec", "tool", "__version__"]
+__all__ = ["Browser", "BrowserEnv", "Dataset", "Env", "Episode", "Task", "Terminal",
+           "TerminalEnv", "TextEnv", "ToolCall", "environment", "errors", "load_harbor", "make",
+           "register", "registry", "reward", "spec", "tool", "__version__"]

@@ -59,6 +59,7 @@ class Episode:
     errors: list[str] = field(default_factory=list)
     infra_error: str | None = None
     started_at: float = field(default_factory=time.monotonic)
+    verify_span: tuple[float, float] | None = None  # wall-clock start/end of final rewards
 
     @property
     def completion(self) -> str:
@@ -186,7 +187,9 @@ class Env(gymnasium.Env[str, str]):
         try:
             episode.sandbox = await self._acquire(task)
             await self.setup(episode.sandbox, task)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, InfraError):  # never hand a sandbox that failed setup back
+                episode.infra_error = f"{type(exc).__name__}: {exc}"
             await self._release(episode)
             raise
         text = self.instruction(task)
@@ -217,14 +220,41 @@ class Env(gymnasium.Env[str, str]):
         if not episode.done and episode.turn >= self.max_turns:
             episode.done = episode.truncated = True
         step_reward = await self._score(episode, per_step=True)
+        episode.reward += step_reward
         info: dict[str, Any] = {"task_id": episode.task.id, "turn": episode.turn}
         if episode.done:
-            step_reward += await self._score(episode, per_step=False)
-            info.update(rewards=dict(episode.rewards), errored=episode.errored,
-                        errors=list(episode.errors))
-        episode.reward += step_reward
+            step_reward += await self._finish(episode)
+            info.update(self._final_info(episode))
         terminated = episode.done and not episode.truncated
         return observation, step_reward, terminated, episode.truncated, info
+
+    async def afinish(self, *, truncated: bool = True) -> dict[str, Any]:
+        """End the current episode now (a deadline, a context limit) and run its final
+        rewards; returns the same final info `astep` would. No-op info if already over."""
+        episode = self.episode
+        if episode is None:
+            raise AgentError("call reset() before finish()")
+        if not episode.done:
+            episode.done = True
+            episode.truncated = truncated
+            await self._finish(episode)
+        return self._final_info(episode)
+
+    async def _finish(self, episode: Episode) -> float:
+        """Run the end-of-episode rewards once, timing them (the runner's verify phase)."""
+        start = time.time()
+        try:
+            final = await self._score(episode, per_step=False)
+        finally:
+            episode.verify_span = (start, time.time())
+        episode.reward += final
+        return final
+
+    @staticmethod
+    def _final_info(episode: Episode) -> dict[str, Any]:
+        return {"task_id": episode.task.id, "turn": episode.turn,
+                "rewards": dict(episode.rewards), "errored": episode.errored,
+                "errors": list(episode.errors)}
 
     async def aclose(self) -> None:
         """Release the episode's sandbox."""

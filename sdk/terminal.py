@@ -31,7 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from .env import Env
@@ -55,9 +58,19 @@ def bash(command: str, timeout: float | None = None) -> ToolCall:
     return ToolCall(name="bash", arguments=arguments)
 
 
-def format_result(result: ExecResult, timeout: float) -> str:
-    """What the agent sees for one command: its output, then an exit-code (or timeout) line."""
-    output = result.output
+def clip(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters, keeping its head and tail (errors are often at
+    the end), with a marker saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[:limit // 2], text[len(text) - limit // 2:]
+    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters omitted ...]\n{tail}"
+
+
+def format_result(result: ExecResult, timeout: float, limit: int = 16_000) -> str:
+    """What the agent sees for one command: its output (clipped to `limit` characters), then an
+    exit-code (or timeout) line."""
+    output = clip(result.output, limit)
     if output and not output.endswith("\n"):
         output += "\n"
     if result.timed_out:
@@ -120,6 +133,28 @@ async def run_tests_script(sandbox: Sandbox, files: dict[str, str | bytes], *,
     return parse_reward_file(content, f"{VERIFIER_LOGS}/{name}"), result
 
 
+@dataclass
+class Verifier:
+    """A tests-script verifier: files for /tests (with `test.sh`), its timeout and env vars."""
+
+    files: dict[str, str | bytes]
+    timeout: float | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def resolve_dockerfile(cls: type, spec: Terminal) -> Terminal:
+    """`spec` with a relative `dockerfile` made absolute against the folder of the module that
+    defines `cls` (so an env package finds its own Dockerfile wherever it runs from)."""
+    if not spec.dockerfile or Path(spec.dockerfile).is_absolute():
+        return spec
+    module = sys.modules.get(cls.__module__)
+    source = getattr(module, "__file__", None)
+    if source is None:
+        return spec
+    path = (Path(source).parent / spec.dockerfile).resolve()
+    return spec.model_copy(update={"dockerfile": str(path)})
+
+
 def default_run_id() -> str:
     """The run label sandboxes get when the caller names none."""
     return os.environ.get("CORRAL_RUN_ID") or "adhoc"
@@ -130,7 +165,8 @@ class TerminalEnv(Env):
 
     Class attributes: `sandbox_spec` (a `cr.Terminal`), `max_turns` (default 30),
     `episode_timeout` (seconds of command time the agent may use in one episode; None = no
-    limit), `verifier_timeout` (seconds for `tests_script`).
+    limit), `verifier_timeout` (seconds for `tests_script`), `output_chars` (the most output
+    characters one command shows the agent; head and tail are kept).
     """
 
     kind: ClassVar[str] = "terminal"
@@ -138,9 +174,11 @@ class TerminalEnv(Env):
     max_turns: int = 30
     episode_timeout: ClassVar[float | None] = None
     verifier_timeout: ClassVar[float] = 60.0
+    output_chars: ClassVar[int] = 16_000
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.sandbox_spec = resolve_dockerfile(type(self), self.sandbox_spec)
         if type(self).tests_script is TerminalEnv.tests_script:
             self._rewards.pop("tests", None)  # the convention is opt-in
 
@@ -171,7 +209,7 @@ class TerminalEnv(Env):
 
     # --- tools ---------------------------------------------------------------------------------
     @tool
-    async def bash(self, sandbox: Sandbox, state: dict[str, Any], command: str,
+    async def bash(self, sandbox: Sandbox, task: Task, state: dict[str, Any], command: str,
                    timeout: float = 30.0) -> str:
         """Run a command in a persistent bash shell (cwd and exported variables carry over).
 
@@ -179,15 +217,15 @@ class TerminalEnv(Env):
             command: the shell command line to run.
             timeout: seconds before the command is killed (the shell stays usable).
         """
-        left = self._time_left(state)
+        left = self._time_left(task, state)
         if left <= 0:
-            return (f"Error: the episode's command time limit ({self.episode_timeout:g} s) is "
+            return (f"Error: the episode's command time limit ({self.time_limit(task):g} s) is "
                     "used up; finish with your answer.")
         timeout = max(0.1, min(float(timeout), left))
         shell = await sandbox.shell()
         result = await shell.run(command, timeout=timeout)
         state["command_seconds"] = state.get("command_seconds", 0.0) + result.duration
-        return format_result(result, timeout)
+        return format_result(result, timeout, self.output_chars)
 
     @tool
     async def write_file(self, sandbox: Sandbox, path: str, content: str) -> str:
@@ -202,16 +240,21 @@ class TerminalEnv(Env):
         await sandbox.write_file(path, content)
         return f"wrote {len(content.encode())} bytes to {path}"
 
-    def _time_left(self, state: dict[str, Any]) -> float:
-        if self.episode_timeout is None:
+    def time_limit(self, task: Task) -> float | None:
+        """Seconds of command time the agent may use on `task` (default `episode_timeout`)."""
+        return self.episode_timeout
+
+    def _time_left(self, task: Task, state: dict[str, Any]) -> float:
+        limit = self.time_limit(task)
+        if limit is None:
             return float("inf")
-        return self.episode_timeout - state.get("command_seconds", 0.0)
+        return limit - state.get("command_seconds", 0.0)
 
     # --- verifier convention -------------------------------------------------------------------
-    def tests_script(self, task: Task) -> str | dict[str, str | bytes] | None:
-        """A verifier script for `task` (bash, run as /tests/test.sh after the episode) or a
-        mapping of files for /tests including `test.sh`. Override to opt in to the `tests`
-        reward; None skips it."""
+    def tests_script(self, task: Task) -> str | dict[str, str | bytes] | Verifier | None:
+        """The verifier of `task`: a bash script (run as /tests/test.sh after the episode), a
+        mapping of files for /tests including `test.sh`, or a `Verifier`. Override to opt in
+        to the `tests` reward; None skips it."""
         return None
 
     @reward
@@ -220,10 +263,12 @@ class TerminalEnv(Env):
         script = self.tests_script(task)
         if script is None:
             return 0.0
-        files = {"test.sh": script} if isinstance(script, str) else dict(script)
+        if not isinstance(script, Verifier):
+            script = Verifier({"test.sh": script} if isinstance(script, str) else dict(script))
         started = time.monotonic()
-        value, result = await run_tests_script(sandbox, files, timeout=self.verifier_timeout,
-                                               cwd=self.sandbox_for(task).workdir)
+        value, result = await run_tests_script(
+            sandbox, script.files, timeout=script.timeout or self.verifier_timeout,
+            cwd=self.sandbox_for(task).workdir, env=script.env or None)
         state["verifier"] = {"exit_code": result.exit_code, "timed_out": result.timed_out,
                              "seconds": round(time.monotonic() - started, 3),
                              "output": result.output[-4000:]}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import logging
+import os
 import time
 import uuid
 from pathlib import Path
@@ -145,15 +146,17 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
                    **env_kwargs: Any) -> ValidationReport:
     """Validate an env id (or a factory returning env instances).
 
-    `backend` is passed to terminal envs as config; `run_id` labels their sandboxes (default: a
-    fresh `validate-…` id). `on_episode(index, agent, check)` is called as episodes finish.
+    `backend` is passed to terminal envs as config; `run_id` labels their sandboxes (default:
+    $CORRAL_RUN_ID, else a fresh `validate-…` id). `on_episode(index, agent, check)` is
+    called as episodes finish.
     """
     from corral.registry import make as make_env
 
     kwargs = dict(env_kwargs)
     if backend:
         kwargs["backend"] = backend
-    kwargs["run_id"] = run_id or f"validate-{uuid.uuid4().hex[:8]}"
+    kwargs["run_id"] = (run_id or os.environ.get("CORRAL_RUN_ID")
+                        or f"validate-{uuid.uuid4().hex[:8]}")
     if isinstance(env, str):
         env_name = env
         factory: Callable[[], Any] = lambda: make_env(env_name, **kwargs)  # noqa: E731

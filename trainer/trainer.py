@@ -272,6 +272,9 @@ class Trainer:
                       version=state["version"])
         saved = ckpt.read_state(where, device=trainer.device)
         trainer.optimizer.load_state_dict(saved.optimizer)
+        for group in trainer.optimizer.param_groups:  # the config given now wins over saved
+            group.update(lr=trainer.config.lr, betas=trainer.config.betas,
+                         eps=trainer.config.adam_eps, weight_decay=trainer.config.weight_decay)
         trainer.step_count = state["step"]
         trainer.updates = state["updates"]
         trainer.extra = state.get("extra", {})

@@ -50,7 +50,7 @@ def family_dataset(templates: Sequence[Template], size: int = 10_000, seed: int 
     return cr.Dataset.procedural(make, size=size, seed=seed, task_type=FamilyTask)
 
 
-# --- bash helpers for templates ------------------------------------------------------------------
+# --- bash helpers for templates -------------------------------------------------------------------
 def q(value: Any) -> str:
     """Shell-quote a value."""
     return shlex.quote(str(value))
@@ -60,7 +60,8 @@ def put(path: str, content: str, mode: str | None = None) -> str:
     """Bash that writes `content` to `path` exactly (base64, so no quoting can break it)."""
     data = base64.b64encode(content.encode()).decode()
     chmod = f" && chmod {mode} {q(path)}" if mode else ""
-    return f"mkdir -p {q(path.rsplit('/', 1)[0] or '/')} && echo {data} | base64 -d > {q(path)}{chmod}"
+    folder = path.rsplit("/", 1)[0] or "/"
+    return f"mkdir -p {q(folder)} && echo {data} | base64 -d > {q(path)}{chmod}"
 
 
 def same_text(path: str, expected: str) -> str:
@@ -74,7 +75,7 @@ def word(rng: random.Random, length: int = 6) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(length))
 
 
-# --- the env ---------------------------------------------------------------------------------------
+# --- the env --------------------------------------------------------------------------------------
 class TemplateFamily(cr.TerminalEnv):
     """A terminal env over `templates`; subclasses set `templates` and `@cr.environment`."""
 

@@ -141,24 +141,94 @@ WALK_JS = r"""
 }
 """
 
-CHECK_JS = r"""
-(bid) => {
+ACT_JS = r"""
+([bid, op, arg]) => {
   const el = document.querySelector('[data-corral-bid="' + bid + '"]');
   if (!el) return {state: 'missing'};
   const tag = el.tagName.toLowerCase();
+  const type = (el.getAttribute('type') || '').toLowerCase();
+  const what = {tag, type};
   let hidden = !el.checkVisibility({visibilityProperty: true});
   for (let n = el; n && n !== document.body && !hidden; n = n.parentElement)
     if (n.hidden || n.getAttribute('aria-hidden') === 'true') hidden = true;
-  if (hidden) return {state: 'hidden', tag};
+  if (hidden) return {state: 'hidden', ...what};
   if (el.disabled || el.closest('fieldset:disabled') || el.getAttribute('aria-disabled') === 'true')
-    return {state: 'disabled', tag};
-  return {state: 'ok', tag, type: (el.getAttribute('type') || '').toLowerCase(),
-          editable: el.isContentEditable || ['input', 'textarea'].includes(tag),
-          readonly: !!el.readOnly};
+    return {state: 'disabled', ...what};
+  const fire = () => { el.dispatchEvent(new Event('input', {bubbles: true}));
+                       el.dispatchEvent(new Event('change', {bubbles: true})); };
+  if (op === 'fill') {
+    const FILLABLE = ['', 'text', 'search', 'email', 'password', 'tel', 'url', 'number', 'date',
+                      'time', 'datetime-local', 'month', 'week', 'color'];
+    if (!(el.isContentEditable || tag === 'textarea' || (tag === 'input' && FILLABLE.includes(type))))
+      return {state: 'not-editable', ...what};
+    if (el.readOnly) return {state: 'readonly', ...what};
+    el.focus();
+    if (el.isContentEditable) { el.textContent = arg; fire(); return {state: 'done'}; }
+    const proto = tag === 'textarea' ? HTMLTextAreaElement.prototype : HTMLInputElement.prototype;
+    Object.getOwnPropertyDescriptor(proto, 'value').set.call(el, arg);  // React-safe setter
+    if (el.value !== arg) return {state: 'bad-value', ...what};
+    fire();
+    return {state: 'done'};
+  }
+  if (op === 'select') {
+    if (tag !== 'select') return {state: 'not-select', ...what};
+    const wanted = Array.isArray(arg) ? arg : [arg];
+    const options = Array.from(el.options);
+    const picks = wanted.map(w => options.find(o => o.value === w || o.text.trim() === w));
+    const miss = picks.findIndex(p => !p);
+    if (miss >= 0) return {state: 'no-option', missing: wanted[miss],
+                           options: options.map(o => o.text.trim()).slice(0, 30)};
+    options.forEach(o => { o.selected = picks.includes(o); });
+    fire();
+    return {state: 'done'};
+  }
+  if (op === 'focus') { el.focus(); return {state: 'done'}; }
+  if (op === 'check') {
+    const box = tag === 'input' && (type === 'checkbox' || type === 'radio');
+    const current = box ? el.checked : el.getAttribute('aria-checked') === 'true';
+    if (!box && !['checkbox', 'radio', 'switch', 'menuitemcheckbox'].includes(el.getAttribute('role')))
+      return {state: 'not-checkable', ...what};
+    if (current === arg) return {state: 'done'};
+    if (type === 'radio' && !arg) return {state: 'radio-uncheck', ...what};
+  }
+  // pointer actions (click, hover, check): bring it into view, then hit-test its centre
+  let r = el.getBoundingClientRect();
+  if (r.top < 0 || r.left < 0 || r.bottom > innerHeight || r.right > innerWidth) {
+    el.scrollIntoView({block: 'center', inline: 'center', behavior: 'instant'});
+    r = el.getBoundingClientRect();
+  }
+  if (r.width === 0 || r.height === 0) return {state: 'hidden', ...what};
+  const x = r.left + r.width / 2, y = r.top + r.height / 2;
+  if (x < 0 || y < 0 || x > innerWidth || y > innerHeight) return {state: 'offscreen', ...what};
+  const hit = document.elementFromPoint(x, y);
+  if (hit && hit !== el && !el.contains(hit) && !(hit.tagName === 'LABEL' && hit.control === el)) {
+    const by = hit.getAttribute('data-corral-bid');
+    return {state: 'covered', ...what,
+            by: hit.tagName.toLowerCase() + (hit.id ? '#' + hit.id : '') + (by ? ' [' + by + ']' : '')};
+  }
+  return {state: 'point', x, y};
 }
 """
 
-SETTLE_JS = "() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))"
+# Installed in every page of a context (pool): counts the tabs the page asked to open (links
+# with a target, window.open), so `settle` knows how many new tabs to wait for.
+POPUP_JS = r"""
+(() => {
+  let opened = 0;
+  const doc = Math.random().toString(36).slice(2);
+  Object.defineProperty(window, '__corralPopups', {value: () => [doc, opened]});
+  const open = window.open;
+  window.open = function (...args) { const w = open.apply(this, args); if (w) opened++; return w; };
+  window.addEventListener('click', e => {
+    const a = e.target && e.target.closest && e.target.closest('a[href][target]');
+    if (a && !e.defaultPrevented && !['', '_self', '_parent', '_top'].includes(a.target)) opened++;
+  });
+})();
+"""
+
+# One animation frame (handlers scheduled by the action run), then [document id, popups].
+SETTLE_JS = """() => new Promise(r => requestAnimationFrame(() => setTimeout(
+  () => r(window.__corralPopups ? window.__corralPopups() : ['', 0]), 0)))"""
 
 
 @dataclass(slots=True)

@@ -19,9 +19,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
-from playwright.async_api import Browser, BrowserContext, Page, Playwright, async_playwright
+from playwright.async_api import Browser, BrowserContext, Page, Playwright, Route, async_playwright
 
 from ..errors import BrowserError
+from .observe import POPUP_JS
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,23 @@ class HostLauncher:
         return browser, close
 
 
+class RouteHook:
+    """The context's one route: registered when the context is made (so a reset pays no round
+    trip for it) and pointed at the episode's handler when the context is lent."""
+
+    def __init__(self) -> None:
+        self.handler: Callable[[Route], Awaitable[None]] | None = None
+
+    async def __call__(self, route: Route) -> None:
+        if self.handler is not None:
+            await self.handler(route)
+        else:
+            await route.continue_()
+
+
+Warm = tuple[BrowserContext, Page, RouteHook]
+
+
 @dataclass(eq=False)
 class BrowserSlot:
     """One running browser and how many episode contexts it serves."""
@@ -73,7 +91,7 @@ class BrowserSlot:
     closer: Callable[[], Awaitable[None]]
     contexts: int = 0
     dead: bool = False
-    warm: dict[Viewport, list[tuple[BrowserContext, Page]]] = field(default_factory=dict)
+    warm: dict[Viewport, list[Warm]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -82,6 +100,7 @@ class ContextLease:
 
     context: BrowserContext
     page: Page
+    hook: RouteHook
     slot: BrowserSlot
     pool: "BrowserPool"
     released: bool = False
@@ -102,10 +121,11 @@ class BrowserPool:
     `await lease.release()`; `await pool.close()` at the end."""
 
     def __init__(self, launcher: Launcher | None = None, *, size: int = 1,
-                 warm_contexts: int = 2) -> None:
+                 warm_contexts: int = 2, warm_url: str | None = None) -> None:
         self.launcher = launcher or HostLauncher()
         self.size = max(1, size)
         self.warm_contexts = max(0, warm_contexts)
+        self.warm_url = warm_url  # where warm pages wait (the task server's blank page)
         self.launches = 0
         self.replaced = 0
         self._playwright: Playwright | None = None
@@ -131,7 +151,9 @@ class BrowserPool:
     def _mark_dead(self, slot: BrowserSlot) -> None:
         if not slot.dead:
             slot.dead = True
-            log.warning("a %s browser disconnected; it will be replaced", self.launcher.name)
+            if not self._closed:
+                log.warning("a %s browser disconnected; it will be replaced",
+                            self.launcher.name)
 
     async def _slot(self) -> BrowserSlot:
         """The least loaded live browser, launching one (or a replacement) when needed."""
@@ -160,23 +182,28 @@ class BrowserPool:
         try:
             ready = slot.warm.get(viewport)
             if ready:
-                context, page = ready.pop()
+                context, page, hook = ready.pop()
             else:
-                context, page = await self._new_context(slot, viewport)
+                context, page, hook = await self._new_context(slot, viewport)
         except BaseException:
             slot.contexts -= 1
             raise
         self._refill(slot, viewport)
-        return ContextLease(context, page, slot, self)
+        return ContextLease(context, page, hook, slot, self)
 
-    async def _new_context(self, slot: BrowserSlot, viewport: Viewport
-                           ) -> tuple[BrowserContext, Page]:
+    async def _new_context(self, slot: BrowserSlot, viewport: Viewport,
+                           warm: bool = False) -> Warm:
+        hook = RouteHook()
         try:
             context = await slot.browser.new_context(
                 viewport={"width": viewport[0], "height": viewport[1]},
                 service_workers="block", accept_downloads=False)
             try:
+                await context.route("**/*", hook)
+                await context.add_init_script(POPUP_JS)
                 page = await context.new_page()
+                if warm and self.warm_url:  # start its renderer on the task sites' origin
+                    await page.goto(self.warm_url, wait_until="domcontentloaded")
             except BaseException:
                 await _quietly(context.close())
                 raise
@@ -186,7 +213,7 @@ class BrowserPool:
                 raise BrowserError(f"the browser went away while opening a context ({exc}); "
                                    "it will be replaced, retry the episode") from exc
             raise BrowserError(f"could not open a browser context: {exc}") from exc
-        return context, page
+        return context, page, hook
 
     def _refill(self, slot: BrowserSlot, viewport: Viewport) -> None:
         if self.warm_contexts == 0 or self._closed:
@@ -199,14 +226,14 @@ class BrowserPool:
             if slot.dead or self._closed:
                 return
             try:
-                pair = await self._new_context(slot, viewport)
+                made = await self._new_context(slot, viewport, warm=True)
             except BrowserError as exc:
                 log.debug("warm context not made: %s", exc)
                 return
             if slot.dead or self._closed:
-                await _quietly(pair[0].close())
+                await _quietly(made[0].close())
             else:
-                ready.append(pair)
+                ready.append(made)
 
         task = asyncio.ensure_future(refill())
         self._refills.add(task)
@@ -230,8 +257,8 @@ class BrowserPool:
         async with self._lock:
             slots, self._slots = self._slots, []
         for slot in slots:
-            for pairs in slot.warm.values():
-                for context, _ in pairs:
+            for ready in slot.warm.values():
+                for context, _, _ in ready:
                     await _quietly(context.close())
             await _quietly(slot.closer())
         if self._playwright is not None:
@@ -259,7 +286,9 @@ def get_pool(mode: str = "host", image: str | None = None) -> BrowserPool:
     pool = pools.get(key)
     if pool is None or pool._closed:
         if mode == "host":
-            pool = BrowserPool(HostLauncher())
+            from .site import task_server
+
+            pool = BrowserPool(HostLauncher(), warm_url=task_server().blank_url)
         else:
             from .container import ContainerLauncher
 

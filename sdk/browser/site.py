@@ -2,11 +2,13 @@
 
 An env describes its site for one task as a mapping `path -> page`, where a page is HTML text,
 bytes, a `Response`, or a function `Request -> Response | str` (dynamic pages: search results).
-`TaskServer.open(pages)` gives the episode a `SiteSession` with its own origin,
-`http://<token>.localhost:<port>`: Chromium resolves every `*.localhost` name to 127.0.0.1, so
-each episode gets a separate origin (its own cookies and storage, absolute links work) while one
-server on 127.0.0.1 serves them all. Every POST (and every request to a path the site does not
-define with a page) is recorded in `session.submissions`, which rewards read after the episode.
+`TaskServer.open(pages)` gives the episode a `SiteSession`. Every episode's site lives at the
+same origin, `http://127.0.0.1:<port>`; the server tells episodes apart by the `X-Corral-Site`
+header that the episode's browser context sends with every request (its token). Episodes stay
+apart because each has its own browser context (cookies, storage, cache), and one shared origin
+lets the pool keep warm pages already on it, so a reset is a same-site navigation with no new
+renderer process. Every POST (and every request to a path the site does not define) is
+recorded in `session.submissions`, which rewards read after the episode.
 
 The same `TaskServer.handle` answers both real HTTP requests (host mode) and requests fulfilled
 through Playwright routing (containerized mode, where the browser has no network at all).
@@ -27,7 +29,8 @@ from urllib.parse import parse_qs, urlsplit
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-DOMAIN = "localhost"
+SITE_HEADER = "X-Corral-Site"
+BLANK_PATH = "/__corral/blank"  # served to any context: where warm pages wait
 
 
 @dataclass(slots=True)
@@ -110,8 +113,8 @@ class TaskServer:
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                host = (self.headers.get("Host") or "").split(":")[0]
-                resp = server.handle(self.command, host, self.path, dict(self.headers), body)
+                token = self.headers.get(SITE_HEADER) or ""
+                resp = server.handle(self.command, token, self.path, dict(self.headers), body)
                 data = resp.payload()
                 self.send_response(resp.status)
                 self.send_header("Content-Type", resp.content_type)
@@ -121,7 +124,10 @@ class TaskServer:
                     self.send_header(key, value)
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(data)
+                    try:
+                        self.wfile.write(data)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the page navigated away or its context closed mid-response
 
             do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _serve
 
@@ -131,6 +137,8 @@ class TaskServer:
         self._httpd = ThreadingHTTPServer((HOST, 0), Handler)
         self._httpd.daemon_threads = True
         self.port: int = self._httpd.server_address[1]
+        self.origin = f"http://{HOST}:{self.port}"
+        self.blank_url = self.origin + BLANK_PATH
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="corral-site",
                                         daemon=True)
         self._thread.start()
@@ -138,10 +146,9 @@ class TaskServer:
 
     # --- sessions -------------------------------------------------------------------------
     def open(self, pages: Mapping[str, Page]) -> SiteSession:
-        """Serve `pages` under a fresh origin for one episode."""
-        token = "t" + secrets.token_hex(6)
-        session = SiteSession(token, f"http://{token}.{DOMAIN}:{self.port}",
-                              {_norm(p): page for p, page in pages.items()})
+        """Serve `pages` to one episode (the context that sends this session's token)."""
+        token = secrets.token_hex(8)
+        session = SiteSession(token, self.origin, {_norm(p): page for p, page in pages.items()})
         with self._lock:
             self._sessions[token] = session
         return session
@@ -151,25 +158,21 @@ class TaskServer:
         with self._lock:
             self._sessions.pop(session.token, None)
 
-    def owns(self, url: str) -> SiteSession | None:
-        """The open session whose origin `url` is on, if any."""
-        parts = urlsplit(url)
-        if parts.port != self.port or not (parts.hostname or "").endswith("." + DOMAIN):
-            return None
-        return self._sessions.get((parts.hostname or "").split(".")[0])
-
     @property
     def open_sessions(self) -> int:
         return len(self._sessions)
 
     # --- requests -------------------------------------------------------------------------
-    def handle(self, method: str, host: str, target: str, headers: Mapping[str, str],
+    def handle(self, method: str, token: str, target: str, headers: Mapping[str, str],
                body: bytes) -> Response:
-        """Answer one request (from the HTTP server or from browser routing)."""
-        session = self._sessions.get(host.split(".")[0])
+        """Answer one request of the session with `token` (from the HTTP server or from
+        browser routing)."""
+        parts = urlsplit(target)
+        if parts.path == BLANK_PATH:
+            return Response(html_page("", ""))
+        session = self._sessions.get(token)
         if session is None:
             return Response(html_page("Not found", "<h1>No such site</h1>"), 404)
-        parts = urlsplit(target)
         path = _norm(parts.path)
         request = Request(method.upper(), path, parse_qs(parts.query),
                           _parse_body(body, headers), {k.lower(): v for k, v in headers.items()})

@@ -21,6 +21,8 @@ COMMAND_MODULES = [
     "corral.cli.terminal",
     "corral.cli.browser",
     "corral.cli.policy",
+    "corral.cli.registry",
+    "corral.cli.runner",
     "corral.cli.demo",
 ]
 

@@ -32,6 +32,8 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
         device: str = typer.Option(None, help="torch device (default: cuda if present, else cpu)."),
         max_batch: int = typer.Option(16, min=1, help="Most requests decoded together."),
+        threads: int = typer.Option(None, min=1, help="torch CPU threads for decoding "
+                                    "(1 is fastest for tiny models on a busy CPU)."),
         log_level: str = typer.Option("info", help="uvicorn log level."),
     ) -> None:
         """Serve MODEL with /v1/completions, /v1/chat/completions, /reload and /version."""
@@ -42,7 +44,7 @@ def register(app: typer.Typer) -> None:
         if problem:
             fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
         try:
-            policy = LocalPolicy(model, device=device, max_batch=max_batch)
+            policy = LocalPolicy(model, device=device, max_batch=max_batch, threads=threads)
         except (CorralError, ValueError, RuntimeError) as exc:
             fail(str(exc))
         serve(policy, host=host, port=port, log_level=log_level)

@@ -27,13 +27,14 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 @sandbox_app.command("gc")
-def gc_command(run: Optional[str] = typer.Option(None, "--run", help="only this run's sandboxes"),
-               ) -> None:
-    """Remove orphaned sandboxes: labelled containers, stale bwrap dirs and cgroups."""
+def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sandbox of this run"),
+               all_: bool = typer.Option(False, "--all", help="every managed container, even "
+                                         "those of live processes")) -> None:
+    """Remove orphaned sandboxes (their creator died): containers, bwrap dirs and cgroups."""
     from ..sandbox.reaper import gc
 
     try:
-        report = gc(run)
+        report = gc(run, everything=all_)
     except CorralError as exc:
         raise _fail(exc) from None
     console.print(f"removed {report.containers} containers, {report.bwrap_dirs} bwrap "

@@ -10,12 +10,8 @@ import os
 import signal
 from pathlib import Path
 
-_HZ = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> tuple[int, int, float] | None:
-    """(ppid, pgid, start time in seconds since boot) of a live host pid; None if it is gone
-    or a zombie."""
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, pgid) of a live host pid; None if it is gone or a zombie."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -23,7 +19,7 @@ def _stat(pid: int) -> tuple[int, int, float] | None:
     fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
     if fields[0] in ("Z", "X"):
         return None
-    return int(fields[1]), int(fields[2]), int(fields[19]) / _HZ
+    return int(fields[1]), int(fields[2])
 
 
 def children(pid: int) -> list[int]:
@@ -58,19 +54,33 @@ def _signal(fn, target: int) -> None:
         pass
 
 
-def kill_below(root: int, since: float | None = None, everything: bool = False) -> int:
+def idle_snapshot(pid: int) -> frozenset[int]:
+    """What lives under an idle shell's root `pid`: the process groups of its background jobs,
+    plus the pids of processes in `pid`'s own group (the shell itself when `pid` is a launcher
+    like nsenter). `kill_below(keep=...)` spares them. (Live pids and pgids never collide.)"""
+    own = _stat(pid)
+    keep = set()
+    for p in descendants(pid):
+        st = _stat(p)
+        if st is not None:
+            keep.add(p if own and st[1] == own[1] else st[1])
+    return frozenset(keep)
+
+
+def kill_below(root: int, keep: frozenset[int] = frozenset(), everything: bool = False) -> int:
     """SIGKILL the process groups under `root` (a shell or the exec wrapper), not `root` itself.
 
     Processes sharing `root`'s own group (a command-substitution subshell) are killed one by one
-    so `root` survives. With `since`, only groups whose leader started at or after that boot
-    time are touched: background jobs from earlier shell commands live on. Repeats until
-    nothing new appears (a fork bomb). Returns how many signals were sent.
+    so `root` survives. What `keep` names (see `idle_snapshot`: a shell and its earlier
+    background jobs) is left alone. Repeats until nothing new appears (a fork bomb). With `everything`, `root` and
+    all groups below it die. Returns how many signals were sent.
     """
     info = _stat(root)
     if info is None:
         return 0
     protected = {info[1]}
-    slack = 1.0 / _HZ  # start times have clock-tick resolution
+    if everything:
+        keep = frozenset()
     done_pids: set[int] = set()
     done_groups: set[int] = set()
     for _ in range(50):
@@ -79,19 +89,18 @@ def kill_below(root: int, since: float | None = None, everything: bool = False) 
             st = _stat(pid)
             if st is None or pid in done_pids or st[1] in done_groups:
                 continue
-            _, pgid, started = st
+            pgid = st[1]
             if pgid in protected:
-                if since is None or started + slack >= since:
-                    _signal(os.kill, pid)
-                    done_pids.add(pid)
-                    hit += 1
-                continue
-            leader = _stat(pgid)
-            leader_start = leader[2] if leader else started
-            if since is None or leader_start + slack >= since:
+                if pid in keep:
+                    continue
+                _signal(os.kill, pid)
+                done_pids.add(pid)
+            else:
+                if pgid in keep:
+                    continue
                 _signal(os.killpg, pgid)
                 done_groups.add(pgid)
-                hit += 1
+            hit += 1
         if not hit:
             break
     if everything:

@@ -27,6 +27,7 @@ import secrets
 import time
 from typing import Awaitable, Callable
 
+from . import _procs
 from .base import TRUNCATION_MARKER, ExecResult, Shell
 
 log = logging.getLogger(__name__)
@@ -175,14 +176,14 @@ class _Collector:
         return ExecResult(code, stdout, stderr, time.monotonic() - started, timed_out, t1 or t2)
 
 
-Killer = Callable[[Transport, float | None, bool], Awaitable[None]]
-"""Backend callback `kill(transport, since, everything)`: kill the process groups started under
-the transport's process (for a shell, only those started at or after the CLOCK_BOOTTIME second
-`since`); with `everything`, the transport's process too."""
+Killer = Callable[[Transport, frozenset[int], bool], Awaitable[None]]
+"""Backend callback `kill(transport, keep, everything)`: kill the process groups under the
+transport's process except those in `keep` (a shell's earlier background jobs); with
+`everything`, the transport's process and every group below it."""
 
 
 async def _await_result(collector: _Collector, transport: Transport, timeout: float | None,
-                        kill: Killer, since: float | None) -> bool:
+                        kill: Killer, keep: frozenset[int]) -> bool:
     """Wait for the command's markers; on the deadline kill and wait a grace period.
     Returns whether the command timed out."""
     try:
@@ -190,7 +191,7 @@ async def _await_result(collector: _Collector, transport: Transport, timeout: fl
         return False
     except TimeoutError:
         pass
-    await kill(transport, since, False)
+    await kill(transport, keep, False)
     try:
         await asyncio.wait_for(collector.consume(transport), KILL_GRACE)
     except TimeoutError:
@@ -206,15 +207,10 @@ async def run_command(spawn: Callable[[list[str]], Awaitable[Transport]], argv: 
     transport = await spawn(["sh", "-c", EXEC_WRAPPER, "corral", token, *argv])
     collector = _Collector(token, limit)
     try:
-        timed_out = await _await_result(collector, transport, timeout, kill, None)
+        timed_out = await _await_result(collector, transport, timeout, kill, frozenset())
     finally:
         await transport.close()
     return collector.result(started, timed_out)
-
-
-def boottime() -> float:
-    """Seconds since boot on the clock /proc start times use."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 class ShellSession(Shell):
@@ -252,12 +248,15 @@ class ShellSession(Shell):
             transport = self._transport
             token = secrets.token_hex(8)
             line = f"eval {ansi_c_quote(command)} </dev/null; __corral_end {token} $?\n"
-            started, since = time.monotonic(), boottime()
+            started = time.monotonic()
+            pid = await transport.host_pid()
+            # the shell is idle: what runs under it now (itself, background jobs) a timeout spares
+            keep = _procs.idle_snapshot(pid) if pid else frozenset()
             collector = _Collector(token, self._limit)
             timeout = self._default_timeout if timeout is None else timeout
             try:
                 await transport.write(line.encode())
-                timed_out = await _await_result(collector, transport, timeout, self._kill, since)
+                timed_out = await _await_result(collector, transport, timeout, self._kill, keep)
             except (ConnectionError, BrokenPipeError):
                 collector.eof, timed_out = True, False
             if not collector.done or collector.eof:
@@ -268,7 +267,7 @@ class ShellSession(Shell):
     async def _drop(self) -> None:
         transport, self._transport = self._transport, None
         if transport is not None:
-            await self._kill(transport, None, True)
+            await self._kill(transport, frozenset(), True)
             await transport.close()
 
     async def close(self) -> None:

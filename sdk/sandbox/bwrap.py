@@ -49,7 +49,9 @@ from .spec import Terminal
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-_MOUNT = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 4 && exec "$@"'
+_MOUNT = ('for f in $5; do echo $$ > "$f" || exit 125; done; '
+          'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 5 && '
+          'exec "$@"')
 _JOIN_CGROUPS = 'for f in $1; do echo $$ > "$f" || exit 125; done; shift; exec "$@"'
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -156,15 +158,11 @@ class PipeTransport(Transport):
             task.cancel()
         if self.proc.stdin:
             self.proc.stdin.close()
-        try:
-            # the wrapper exits right after its markers; background services it started were
-            # reparented to the sandbox's init and live on
-            await asyncio.wait_for(self.proc.wait(), 2.0)
-        except TimeoutError:
-            await asyncio.to_thread(_procs.kill_below, self.proc.pid, None, True)
-            await self.proc.wait()
-        # drop our pipe ends even if a background process still holds the other ends
-        self.proc._transport.close()  # type: ignore[attr-defined]
+        # the wrapper exits right after its markers; background services it started were
+        # reparented to the sandbox's init and live on
+        if not await _reap(self.proc, 2.0):
+            await asyncio.to_thread(_procs.kill_below, self.proc.pid, frozenset(), True)
+            await _reap(self.proc, 5.0)
 
 
 class BwrapSandbox(Sandbox):
@@ -234,34 +232,34 @@ class BwrapSandbox(Sandbox):
         resolv = (["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
                   if net == [] and Path("/etc/resolv.conf").exists() else [])
         merged = str(self.dir / "merged")
-        argv = [*self._cgroup_prefix(), "unshare", "--mount", "--propagation", "private",
+        # one shell joins the cgroup and mounts the overlay (each exec costs ms on a busy host)
+        # pdeathsig: if this process dies, bwrap gets SIGKILL and its --die-with-parent child
+        # (the sandbox's pid 1) with it; bwrap 0.8 alone outlives its parent
+        argv = ["setpriv", "--pdeathsig", "KILL", "--",
+                "unshare", "--mount", "--propagation", "private",
                 "sh", "-c", _MOUNT, "corral", str(self.rootfs), str(self.dir / "upper"),
-                str(self.dir / "work"), merged,
+                str(self.dir / "work"), merged, self.cgroup.procs if self.cgroup else "",
                 "bwrap", "--bind", merged, "/", "--proc", "/proc", "--dev", "/dev", *resolv,
                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", *net, "--hostname", "sandbox",
-                "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--info-fd", "FD",
+                "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                 "--", "sh", "-c", "echo ready && exec sleep infinity"]
-        rfd, wfd = os.pipe()
-        argv[argv.index("--info-fd") + 1] = str(wfd)  # the child sees the fd under our number
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *argv, pass_fds=(wfd,), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-        finally:
-            os.close(wfd)
-        try:
-            info = await asyncio.wait_for(asyncio.to_thread(_read_info, rfd),
-                                          self.spec.startup_timeout)
-            # the info comes before the pivot into the new root; the child's line after it
+            # the child prints once it runs inside the new root
             ready = await asyncio.wait_for(self.proc.stdout.readline(),  # type: ignore[union-attr]
                                            self.spec.startup_timeout)
-        finally:
-            os.close(rfd)
-        if not info or ready != b"ready\n":
+        except TimeoutError:
+            ready = b""
+        inside = _procs.descendants(self.proc.pid)
+        if ready != b"ready\n" or not inside:
+            if self.proc.returncode is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
             err = (await self.proc.stderr.read()).decode(errors="replace").strip()  # type: ignore[union-attr]
             raise SandboxError(f"bwrap failed to start: {err or 'no output'}")
-        self.pid = json.loads(info)["child-pid"]
+        self.pid = inside[-1]  # the deepest process: it is in every namespace and the new root
 
     async def _spawn(self, argv: list[str], *, env: Mapping[str, str] | None = None,
                      cwd: str | None = None, user: str | None = None,
@@ -288,10 +286,10 @@ class BwrapSandbox(Sandbox):
             start_new_session=True)
         return PipeTransport(proc)
 
-    async def _kill(self, transport: Transport, since: float | None, everything: bool) -> None:
+    async def _kill(self, transport: Transport, keep: frozenset[int], everything: bool) -> None:
         pid = await transport.host_pid()
         if pid is not None:
-            await asyncio.to_thread(_procs.kill_below, pid, since, everything)
+            await asyncio.to_thread(_procs.kill_below, pid, keep, everything)
 
     async def exec(self, cmd: str | list[str], timeout: float | None = None,
                    env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -354,24 +352,23 @@ class BwrapSandbox(Sandbox):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            await self.proc.wait()
+            await _reap(self.proc, 5.0)
         if self.cgroup:
             await asyncio.to_thread(_wait_empty, self.cgroup)
             self.cgroup.remove()
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
 
 
-def _read_info(fd: int) -> bytes:
-    """Read bwrap's --info-fd JSON: until it parses (bwrap may keep the fd open) or EOF."""
-    data = b""
-    while chunk := os.read(fd, 4096):
-        data += chunk
-        try:
-            json.loads(data)
-            return data
-        except ValueError:
-            continue
-    return data
+async def _reap(proc: asyncio.subprocess.Process, limit: float) -> bool:
+    """Wait until `proc` exited (not `proc.wait()`: that also waits for every holder of its
+    pipes, e.g. a service started in the sandbox), then drop our pipe ends."""
+    deadline = time.monotonic() + limit
+    while proc.returncode is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.002)
+    if proc.returncode is None:
+        return False
+    proc._transport.close()  # type: ignore[attr-defined]  # our pipe ends; exit is known
+    return True
 
 
 def _wait_empty(cgroup: Cgroup, limit: float = 5.0) -> None:

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import tarfile
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 LABEL_RUN = "corral.run"
 LABEL_ENV = "corral.env"
+LABEL_OWNER = "corral.owner"  # host:pid of the creating process, so gc spares live runs
 CAP_ADD = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL",
            "NET_BIND_SERVICE"]
 
@@ -139,7 +141,8 @@ class DockerSandbox(Sandbox):
         kwargs: dict[str, Any] = dict(
             image=image, command=["sleep", "infinity"], init=True, detach=True,
             name=name or f"corral-{secrets.token_hex(6)}", hostname="sandbox",
-            labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id},
+            labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id,
+                    LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
             nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory, memswap_limit=spec.memory,
             pids_limit=spec.pids, network_mode="host" if spec.network_mode == "host-loopback"
             else spec.network_mode, cap_drop=["ALL"], cap_add=CAP_ADD,
@@ -198,11 +201,11 @@ class DockerSandbox(Sandbox):
             raise SandboxDied(f"sandbox {self.id[:12]}: exec start failed with HTTP {status}")
         return DockerTransport(exec_id, reader, writer)
 
-    async def _kill(self, transport: Transport, since: float | None, everything: bool) -> None:
+    async def _kill(self, transport: Transport, keep: frozenset[int], everything: bool) -> None:
         pid = await transport.host_pid()
         if pid is None or not Path(f"/proc/{pid}").exists():
             return  # the process is gone already
-        await asyncio.to_thread(_procs.kill_below, pid, since, everything)
+        await asyncio.to_thread(_procs.kill_below, pid, keep, everything)
 
     async def exec(self, cmd: str | list[str], timeout: float | None = None,
                    env: Mapping[str, str] | None = None, cwd: str | None = None,

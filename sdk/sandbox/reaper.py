@@ -1,8 +1,9 @@
 """Orphan collection: containers, bwrap dirs and cgroups left by crashed or killed runs.
 
-`gc(run=None)` removes every container labelled `corral.managed=1` (only those of one run with
-`run=`), every bwrap sandbox dir whose owning process is gone (or of that run) and the empty
-per-sandbox cgroups. CLI: `corral sandbox gc [--run RUN]`.
+`gc()` removes the sandboxes whose creating process is gone: containers labelled
+`corral.managed=1` whose `corral.owner` (host:pid) is dead, bwrap dirs likewise, and their
+cgroups. `gc(run=RUN)` removes every sandbox of that run; `gc(everything=True)` every managed
+container, live or not. CLI: `corral sandbox gc [--run RUN] [--all]`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import json
 import logging
 import os
 import shutil
+import signal
+import socket
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import SandboxError
 from .bwrap import CGROUP_ROOT, sandboxes_dir
-from .docker import LABEL_RUN
+from .docker import LABEL_OWNER, LABEL_RUN
 from .images import LABEL_MANAGED, docker_client
 
 log = logging.getLogger(__name__)
@@ -40,12 +45,21 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def gc_containers(run: str | None = None) -> int:
-    """Remove (force) the managed containers, optionally of one run. Returns the count."""
+def _orphaned(labels: dict[str, str]) -> bool:
+    host, _, pid = labels.get(LABEL_OWNER, "").rpartition(":")
+    if not pid.isdigit():
+        return True  # not made by a sandbox (e.g. an export helper) or by an old version
+    return host == socket.gethostname() and not _pid_alive(int(pid))
+
+
+def gc_containers(run: str | None = None, everything: bool = False) -> int:
+    """Remove (force) managed containers: orphaned ones, all of `run`, or all. Returns the count."""
     labels = [f"{LABEL_MANAGED}=1"] + ([f"{LABEL_RUN}={run}"] if run else [])
     api = docker_client().api
     removed = 0
     for c in api.containers(all=True, filters={"label": labels}):
+        if not (run or everything or _orphaned(c.get("Labels") or {})):
+            continue
         try:
             api.remove_container(c["Id"], force=True)
             removed += 1
@@ -55,37 +69,53 @@ def gc_containers(run: str | None = None) -> int:
 
 
 def gc_bwrap(run: str | None = None) -> tuple[int, int]:
-    """Remove bwrap sandbox dirs whose owner process died (or of `run`) and their cgroups."""
+    """Remove bwrap sandbox dirs whose owner process died (or of `run`), and the cgroups of
+    sandboxes without a live dir (killing what still runs in them)."""
     dirs = cgroups = 0
     root = sandboxes_dir()
+    live = set()
     for d in sorted(root.iterdir()) if root.is_dir() else []:
         try:
             owner = json.loads((d / "owner.json").read_text())
         except (OSError, ValueError):
             owner = {"pid": 0, "run": None}
-        if run is not None and owner.get("run") != run:
-            continue
-        if run is None and owner.get("pid") and _pid_alive(int(owner["pid"])):
+        stale = owner.get("run") == run if run is not None else not (
+            owner.get("pid") and _pid_alive(int(owner["pid"])))
+        if not stale:
+            live.add(d.name)
             continue
         shutil.rmtree(d, ignore_errors=True)
         dirs += 1
-        for parent in (CGROUP_ROOT / "corral", *CGROUP_ROOT.glob("*/corral")):
-            cg = parent / d.name
-            if cg.is_dir():
-                try:
-                    cg.rmdir()
-                    cgroups += 1
-                except OSError as exc:
-                    log.warning("cgroup %s still has processes: %s", cg, exc)
+    parents = [CGROUP_ROOT / "corral", *CGROUP_ROOT.glob("*/corral")]
+    for cg in [c for p in parents if p.is_dir() for c in p.iterdir() if c.is_dir()]:
+        if cg.name in live or (run is not None and not cg.name.startswith(f"{run}-")):
+            continue
+        for pid in (cg / "cgroup.procs").read_text().split():
+            try:  # an orphaned sandbox still running: its owner is gone
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _wait_drained(cg / "cgroup.procs")
+        try:
+            cg.rmdir()
+            cgroups += 1
+        except OSError as exc:
+            log.warning("cgroup %s still has processes: %s", cg, exc)
     return dirs, cgroups
 
 
-def gc(run: str | None = None, docker: bool = True) -> GcReport:
+def _wait_drained(procs: Path, limit: float = 5.0) -> None:
+    deadline = time.monotonic() + limit
+    while procs.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def gc(run: str | None = None, everything: bool = False, docker: bool = True) -> GcReport:
     """Remove orphaned sandboxes of every backend (see module docstring)."""
     report = GcReport()
     if docker:
         try:
-            report.containers = gc_containers(run)
+            report.containers = gc_containers(run, everything)
         except SandboxError as exc:  # no daemon: nothing of docker's to collect
             log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run)

@@ -73,17 +73,17 @@ def tool_model_path(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="session")
 def policy(tiny_path: Path) -> LocalPolicy:
     """A LocalPolicy bound to the session event loop (tests must not change its weights)."""
-    return LocalPolicy(tiny_path, max_batch=8)
+    return LocalPolicy(tiny_path, max_batch=8, threads=1)
 
 
 @pytest.fixture(scope="session")
 def server(tiny_path: Path) -> Iterator[PolicyServer]:
     """serve-policy's app on a free 127.0.0.1 port, with its own LocalPolicy."""
-    with PolicyServer(LocalPolicy(tiny_path, max_batch=8)) as running:
+    with PolicyServer(LocalPolicy(tiny_path, max_batch=8, threads=1)) as running:
         yield running
 
 
 @pytest.fixture(scope="session")
 def second_server(tiny_path: Path) -> Iterator[PolicyServer]:
-    with PolicyServer(LocalPolicy(tiny_path, max_batch=8)) as running:
+    with PolicyServer(LocalPolicy(tiny_path, max_batch=8, threads=1)) as running:
         yield running

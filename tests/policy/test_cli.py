@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -41,6 +42,7 @@ def test_busy_port_is_one_line_and_exit_1(tiny_path: Path) -> None:
     assert result.exit_code == 1 and "pick another --port" in result.output
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch + transformers: 15-80 s on a busy machine
 def test_serve_policy_serves_until_stopped(tiny_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -41,6 +41,10 @@ def test_resume_loads_the_saved_model_itself(tmp_path, tied):
     opt_a = trainer.optimizer.state_dict()["state"]
     opt_b = resumed.optimizer.state_dict()["state"]
     assert all(torch.equal(opt_a[k]["exp_avg"], opt_b[k]["exp_avg"]) for k in opt_a)
+    # a config given at resume time wins over the saved hyperparameters
+    lower = Trainer.resume(tmp_path / "ckpt", model=tiny_model(tied=tied),
+                           config=TrainerConfig(dtype="float32", lr=1e-7))
+    assert lower.optimizer.param_groups[0]["lr"] == 1e-7
     # in place into a fresh model too (save_pretrained drops the tied lm_head copy)
     fresh = tiny_model(seed=5, tied=tied)
     Trainer.resume(tmp_path / "ckpt", model=fresh)

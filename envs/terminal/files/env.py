@@ -83,7 +83,7 @@ LINK = Template(
 def _largest_params(rng: random.Random) -> Params:
     names = sorted({word(rng, 5) for _ in range(5)})
     sizes = rng.sample(range(100, 5000), len(names))
-    return {"dir": f"/data/{word(rng, 4)}", "sizes": dict(zip(names, sizes))}
+    return {"dir": f"/data/{word(rng, 4)}", "sizes": dict(zip(names, sizes, strict=True))}
 
 
 LARGEST = Template(

@@ -1,0 +1,44 @@
+"""Open a page in a new tab, read a code there, switch back and enter it."""
+
+from __future__ import annotations
+
+import random
+
+import corral as cr
+from corral.browser import BrowserEnv, Ref, html_page
+from corral.envs.browser.common import SIZE, WebTask, form, submitted, text_field
+
+
+class Task(WebTask):
+    code: str
+
+
+def make_task(rng: random.Random, index: int) -> dict:
+    return {"seed": index, "code": str(rng.randint(1000, 99999))}
+
+
+@cr.environment("corral/web-new-tab-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
+                task_type=Task, sandbox=cr.Browser(), max_turns=7,
+                tags=["browser", "web", "tabs", "form"])
+class NewTab(BrowserEnv):
+    """Open a page in a new tab, read a code there, switch back and enter it."""
+
+    def site(self, task: Task) -> dict[str, str]:
+        body = ("<h1>Verify</h1><p><a href='/code' target='_blank'>Show my code</a> "
+                "(opens in a new tab)</p>" + form(text_field("Code", "code"), button="Verify"))
+        return {"/": html_page("Verify", body),
+                "/code": html_page("Your code", f"<h1>Your code</h1><p>{task.code}</p>")}
+
+    def instruction(self, task: Task) -> str:
+        return ("Open \"Show my code\" (it opens a new tab), read the code, go back to the first "
+                "tab, enter the code and press Verify.")
+
+    @cr.reward
+    def verified(self, site, task: Task) -> float:
+        return float(submitted(site, "/submit") == {"code": task.code})
+
+    def solution(self, task: Task) -> list[cr.ToolCall]:
+        return [cr.ToolCall.of("click", bid=Ref("link", "Show my code")),
+                cr.ToolCall.of("tab_focus", index=0),
+                cr.ToolCall.of("fill", bid=Ref("textbox", "Code"), text=task.code),
+                cr.ToolCall.of("click", bid=Ref("button", "Verify"))]

@@ -1,0 +1,56 @@
+"""Read a value from a table and type it as the answer."""
+
+from __future__ import annotations
+
+import random
+from html import escape
+
+import corral as cr
+from corral.browser import BrowserEnv, Ref, html_page
+from corral.envs.browser.common import CITIES, FIRST, SIZE, WebTask, form, submitted, text_field
+
+COLUMNS = ("Name", "City", "Age")
+
+
+class Task(WebTask):
+    rows: list[list[str]]
+    row: int
+    column: int
+
+
+def make_task(rng: random.Random, index: int) -> dict:
+    names = rng.sample(FIRST, rng.randint(4, 8))
+    rows = [[n, rng.choice(CITIES), str(rng.randint(18, 90))] for n in names]
+    return {"seed": index, "rows": rows, "row": rng.randrange(len(rows)),
+            "column": rng.choice([1, 2])}
+
+
+@cr.environment("corral/web-table-answer-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
+                task_type=Task, sandbox=cr.Browser(), max_turns=5,
+                tags=["browser", "web", "reading", "form"])
+class TableAnswer(BrowserEnv):
+    """Read a value from a table and type it as the answer."""
+
+    def site(self, task: Task) -> dict[str, str]:
+        head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>"
+                       for row in task.rows)
+        table = f"<table border='1'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return {"/": html_page("People", "<h1>People</h1>" + table +
+                               form(text_field("Answer", "answer")))}
+
+    def instruction(self, task: Task) -> str:
+        name = task.rows[task.row][0]
+        return (f"What is the {COLUMNS[task.column].lower()} of {name}? Type it in the Answer "
+                "field and submit.")
+
+    @cr.reward
+    def correct(self, site, task: Task) -> float:
+        sent = submitted(site, "/submit")
+        want = task.rows[task.row][task.column]
+        return float(sent is not None and str(sent.get("answer", "")).strip() == want)
+
+    def solution(self, task: Task) -> list[cr.ToolCall]:
+        return [cr.ToolCall.of("fill", bid=Ref("textbox", "Answer"),
+                               text=task.rows[task.row][task.column]),
+                cr.ToolCall.of("click", bid=Ref("button", "Submit"))]

@@ -1,0 +1,151 @@
+"""`RegistryClient`: the registry server over HTTP, with the same methods as `LocalStore`.
+
+Errors come back as the same exceptions a local store raises (the server sends the exception
+name with its message); a server that is down or answers 5xx raises `RegistryUnavailable`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import quote
+
+import httpx
+
+from corral.errors import InvalidEnvId, RegistryError
+
+from .errors import (AuthError, RegistryUnavailable, ReleaseError, ReleaseNotFound,
+                     VersionConflict)
+from .store import Profile, PublishResult, ReleaseRecord
+
+log = logging.getLogger(__name__)
+
+ERRORS: dict[str, type[RegistryError]] = {cls.__name__: cls for cls in (
+    AuthError, ReleaseError, ReleaseNotFound, VersionConflict, InvalidEnvId, RegistryError)}
+_CHUNK = 1 << 20
+
+
+class RegistryClient:
+    """A registry server at `url`; `token` authorises publishing, yanking and profiles."""
+
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"RegistryClient({self.url!r})"
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "RegistryClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing ----------------------------------------------------------------------------
+    def _headers(self, token: str | None) -> dict[str, str]:
+        token = token or self.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RegistryUnavailable(f"registry {self.url} unreachable: {exc}") from None
+        return _check(response, self.url)
+
+    # --- the store interface -----------------------------------------------------------------
+    def publish(self, archive: str | Path, *, token: str | None = None) -> PublishResult:
+        """Upload a release archive (streamed)."""
+        headers = {**self._headers(token), "Content-Type": "application/gzip"}
+        response = self._request("PUT", "/api/releases", content=_chunks(Path(archive)),
+                                 headers=headers)
+        return PublishResult.model_validate_json(response.content)
+
+    def get(self, sha: str) -> ReleaseRecord:
+        """A release by hash (yanked or not)."""
+        sha = sha.removeprefix("sha256:")
+        return ReleaseRecord.model_validate_json(
+            self._request("GET", f"/api/releases/{quote(sha)}").content)
+
+    def resolve(self, ref: str) -> ReleaseRecord:
+        return ReleaseRecord.model_validate_json(
+            self._request("GET", "/api/resolve", params={"ref": ref}).content)
+
+    def download(self, sha: str, dest: Path) -> Path:
+        """Stream an archive into `dest`."""
+        try:
+            with self._http.stream("GET", f"/api/releases/{quote(sha)}/archive") as response:
+                if response.status_code != 200:
+                    response.read()
+                    _check(response, self.url)
+                with open(dest, "wb") as fh:
+                    for chunk in response.iter_bytes(_CHUNK):
+                        fh.write(chunk)
+        except httpx.HTTPError as exc:
+            raise RegistryUnavailable(f"registry {self.url}: download failed: {exc}") from None
+        return dest
+
+    def releases(self, pattern: str | None = None, *,
+                 include_yanked: bool = True) -> list[ReleaseRecord]:
+        params: dict[str, Any] = {"include_yanked": include_yanked}
+        if pattern:
+            params["pattern"] = pattern
+        data = self._request("GET", "/api/releases", params=params).json()
+        return [ReleaseRecord.model_validate(item) for item in data]
+
+    def search(self, query: str = "") -> list[ReleaseRecord]:
+        data = self._request("GET", "/api/search", params={"q": query}).json()
+        return [ReleaseRecord.model_validate(item) for item in data]
+
+    def yank(self, ref: str, *, reason: str = "", token: str | None = None) -> ReleaseRecord:
+        response = self._request("POST", "/api/yank", json={"ref": ref, "reason": reason},
+                                 headers=self._headers(token))
+        return ReleaseRecord.model_validate_json(response.content)
+
+    def record_profile(self, profile: Profile, *, token: str | None = None) -> Profile:
+        response = self._request("POST", "/api/profiles", content=profile.model_dump_json(),
+                                 headers={**self._headers(token),
+                                          "Content-Type": "application/json"})
+        return Profile.model_validate_json(response.content)
+
+    def profile(self, env_id: str, agent: str | None = None) -> Profile:
+        params = {"agent": agent} if agent else {}
+        return Profile.model_validate_json(
+            self._request("GET", f"/api/profiles/{env_id}", params=params).content)
+
+    def profile_agents(self, env_id: str) -> list[str]:
+        return self._request("GET", f"/api/profiles/{env_id}/agents").json()
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            yield chunk
+
+
+def _check(response: httpx.Response, url: str) -> httpx.Response:
+    """Raise the error the server named, or `RegistryUnavailable` for 5xx."""
+    if response.status_code < 400:
+        return response
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    detail = body.get("detail") or response.text[:200] or response.reason_phrase
+    if response.status_code >= 500:
+        raise RegistryUnavailable(f"registry {url} answered {response.status_code}: {detail}")
+    error = ERRORS.get(body.get("error", ""), RegistryError)
+    if response.status_code in (401, 403):
+        error = AuthError
+    elif response.status_code == 413:
+        error = ReleaseError
+    raise error(str(detail))

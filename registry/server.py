@@ -1,0 +1,189 @@
+"""The registry server: a FastAPI app over a `LocalStore`, with token auth and the web catalog.
+
+    corral registry serve --registry /srv/corral --port 8080 --token acme:s3cret
+
+API (JSON unless noted; errors are `{"error": <exception name>, "detail": <one line>}`):
+
+    PUT  /api/releases                 body: a release archive; needs a token for its namespace
+    GET  /api/releases[?pattern=&include_yanked=]      GET /api/releases/{sha}
+    GET  /api/releases/{sha}/archive   the archive bytes (yanked ones too, by hash)
+    GET  /api/resolve?ref=             GET /api/search?q=
+    POST /api/yank {"ref", "reason"}   POST /api/profiles (a Profile)
+    GET  /api/profiles/{ns}/{name}[?agent=]             GET /api/health
+
+Uploads stream into the store's temp folder and are committed by `LocalStore.add_temp` (verify,
+atomic rename, one SQLite transaction): a server killed mid-upload shows no partial release,
+and the stale temp file is removed at the next start (`LocalStore.recover`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+
+from corral.errors import CorralError, InvalidEnvId, RegistryError
+
+from .errors import (AuthError, MissingToken, ReleaseError, ReleaseNotFound, VersionConflict)
+from .store import LocalStore, Profile
+
+log = logging.getLogger(__name__)
+
+_STATUS: list[tuple[type[Exception], int]] = [
+    (MissingToken, 401), (AuthError, 403), (ReleaseNotFound, 404), (VersionConflict, 409),
+    (ReleaseError, 400), (InvalidEnvId, 400), (RegistryError, 400), (CorralError, 400)]
+
+
+class Tokens:
+    """Publishing tokens, each scoped to namespaces (`*` = every namespace)."""
+
+    def __init__(self, grants: dict[str, set[str]] | None = None) -> None:
+        self.grants = {token: set(spaces) for token, spaces in (grants or {}).items()}
+
+    @classmethod
+    def parse(cls, specs: Iterable[str]) -> "Tokens":
+        """From `namespace:token` strings (one namespace per string; repeat to add more)."""
+        grants: dict[str, set[str]] = {}
+        for spec in specs:
+            namespace, sep, token = spec.partition(":")
+            if not sep or not namespace or len(token) < 8:
+                raise AuthError(f"token spec {spec!r} must be 'namespace:token' with a token of "
+                                "8+ characters ('*:token' for every namespace)")
+            grants.setdefault(token, set()).add(namespace)
+        return cls(grants)
+
+    def check(self, token: str | None, namespace: str | None = None) -> None:
+        """Raise unless `token` is known (and scoped to `namespace` when given)."""
+        if not token:
+            raise MissingToken("this request needs a publishing token: pass --token or set "
+                               "CORRAL_TOKEN (header 'Authorization: Bearer <token>')")
+        spaces = next((s for t, s in self.grants.items() if hmac.compare_digest(t, token)), None)
+        if spaces is None:
+            raise AuthError("the publishing token is not valid for this registry")
+        if namespace is not None and "*" not in spaces and namespace not in spaces:
+            raise AuthError(f"the token is not allowed to publish in namespace {namespace!r} "
+                            f"(it may publish in: {', '.join(sorted(spaces))})")
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _error(exc: Exception) -> JSONResponse:
+    status = next(code for cls, code in _STATUS if isinstance(exc, cls))
+    return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, status_code=status)
+
+
+def _dump(record: Any) -> Any:
+    return record.model_dump(mode="json")
+
+
+def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAPI:
+    """The registry app over `store`."""
+    app = FastAPI(title="Corral registry", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    app.state.store, app.state.tokens = store, tokens
+    app.add_exception_handler(CorralError, lambda request, exc: _error(exc))
+    max_upload = store.limits.max_total_bytes
+
+    @app.get("/api/health")
+    def health() -> dict[str, Any]:
+        return {"ok": True, "store": store.location}
+
+    @app.put("/api/releases")
+    async def publish(request: Request) -> JSONResponse:
+        token = _bearer(request)
+        tokens.check(token)  # refuse before reading a byte of an unauthorised upload
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_upload:
+            return _too_large(max_upload)
+        tmp = store.temp_path()
+        try:
+            fh = await asyncio.to_thread(open, tmp, "wb")
+            size = 0
+            try:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > max_upload:
+                        return _too_large(max_upload)
+                    await asyncio.to_thread(fh.write, chunk)
+            finally:
+                await asyncio.to_thread(fh.close)
+            result = await asyncio.to_thread(
+                store.add_temp, tmp, check_namespace=lambda ns: tokens.check(token, ns))
+        finally:
+            tmp.unlink(missing_ok=True)
+        return JSONResponse(_dump(result), status_code=201 if result.created else 200)
+
+    @app.get("/api/releases")
+    def releases(pattern: str | None = None, include_yanked: bool = True) -> list[Any]:
+        return [_dump(r) for r in store.releases(pattern, include_yanked=include_yanked)]
+
+    @app.get("/api/releases/{sha}")
+    def release(sha: str) -> Any:
+        return _dump(store.get(sha))
+
+    @app.get("/api/releases/{sha}/archive")
+    def archive(sha: str) -> FileResponse:
+        record = store.get(sha)
+        return FileResponse(store.archive(record.sha256), media_type="application/gzip",
+                            filename=f"{record.id.replace('/', '__')}-{record.version}.tar.gz",
+                            headers={"X-Corral-Sha256": record.sha256})
+
+    @app.get("/api/resolve")
+    def resolve(ref: str) -> Any:
+        return _dump(store.resolve(ref))
+
+    @app.get("/api/search")
+    def search(q: str = "") -> list[Any]:
+        return [_dump(r) for r in store.search(q)]
+
+    @app.post("/api/yank")
+    def yank(request: Request, body: dict[str, str]) -> Any:
+        record = store.resolve(body.get("ref", ""))
+        tokens.check(_bearer(request), record.manifest.namespace)
+        return _dump(store.yank(f"sha256:{record.sha256}", reason=body.get("reason", "")))
+
+    @app.post("/api/profiles")
+    def record_profile(request: Request, profile: Profile) -> Any:
+        tokens.check(_bearer(request), profile.env_id.partition("/")[0])
+        return _dump(store.record_profile(profile))
+
+    @app.get("/api/profiles/{namespace}/{name}")
+    def profile(namespace: str, name: str, agent: str | None = None) -> Any:
+        return _dump(store.profile(f"{namespace}/{name}", agent))
+
+    @app.get("/api/profiles/{namespace}/{name}/agents")
+    def profile_agents(namespace: str, name: str) -> list[str]:
+        return store.profile_agents(f"{namespace}/{name}")
+
+    if web:
+        from .web import mount
+
+        mount(app, store)
+    return app
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return JSONResponse({"error": "ReleaseError",
+                         "detail": f"upload is over the {limit:,}-byte limit of this registry"},
+                        status_code=413)
+
+
+def serve(home: str | Path | None, *, host: str = "127.0.0.1", port: int = 8080,
+          tokens: Tokens | None = None) -> None:
+    """Run the registry server (blocking) over the store at `home`."""
+    import uvicorn
+
+    store = LocalStore(home)
+    removed = store.recover()
+    if removed:
+        log.warning("removed %d unfinished upload(s) left by a stopped server", removed)
+    app = create_app(store, tokens or Tokens())
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

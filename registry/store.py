@@ -1,0 +1,439 @@
+"""The local store: a SQLite index plus content-addressed release archives on disk.
+
+Layout under the store's home (`~/.corral`, or `$CORRAL_HOME`, or any path given):
+
+    index.sqlite                  releases, installs, difficulty profiles
+    blobs/sha256/ab/<sha>.tar.gz  release archives, named by their own sha256
+    tmp/                          uploads in progress (`<pid>-<random>.part`)
+    installed/corral_rel_<sha>/   unpacked releases (see `install.py`)
+
+A release becomes visible only when its row is committed, and its row is committed only after
+the archive was fully verified and atomically renamed into `blobs/`: a crash at any point leaves
+at most a stray temp file or an unreferenced blob, never a partial release. Writers serialise on
+SQLite's write lock (`BEGIN IMMEDIATE`), so two publishes of one version cannot both land.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel, Field
+
+from corral.suggest import closest
+
+from .catalog import parse_id
+from .errors import ReleaseError, ReleaseNotFound, VersionConflict
+from .release import DEFAULT_LIMITS, Limits, ReleaseManifest, SemVer, read_release, sha256_file
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS releases (
+    sha256 TEXT PRIMARY KEY, env_id TEXT NOT NULL, namespace TEXT NOT NULL, version TEXT NOT NULL,
+    content_sha256 TEXT NOT NULL, size INTEGER NOT NULL, manifest TEXT NOT NULL,
+    search TEXT NOT NULL, yanked INTEGER NOT NULL DEFAULT 0, yank_reason TEXT NOT NULL DEFAULT '',
+    published_at REAL NOT NULL, UNIQUE (env_id, version));
+CREATE INDEX IF NOT EXISTS releases_env ON releases (env_id);
+CREATE TABLE IF NOT EXISTS installs (
+    env_id TEXT PRIMARY KEY, sha256 TEXT NOT NULL, module TEXT NOT NULL, path TEXT NOT NULL,
+    installed_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS profiles (
+    env_id TEXT NOT NULL, agent TEXT NOT NULL, task_index INTEGER NOT NULL, task_id TEXT NOT NULL,
+    runs INTEGER NOT NULL, passes INTEGER NOT NULL, release TEXT NOT NULL DEFAULT '',
+    updated_at REAL NOT NULL, PRIMARY KEY (env_id, agent, task_index));
+"""
+_SHA_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{8,64})$")
+
+
+def default_home() -> Path:
+    """`$CORRAL_HOME`, else `~/.corral`."""
+    return Path(os.environ.get("CORRAL_HOME") or Path.home() / ".corral").expanduser()
+
+
+class ReleaseRecord(BaseModel):
+    """A stored release: its hash, manifest and registry-side state."""
+
+    sha256: str
+    size: int
+    manifest: ReleaseManifest
+    yanked: bool = False
+    yank_reason: str = ""
+    published_at: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    @property
+    def ref(self) -> str:
+        return self.manifest.ref
+
+
+class PublishResult(BaseModel):
+    """What `publish` did: `created` is False when the identical release was already there."""
+
+    record: ReleaseRecord
+    created: bool
+
+
+class TaskPassRate(BaseModel):
+    """How often an agent solved one task."""
+
+    task_index: int
+    task_id: str
+    runs: int = Field(ge=1)
+    passes: int = Field(ge=0)
+
+    @property
+    def pass_rate(self) -> float:
+        return self.passes / self.runs
+
+    @property
+    def difficulty(self) -> float:
+        """1 - pass rate: 0 = always solved, 1 = never solved."""
+        return 1.0 - self.pass_rate
+
+
+class Profile(BaseModel):
+    """Pass rates per task of one env under one agent (the env's difficulty profile)."""
+
+    env_id: str
+    agent: str
+    release: str = ""
+    tasks: list[TaskPassRate] = Field(default_factory=list)
+
+    @property
+    def pass_rate(self) -> float:
+        runs = sum(t.runs for t in self.tasks)
+        return sum(t.passes for t in self.tasks) / runs if runs else 0.0
+
+    def difficulty(self) -> dict[int, float]:
+        """Task index → difficulty."""
+        return {t.task_index: t.difficulty for t in self.tasks}
+
+    def histogram(self, bins: int = 10) -> list[int]:
+        """Task counts per pass-rate bin over [0, 1] (the last bin includes 1.0)."""
+        counts = [0] * bins
+        for task in self.tasks:
+            counts[min(int(task.pass_rate * bins), bins - 1)] += 1
+        return counts
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A parsed release reference: `sha256:<hex>` (or a hex prefix of 8+), `ns/name-vN@X.Y.Z`,
+    `ns/name-vN` (latest version) or `ns/name` (latest env version, latest release)."""
+
+    text: str
+    sha: str | None = None
+    env_id: str | None = None
+    version: str | None = None
+
+    @classmethod
+    def parse(cls, ref: str) -> "Ref":
+        ref = ref.strip()
+        match = _SHA_REF.match(ref)
+        if match and (ref.startswith("sha256:") or len(match[1]) == 64):
+            return cls(ref, sha=match[1])
+        env_id, _, version = ref.partition("@")
+        parse_id(env_id)
+        if version:
+            SemVer.parse(version)
+        return cls(ref, env_id=env_id, version=version or None)
+
+
+class LocalStore:
+    """Releases, installs and profiles in one folder; safe for threads and processes."""
+
+    def __init__(self, home: str | Path | None = None, *, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.home = Path(home).expanduser() if home else default_home()
+        self.limits = limits
+        self.blobs = self.home / "blobs" / "sha256"
+        self.tmp = self.home / "tmp"
+        self.installed = self.home / "installed"
+        for folder in (self.blobs, self.tmp, self.installed):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._conn().executescript(_SCHEMA)  # idempotent; executescript commits by itself
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.home)!r})"
+
+    @property
+    def location(self) -> str:
+        return str(self.home)
+
+    # --- connections -------------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.home / "index.sqlite", timeout=60, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, holding SQLite's write lock from the start."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # --- publishing --------------------------------------------------------------------------
+    def temp_path(self) -> Path:
+        """A fresh path in the store's temp folder, named after this process."""
+        return self.tmp / f"{os.getpid()}-{uuid.uuid4().hex}.part"
+
+    def publish(self, archive: str | Path, *, token: str | None = None) -> PublishResult:
+        """Add a release archive (copied; the original is left alone). `token` is accepted for
+        interface parity with `RegistryClient`; a local store is guarded by file permissions."""
+        tmp = self.temp_path()
+        shutil.copyfile(archive, tmp)
+        return self.add_temp(tmp)
+
+    def add_temp(self, tmp: Path, *, check_namespace: Any = None,
+                 expect_sha: str | None = None) -> PublishResult:
+        """Verify the archive at `tmp` (a file in `self.tmp`, consumed) and commit it.
+        `check_namespace(namespace)` may raise to refuse the release before anything is kept;
+        `expect_sha` refuses an archive whose hash differs (corrupted in transit)."""
+        try:
+            size = tmp.stat().st_size
+            if size > self.limits.max_total_bytes:
+                raise ReleaseError(f"archive is {size:,} bytes, over the "
+                                   f"{self.limits.max_total_bytes:,}-byte limit")
+            sha = sha256_file(tmp)
+            if expect_sha is not None and sha != expect_sha:
+                raise ReleaseError(f"downloaded archive has sha256:{sha[:12]}…, expected "
+                                   f"sha256:{expect_sha[:12]}…; it was corrupted in transit")
+            manifest = read_release(tmp, self.limits)
+            if check_namespace is not None:
+                check_namespace(manifest.namespace)
+            with self._write() as conn:
+                row = conn.execute("SELECT * FROM releases WHERE env_id=? AND version=?",
+                                   (manifest.id, manifest.version)).fetchone()
+                if row is not None:
+                    existing = self._record(row)
+                    if existing.manifest.content_sha256 != manifest.content_sha256:
+                        raise VersionConflict(
+                            f"{manifest.ref} is already published with different content "
+                            f"(sha256:{existing.sha256[:12]}); releases are immutable, publish "
+                            "a new version")
+                    return PublishResult(record=existing, created=False)
+                blob = self.blob_path(sha)
+                if not blob.exists():
+                    with open(tmp, "rb+") as fh:
+                        os.fsync(fh.fileno())
+                    blob.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(tmp, blob)
+                record = ReleaseRecord(sha256=sha, size=size, manifest=manifest,
+                                       published_at=time.time())
+                conn.execute(
+                    "INSERT INTO releases (sha256, env_id, namespace, version, content_sha256, size,"
+                    " manifest, search, published_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (sha, manifest.id, manifest.namespace, manifest.version,
+                     manifest.content_sha256, size, manifest.model_dump_json(),
+                     _search_text(manifest), record.published_at))
+            log.info("published %s as sha256:%s", manifest.ref, sha)
+            return PublishResult(record=record, created=True)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def recover(self) -> int:
+        """Delete temp files left by processes that died mid-upload; returns how many."""
+        removed = 0
+        for path in self.tmp.glob("*.part"):
+            pid = path.name.split("-", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue  # an upload in progress in a live process (maybe this one)
+            path.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
+    # --- lookup ------------------------------------------------------------------------------
+    def blob_path(self, sha: str) -> Path:
+        return self.blobs / sha[:2] / f"{sha}.tar.gz"
+
+    def get(self, sha: str) -> ReleaseRecord:
+        """A release by hash (or a unique prefix of 8+ hex digits), yanked or not."""
+        sha = sha.removeprefix("sha256:")
+        rows = self._conn().execute("SELECT * FROM releases WHERE sha256 LIKE ? LIMIT 2",
+                                    (sha + "%",)).fetchall() if _SHA_REF.match(sha) else []
+        if len(rows) != 1:
+            why = "is ambiguous" if rows else "matches no release"
+            raise ReleaseNotFound(f"sha256:{sha} {why} in {self.location}")
+        return self._record(rows[0])
+
+    def resolve(self, ref: str) -> ReleaseRecord:
+        """The release a reference means; yanked releases are found only by hash."""
+        parsed = Ref.parse(ref)
+        if parsed.sha:
+            return self.get(parsed.sha)
+        assert parsed.env_id is not None
+        namespace, name, id_version = parse_id(parsed.env_id)
+        if id_version is None:
+            rows = self._conn().execute("SELECT * FROM releases WHERE env_id LIKE ?",
+                                        (f"{namespace}/{name}-v%",)).fetchall()
+            rows = [r for r in rows if parse_id(r["env_id"])[1] == name]
+        else:
+            rows = self._conn().execute("SELECT * FROM releases WHERE env_id=?",
+                                        (parsed.env_id,)).fetchall()
+        records = [self._record(r) for r in rows]
+        if parsed.version:
+            match = [r for r in records if r.version == parsed.version]
+            if match and match[0].yanked:
+                raise ReleaseNotFound(f"{ref} was yanked ({match[0].yank_reason or 'no reason'});"
+                                      f" pull it by hash if you must: sha256:{match[0].sha256}")
+            if match:
+                return match[0]
+        visible = [r for r in records if not r.yanked]
+        if visible and not parsed.version:
+            return max(visible, key=lambda r: (parse_id(r.id)[2] or 0, r.manifest.semver.key))
+        raise ReleaseNotFound(self._missing(ref, parsed, records))
+
+    def _missing(self, ref: str, parsed: Ref, records: list[ReleaseRecord]) -> str:
+        if records:
+            versions = ", ".join(sorted({r.version for r in records if not r.yanked})) or "none"
+            return f"no release {ref} in {self.location}; visible versions: {versions}"
+        ids = [r[0] for r in self._conn().execute("SELECT DISTINCT env_id FROM releases")]
+        return f"no release of {parsed.env_id} in {self.location}.{closest(parsed.env_id or '', ids)}"
+
+    def archive(self, sha: str) -> Path:
+        """The path of a stored archive."""
+        record = self.get(sha)
+        path = self.blob_path(record.sha256)
+        if not path.exists():
+            raise ReleaseNotFound(f"archive of sha256:{record.sha256} is missing from "
+                                  f"{self.blobs}; pull it again")
+        return path
+
+    def download(self, sha: str, dest: Path) -> Path:
+        """Copy an archive to `dest` (interface parity with `RegistryClient`)."""
+        shutil.copyfile(self.archive(sha), dest)
+        return dest
+
+    def releases(self, pattern: str | None = None, *,
+                 include_yanked: bool = True) -> list[ReleaseRecord]:
+        """Every release (of env ids matching the glob `pattern`), newest version first."""
+        rows = self._conn().execute("SELECT * FROM releases").fetchall()
+        records = [self._record(r) for r in rows]
+        if pattern:
+            import fnmatch
+
+            records = [r for r in records if fnmatch.fnmatchcase(r.id, pattern)
+                       or fnmatch.fnmatchcase(r.id, pattern + "-v*")]
+        if not include_yanked:
+            records = [r for r in records if not r.yanked]
+        return sorted(records, key=lambda r: (r.id, r.manifest.semver.key), reverse=True)
+
+    def search(self, query: str = "") -> list[ReleaseRecord]:
+        """The latest visible release of each env whose id, description, tags, kind or families
+        contain every word of `query` (case-insensitive), sorted by id."""
+        words = query.lower().split()
+        sql = "SELECT * FROM releases WHERE yanked=0" + " AND search LIKE ?" * len(words)
+        rows = self._conn().execute(sql, [f"%{w}%" for w in words]).fetchall()
+        latest: dict[str, ReleaseRecord] = {}
+        for record in map(self._record, rows):
+            current = latest.get(record.id)
+            if current is None or record.manifest.semver.key > current.manifest.semver.key:
+                latest[record.id] = record
+        return [latest[k] for k in sorted(latest)]
+
+    def yank(self, ref: str, *, reason: str = "", token: str | None = None) -> ReleaseRecord:
+        """Hide a release from resolution; it stays pullable by exact hash."""
+        record = self.resolve(ref)
+        with self._write() as conn:
+            conn.execute("UPDATE releases SET yanked=1, yank_reason=? WHERE sha256=?",
+                         (reason, record.sha256))
+        return record.model_copy(update={"yanked": True, "yank_reason": reason})
+
+    def _record(self, row: sqlite3.Row) -> ReleaseRecord:
+        return ReleaseRecord(sha256=row["sha256"], size=row["size"],
+                             manifest=ReleaseManifest.model_validate_json(row["manifest"]),
+                             yanked=bool(row["yanked"]), yank_reason=row["yank_reason"],
+                             published_at=row["published_at"])
+
+    # --- profiles ----------------------------------------------------------------------------
+    def record_profile(self, profile: Profile, *, token: str | None = None) -> Profile:
+        """Store pass rates per task (replacing earlier figures for the same tasks)."""
+        parse_id(profile.env_id, require_version=True)
+        now = time.time()
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO profiles VALUES (?,?,?,?,?,?,?,?)",
+                [(profile.env_id, profile.agent, t.task_index, t.task_id, t.runs, t.passes,
+                  profile.release, now) for t in profile.tasks])
+        return self.profile(profile.env_id, profile.agent)
+
+    def profile(self, env_id: str, agent: str | None = None) -> Profile:
+        """The stored profile of an env (under `agent`, else the agent with most tasks)."""
+        conn = self._conn()
+        if agent is None:
+            row = conn.execute("SELECT agent, COUNT(*) n FROM profiles WHERE env_id=? GROUP BY "
+                               "agent ORDER BY n DESC, agent LIMIT 1", (env_id,)).fetchone()
+            agent = row["agent"] if row else "random"
+        rows = conn.execute("SELECT * FROM profiles WHERE env_id=? AND agent=? ORDER BY "
+                            "task_index", (env_id, agent)).fetchall()
+        return Profile(env_id=env_id, agent=agent, release=rows[0]["release"] if rows else "",
+                       tasks=[TaskPassRate(task_index=r["task_index"], task_id=r["task_id"],
+                                           runs=r["runs"], passes=r["passes"]) for r in rows])
+
+    def profile_agents(self, env_id: str) -> list[str]:
+        rows = self._conn().execute("SELECT DISTINCT agent FROM profiles WHERE env_id=? "
+                                    "ORDER BY agent", (env_id,)).fetchall()
+        return [r["agent"] for r in rows]
+
+    # --- installs (see install.py) -----------------------------------------------------------
+    def set_install(self, env_id: str, sha: str, module: str, path: Path) -> None:
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO installs VALUES (?,?,?,?,?)",
+                         (env_id, sha, module, str(path), time.time()))
+
+    def installs(self) -> list[dict[str, Any]]:
+        """The active install of each env id."""
+        rows = self._conn().execute("SELECT * FROM installs ORDER BY env_id").fetchall()
+        return [dict(r) for r in rows]
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+def _search_text(manifest: ReleaseManifest) -> str:
+    parts = [manifest.id, manifest.description, " ".join(manifest.tags),
+             " ".join(manifest.card.families), manifest.kind or ""]
+    return " ".join(parts).lower()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+

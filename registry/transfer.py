@@ -1,0 +1,71 @@
+"""Moving releases between folders and stores: `open_store`, `publish`, `pull`.
+
+A store is a `LocalStore` (a path) or a `RegistryClient` (a URL); both have the same methods,
+so every function here takes either, named by `registry=` as on the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Union
+
+from .build import build_release
+from .client import RegistryClient
+from .errors import ReleaseNotFound
+from .store import LocalStore, PublishResult, ReleaseRecord
+
+log = logging.getLogger(__name__)
+
+Store = Union[LocalStore, RegistryClient]
+
+
+def open_store(registry: str | Path | Store | None = None, *, token: str | None = None) -> Store:
+    """`None` → the default local store; `http(s)://…` → a client; any other string → a local
+    store at that path; a store → itself."""
+    if isinstance(registry, (LocalStore, RegistryClient)):
+        return registry
+    if registry is None:
+        return LocalStore()
+    text = str(registry)
+    if text.startswith(("http://", "https://")):
+        return RegistryClient(text, token=token)
+    return LocalStore(text)
+
+
+def publish(path: str | Path, *, registry: str | Path | Store | None = None,
+            env_id: str | None = None, version: str | None = None, token: str | None = None,
+            validation: Any = None, license: str | None = None) -> PublishResult:
+    """Pack the env folder at `path` and publish it (see `build_release` for the arguments)."""
+    built = build_release(path, env_id=env_id, version=version, validation=validation,
+                          license=license)
+    try:
+        return open_store(registry, token=token).publish(built.archive, token=token)
+    finally:
+        shutil.rmtree(built.archive.parent, ignore_errors=True)
+
+
+def pull(ref: str, *, source: str | Path | Store | None,
+         dest: LocalStore | None = None) -> ReleaseRecord:
+    """Copy the release `ref` from `source` into the local store `dest` (default store),
+    verifying it; returns the record in `dest`. Yanked releases can be pulled by hash."""
+    dest = dest or LocalStore()
+    store = open_store(source)
+    try:
+        record = store.resolve(ref)
+        if isinstance(store, LocalStore) and store.home.resolve() == dest.home.resolve():
+            return record
+        try:
+            return dest.get(record.sha256)
+        except ReleaseNotFound:
+            pass
+        tmp = dest.temp_path()
+        store.download(record.sha256, tmp)
+        result = dest.add_temp(tmp, expect_sha=record.sha256)
+    finally:
+        if store is not source:  # opened here from a path or URL
+            store.close()
+    if record.yanked and not result.record.yanked:
+        return dest.yank(f"sha256:{record.sha256}", reason=record.yank_reason)
+    return result.record

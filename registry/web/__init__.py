@@ -1,0 +1,84 @@
+"""The web catalog served by the registry server: an env list with search, and one page per
+env with its dataset card, versions, tools, validation result, difficulty profile and the
+command to use it. Server-rendered HTML (Jinja2 templates in this folder), no JavaScript."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, Response
+
+from ..errors import ReleaseNotFound
+from ..store import LocalStore, Profile
+from .plot import histogram_svg
+
+HERE = Path(__file__).parent
+
+
+@lru_cache(maxsize=1)
+def _templates() -> Any:
+    import jinja2  # only the server needs it
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["short"] = lambda sha: sha[:12]
+    env.filters["when"] = lambda ts: _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC")
+    env.filters["size"] = _size
+    env.filters["pct"] = lambda x: f"{100 * x:.0f}%"
+    env.filters["tojson_pretty"] = lambda x: json.dumps(x, indent=2, sort_keys=True)
+    return env
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render(template: str, **context: Any) -> str:
+    """Render one of this folder's templates."""
+    return _templates().get_template(template).render(**context)
+
+
+def env_page(store: LocalStore, env_id: str, version: str | None, base_url: str) -> str:
+    """The HTML page of one env (its latest visible release unless `version` is given)."""
+    ref = f"{env_id}@{version}" if version else env_id
+    record = store.resolve(ref)
+    versions = [r for r in store.releases() if r.id == record.id]
+    profiles: list[tuple[Profile, str]] = []
+    for agent in store.profile_agents(record.id):
+        profile = store.profile(record.id, agent)
+        profiles.append((profile, histogram_svg(profile.histogram(10),
+                                                title=f"pass rate per task · {agent}")))
+    validation = record.manifest.validation or {}
+    return render("env.html", record=record, m=record.manifest, versions=versions,
+                  profiles=profiles, validation=validation, base_url=base_url)
+
+
+def mount(app: FastAPI, store: LocalStore) -> None:
+    """Add the catalog pages to the registry app."""
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(q: str = "") -> str:
+        records = store.search(q)
+        return render("index.html", records=records, q=q, total=len(records))
+
+    @app.get("/env/{namespace}/{name}", response_class=HTMLResponse)
+    def env(request: Request, namespace: str, name: str, version: str | None = None) -> Response:
+        base = str(request.base_url).rstrip("/")
+        try:
+            return HTMLResponse(env_page(store, f"{namespace}/{name}", version, base))
+        except ReleaseNotFound as exc:
+            return HTMLResponse(render("missing.html", message=str(exc)), status_code=404)
+
+    @app.get("/static/style.css")
+    def style() -> Response:
+        return Response((HERE / "style.css").read_text(), media_type="text/css")

@@ -1,0 +1,163 @@
+"""Batch assembly: finished trajectories in, GRPO batches out (pure bookkeeping, no I/O).
+
+A group is the `group` samples of one task. It is complete when every member has finished
+(after its retries). A complete group is then
+
+- **dropped** when fewer than `min_trainable` members are trainable (infrastructure failures
+  that survived their retries are never trained on; the rest of such a small group carries no
+  usable comparison), counted as discarded;
+- **filtered** when every trainable member has the same reward (its group-normalised advantages
+  would all be zero), counted, if `filter_zero_variance`;
+- otherwise **ready**: batches take ready groups first-come first-served.
+
+The straggler cut-off is the runner's: it takes a batch as soon as enough groups are ready and
+leaves everything else running; those groups keep their place and fill the next batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.runner.trajectory import Batch, Status, Trajectory
+
+
+@dataclass
+class GroupState:
+    """One group's members as they finish."""
+
+    index: int
+    size: int
+    launched_at: float = field(default_factory=time.perf_counter)
+    launched_batch: int = 0  # how many batches had been handed out when it was launched
+    members: dict[str, Trajectory] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.members) >= self.size
+
+    def trainable(self) -> list[Trajectory]:
+        return [t for _, t in sorted(self.members.items()) if t.trainable]
+
+
+@dataclass
+class AssemblyCounts:
+    """What happened to finished work since the counts were last reset."""
+
+    filtered_groups: int = 0
+    filtered_trajectories: int = 0
+    discarded_groups: int = 0
+    discarded_trajectories: int = 0
+    infra_failed: int = 0
+    retried_attempts: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class BatchAssembler:
+    """Groups finished trajectories and hands out batches of whole, trainable groups."""
+
+    def __init__(self, *, filter_zero_variance: bool = True, min_trainable: int = 2,
+                 tolerance: float = 1e-9) -> None:
+        self.filter_zero_variance = filter_zero_variance
+        self.min_trainable = min_trainable
+        self.tolerance = tolerance
+        self.groups: dict[int, GroupState] = {}
+        self.ready: deque[GroupState] = deque()
+        self.counts = AssemblyCounts()
+        self.totals = AssemblyCounts()
+        self.batches_out = 0
+
+    # --- feeding -------------------------------------------------------------------------------
+    def expect(self, index: int, size: int) -> GroupState:
+        """Register a launched group of `size` samples."""
+        state = self.groups.get(index)
+        if state is None:
+            state = self.groups[index] = GroupState(index, size, launched_batch=self.batches_out)
+        return state
+
+    def add(self, trajectory: Trajectory, group_index: int) -> str | None:
+        """Record a finished trajectory; when it completes its group, returns the group's fate:
+        "ready", "filtered" or "discarded"."""
+        state = self.groups[group_index]
+        state.members[trajectory.id] = trajectory
+        retried = max(0, trajectory.attempts - 1)
+        failed = int(trajectory.status is Status.INFRA_ERROR)
+        for counts in (self.counts, self.totals):
+            counts.retried_attempts += retried
+            counts.infra_failed += failed
+        if not state.complete:
+            return None
+        return self._judge(state)
+
+    def _judge(self, state: GroupState) -> str:
+        members = state.trainable()
+        need = min(self.min_trainable, state.size)
+        if len(members) < need:
+            self._drop(state, "discarded")
+            return "discarded"
+        rewards = [t.reward for t in members]
+        if (self.filter_zero_variance and state.size > 1
+                and max(rewards) - min(rewards) <= self.tolerance):
+            self._drop(state, "filtered")
+            return "filtered"
+        self.ready.append(state)
+        return "ready"
+
+    def _drop(self, state: GroupState, how: str) -> None:
+        del self.groups[state.index]
+        for counts in (self.counts, self.totals):
+            setattr(counts, f"{how}_groups", getattr(counts, f"{how}_groups") + 1)
+            setattr(counts, f"{how}_trajectories",
+                    getattr(counts, f"{how}_trajectories") + len(state.members))
+
+    # --- taking --------------------------------------------------------------------------------
+    def take(self, groups: int, policy_version: int) -> Batch | None:
+        """A batch of the `groups` oldest ready groups, or None if fewer are ready."""
+        if len(self.ready) < groups:
+            return None
+        chosen = [self.ready.popleft() for _ in range(groups)]
+        for state in chosen:
+            del self.groups[state.index]
+        batch = Batch(groups=[s.trainable() for s in chosen], policy_version=policy_version)
+        carried_in = sum(len(s.members) for s in chosen if s.launched_batch < self.batches_out)
+        batch.stats = {
+            "groups": len(chosen), "trajectories": len(batch),
+            "carried_in": carried_in,
+            "carried_over": self.pending_trajectories(),
+            "staleness": staleness(batch),
+            **{f"{k}": v for k, v in self.counts.as_dict().items()},
+        }
+        self.counts = AssemblyCounts()
+        self.batches_out += 1
+        return batch
+
+    def pending_trajectories(self) -> int:
+        """Launched work not handed out yet (running, finished in open groups, or ready)."""
+        return sum(s.size for s in self.groups.values())
+
+    def group_ids(self, batch: Batch) -> list[str]:
+        return sorted({t.group_id for t in batch.trajectories})
+
+
+def staleness(batch: Batch) -> list[int]:
+    """Per trajectory: batch policy version minus the oldest version among its tokens."""
+    ages: list[int] = []
+    for traj in batch.trajectories:
+        oldest = traj.min_version()
+        if oldest is not None:
+            ages.append(max(0, batch.policy_version - oldest))
+    return ages
+
+
+def batch_summary(batch: Batch) -> dict[str, Any]:
+    """Reward and length figures of a batch, for logs and the report."""
+    trajs = batch.trajectories
+    n = max(1, len(trajs))
+    return {"mean_reward": sum(t.reward for t in trajs) / n,
+            "mean_generated_tokens": sum(t.generated_tokens for t in trajs) / n,
+            "mean_turns": sum(t.turns for t in trajs) / n,
+            "truncated": sum(t.status is Status.TRUNCATED for t in trajs)}

@@ -1,0 +1,118 @@
+"""Where episodes run. The runner hands work items to an `Executor`, one attempt at a time.
+
+`LocalExecutor` (backend "asyncio") runs episodes in this process on the event loop: env
+instances are kept per env and reused across episodes, sandboxes come from a `SandboxPool`,
+and episodes that need a sandbox are admitted by a capacity semaphore (waiting there is
+recorded as a "sandbox_wait" span). Other backends (`backend="ray"`) implement the same
+protocol in `corral.runner.ray_backend` with a `make_executor(runner)` function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from corral.errors import CorralError
+from corral.runner.episode import EpisodeLimits, WorkItem, run_episode
+from corral.runner.policy import Policy
+from corral.runner.pool import SandboxPool
+from corral.runner.trajectory import Span, Trajectory
+
+EnvFactory = Callable[[], Any]
+
+
+class Executor(Protocol):
+    """Runs one attempt of a work item and returns its trajectory (status says how it ended;
+    the runner retries infrastructure failures)."""
+
+    async def run(self, item: WorkItem, attempt: int) -> Trajectory: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class EnvSource:
+    """One env of a run: how to make instances, how many tasks, what sandbox it needs."""
+
+    label: str
+    factory: EnvFactory
+    num_tasks: int
+    spec: Any  # its default SandboxSpec, or None
+
+    @property
+    def pooled(self) -> bool:
+        """Whether its sandboxes come from the pool (terminal sandboxes do)."""
+        return self.spec is not None and getattr(self.spec, "kind", None) == "terminal"
+
+
+def resolve_envs(envs: Sequence[str | EnvFactory]) -> tuple[list[EnvSource], list[Any]]:
+    """Env ids (looked up with `corral.registry.make`) or factories → sources, plus one probe
+    instance of each (reused as the first worker instance)."""
+    from corral.registry import make
+
+    if not envs:
+        raise CorralError("Runner needs at least one environment: envs=['namespace/name-vN']")
+    sources, probes = [], []
+    for entry in envs:
+        factory: EnvFactory = (lambda env_id=entry: make(env_id)) if isinstance(entry, str) \
+            else entry
+        env = factory()
+        label = entry if isinstance(entry, str) else str(env.env_id or type(env).__name__)
+        num_tasks = len(env.tasks)
+        if num_tasks == 0:
+            raise CorralError(f"environment {label} has no tasks; give it a dataset")
+        sources.append(EnvSource(label, factory, num_tasks, env.sandbox_spec))
+        probes.append(env)
+    return sources, probes
+
+
+class LocalExecutor:
+    """Episodes as asyncio tasks in this process (backend "asyncio")."""
+
+    def __init__(self, sources: list[EnvSource], probes: list[Any], policy: Policy,
+                 limits: EpisodeLimits, inference: asyncio.Semaphore, pool: SandboxPool,
+                 sandbox_capacity: int) -> None:
+        self.sources, self.policy, self.limits = sources, policy, limits
+        self.inference, self.pool = inference, pool
+        self.admission = asyncio.Semaphore(sandbox_capacity)
+        self._free: list[list[Any]] = [[self._attach(env)] for env in probes]
+        self.made = len(probes)
+
+    def _attach(self, env: Any) -> Any:
+        if env.sandbox_spec is not None and getattr(env.sandbox_spec, "kind", None) == "terminal":
+            env.sandbox_provider = self.pool
+        return env
+
+    def _checkout(self, index: int) -> Any:
+        free = self._free[index]
+        if free:
+            return free.pop()
+        self.made += 1
+        return self._attach(self.sources[index].factory())
+
+    async def run(self, item: WorkItem, attempt: int) -> Trajectory:
+        env = self._checkout(item.env_index)
+        try:
+            if not self.sources[item.env_index].pooled:
+                return await run_episode(env, self.policy, item, self.limits, self.inference,
+                                         attempt=attempt)
+            wall = time.time()
+            async with self.admission:
+                waited = [Span("sandbox_wait", wall, time.time())]
+                return await run_episode(env, self.policy, item, self.limits, self.inference,
+                                         attempt=attempt, spans=waited)
+        finally:
+            self._free[item.env_index].append(env)
+
+    def stats(self) -> dict[str, Any]:
+        return {"backend": "asyncio", "env_instances": self.made, "pool": self.pool.snapshot()}
+
+    async def close(self) -> None:
+        for free in self._free:
+            for env in free:
+                if env.episode is not None:
+                    await env.aclose()

@@ -1,0 +1,402 @@
+"""`backend="ray"`: environments and their sandboxes live in Ray actors; the policy stays here.
+
+    ray.init(address="auto")                 # or nothing: a local Ray instance is started
+    async with Runner(envs=[...], policy=policy, backend="ray", sandbox_capacity=256) as r:
+        ...
+
+The episode loop (`corral.runner.episode`) runs unchanged in the driver, next to the policy and
+its router (the GPU side). What it does to its env (`areset`, `astep`, the verifier, `aclose`)
+goes to a `RayEpisodeWorker` actor that holds env instances and a `SandboxPool`: sandboxes,
+their commands and the verifiers run wherever Ray places the workers, so sandbox/CPU capacity
+scales across machines apart from the GPUs. The driver sees each env through a `RemoteEnv`, a
+thin proxy whose `episode` mirrors the actor's after every call; messages cross the wire
+incrementally. Because the loop, the tokenization and the policy calls are the same code as
+the asyncio backend, the same seeds give the same trajectories.
+
+Capacity: the run's `sandbox_capacity` is split over the workers (their pools' capacities sum
+to it) and episodes are admitted by the same capacity semaphore as in the asyncio backend, each
+to the worker with the most free room. Errors raised in a worker come back as the same
+exception (an `InfraError` stays an `InfraError`, so the runner retries it); a worker that dies
+surfaces as `SandboxDied` for the episodes it held.
+
+Options (`Runner(..., backend_options={...})` when the runner passes them, else defaults):
+`workers` (default: the cluster's CPUs, at most the capacity), `worker_cpus` (CPUs Ray reserves
+per worker, default 1), `ray_init` (kwargs for `ray.init` when Ray is not initialised yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import itertools
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+from corral.errors import CorralError, SandboxDied
+from corral.runner.episode import EpisodeLimits, WorkItem, run_episode
+from corral.runner.executor import EnvSource
+from corral.runner.policy import Policy
+from corral.runner.pool import SandboxPool, span_sink
+from corral.runner.trajectory import Span, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+_NOT_MIRRORED = ("messages", "sandbox")  # messages travel incrementally; sandboxes stay
+
+
+def _episode_state(env: Any, since: int) -> dict[str, Any] | None:
+    """What the driver's mirror of `env.episode` needs: its fields, messages from `since`."""
+    episode = env.episode
+    if episode is None:
+        return None
+    state = {f.name: getattr(episode, f.name) for f in dataclasses.fields(episode)
+             if f.name not in _NOT_MIRRORED}
+    state["messages"] = [dict(m) for m in episode.messages[since:]]
+    state["since"] = since
+    return state
+
+
+class RayEpisodeWorker:
+    """A Ray actor (see `ray.remote(RayEpisodeWorker)`): env instances and a sandbox pool.
+
+    Every method returns a dict with the call's `result` (or `raise`: the exception the env
+    raised), the episode `state` for the driver's mirror and the `spans` recorded meanwhile.
+    """
+
+    def __init__(self, factories: Sequence[Callable[[], Any]], capacity: int, *,
+                 sandbox_backend: str = "auto", run_id: str = "ray",
+                 prewarm: Sequence[tuple[Any, str, int]] = ()) -> None:
+        self.factories = list(factories)
+        self.capacity = capacity
+        self.sandbox_backend, self.run_id = sandbox_backend, run_id
+        self.prewarm_targets = list(prewarm)
+        self.pool: SandboxPool | None = None
+        self.free: list[list[Any]] = [[] for _ in self.factories]
+        self.active: dict[str, tuple[int, Any]] = {}
+        self.made = 0
+        self.episodes = 0
+
+    def _ensure_pool(self) -> SandboxPool:
+        if self.pool is None:  # created on the actor's event loop, at the first call
+            self.pool = SandboxPool(self.capacity, backend=self.sandbox_backend,
+                                    run_id=self.run_id)
+            for spec, env_id, count in self.prewarm_targets:
+                asyncio.ensure_future(self.pool.prewarm(spec, count, env_id=env_id))
+        return self.pool
+
+    async def start(self) -> bool:
+        """Create the pool and start pre-warming; returns when the actor is up."""
+        self._ensure_pool()
+        return True
+
+    def _checkout(self, index: int) -> Any:
+        if self.free[index]:
+            return self.free[index].pop()
+        env = self.factories[index]()
+        self.made += 1
+        spec = env.sandbox_spec
+        if spec is not None and getattr(spec, "kind", None) == "terminal":
+            env.sandbox_provider = self._ensure_pool()
+        return env
+
+    async def _call(self, key: str, since: int, fn: Callable[[Any], Any]) -> dict[str, Any]:
+        _, env = self.active[key]
+        spans: list[Span] = []
+        token = span_sink.set(spans)
+        answer: dict[str, Any] = {}
+        try:
+            answer["result"] = await fn(env)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the driver re-raises it in the episode loop
+            answer["raise"] = exc
+        finally:
+            span_sink.reset(token)
+        answer["state"] = _episode_state(env, since)
+        answer["spans"] = spans
+        return answer
+
+    async def reset(self, key: str, env_index: int, seed: int | None,
+                    options: dict[str, Any] | None, max_turns: int | None) -> dict[str, Any]:
+        """Check out an env for episode `key` and reset it (sandbox acquired from the pool)."""
+        env = self._checkout(env_index)
+        if max_turns is not None:
+            env.max_turns = max_turns
+        self.active[key] = (env_index, env)
+        self.episodes += 1
+        return await self._call(key, 0, lambda e: e.areset(seed=seed, options=options))
+
+    async def step(self, key: str, action: Any, since: int) -> dict[str, Any]:
+        """`env.astep(action)` for episode `key`."""
+        return await self._call(key, since, lambda e: e.astep(action))
+
+    async def finish(self, key: str, since: int, truncated: bool) -> dict[str, Any]:
+        """`env.afinish(truncated=...)`: end episode `key` now and run its final rewards."""
+        return await self._call(key, since, lambda e: e.afinish(truncated=truncated))
+
+    async def close(self, key: str, infra_error: str | None) -> dict[str, Any]:
+        """Release episode `key`'s sandbox (replaced, not reused, after an infra error)."""
+        entry = self.active.pop(key, None)
+        if entry is None:
+            return {"result": None}
+        index, env = entry
+        try:
+            if env.episode is not None and infra_error is not None:
+                env.episode.infra_error = infra_error
+            await env.aclose()
+        except Exception as exc:
+            return {"raise": exc}
+        finally:
+            env.episode = None
+            self.free[index].append(env)
+        return {"result": None}
+
+    def stats(self) -> dict[str, Any]:
+        return {"env_instances": self.made, "episodes": self.episodes, "active": len(self.active),
+                "pool": self.pool.snapshot() if self.pool is not None else {}}
+
+    async def shutdown(self) -> None:
+        """Close every env still open and the pool."""
+        for key in list(self.active):
+            await self.close(key, "worker shut down")
+        if self.pool is not None:
+            await self.pool.close()
+
+
+class RemoteEnv:
+    """The driver's view of an env living in a `RayEpisodeWorker`.
+
+    Pure functions of a task (`pick_task`, `instruction`, `tool_schemas`) run on a local probe
+    instance of the same env; everything that touches the episode goes to the actor.
+    """
+
+    def __init__(self, executor: "RayExecutor", worker: int, env_index: int, probe: Any) -> None:
+        self._executor, self._worker, self._index, self._probe = executor, worker, env_index, probe
+        self.env_id = probe.env_id
+        self.system_prompt = probe.system_prompt
+        self.sandbox_spec = probe.sandbox_spec
+        self.max_turns = probe.max_turns
+        self.episode: Any = None
+        self._key = f"e{next(executor.keys)}"
+
+    def pick_task(self, options: dict[str, Any] | None) -> Any:
+        return self._probe.pick_task(options)
+
+    def instruction(self, task: Any) -> str:
+        return self._probe.instruction(task)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return self._probe.tool_schemas()
+
+    async def _remote(self, method: str, *args: Any) -> Any:
+        import ray
+
+        actor = self._executor.actors[self._worker]
+        ref = getattr(actor, method).remote(*args)
+        try:
+            answer = await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)
+            raise
+        except ray.exceptions.RayError as exc:
+            raise SandboxDied(f"Ray sandbox worker {self._worker} failed during {method}: "
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        self._sync(answer.get("state"))
+        sink = span_sink.get()
+        if sink is not None:
+            sink.extend(answer.get("spans", ()))
+        if "raise" in answer:
+            raise answer["raise"]
+        return answer.get("result")
+
+    def _sync(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            return
+        from corral.env import Episode
+
+        since = state.pop("since")
+        messages = state.pop("messages")
+        if self.episode is None or since == 0:
+            self.episode = Episode(task=state["task"], messages=[])
+        episode = self.episode
+        del episode.messages[since:]
+        episode.messages.extend(messages)
+        for name, value in state.items():
+            setattr(episode, name, value)
+
+    async def areset(self, *, seed: int | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        await self._remote("reset", self._key, self._index, seed, options, self.max_turns)
+        task = self.episode.task
+        return self.instruction(task), {"task_id": task.id, "turn": 0}
+
+    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        since = len(self.episode.messages) if self.episode is not None else 0
+        return await self._remote("step", self._key, action, since)
+
+    async def afinish(self, *, truncated: bool = True) -> dict[str, Any]:
+        since = len(self.episode.messages) if self.episode is not None else 0
+        return await self._remote("finish", self._key, since, truncated)
+
+    async def aclose(self) -> None:
+        infra_error = self.episode.infra_error if self.episode is not None else None
+        try:
+            await self._remote("close", self._key, infra_error)
+        finally:
+            self._executor.release(self._worker)
+
+
+class RayExecutor:
+    """Runs episodes' env work in `RayEpisodeWorker` actors (the runner's `Executor`)."""
+
+    def __init__(self, sources: list[EnvSource], probes: list[Any], policy: Policy,
+                 limits: EpisodeLimits, inference: asyncio.Semaphore, capacity: int, *,
+                 entries: Sequence[Any] | None = None,
+                 workers: int | None = None, worker_cpus: float = 1.0,
+                 sandbox_backend: str = "auto", run_id: str = "ray", prewarm: int | None = None,
+                 ray_init: dict[str, Any] | None = None) -> None:
+        import ray
+        from ray import cloudpickle  # Ray serializes with its own copy of cloudpickle
+
+        if not ray.is_initialized():
+            ray.init(**{"include_dashboard": False, **(ray_init or {})})
+        self.sources, self.probes, self.policy, self.limits = sources, probes, policy, limits
+        self.inference = inference
+        self.admission = asyncio.Semaphore(capacity)
+        if workers is None:
+            cpus = int(ray.cluster_resources().get("CPU", 1) // max(worker_cpus, 1e-9)) or 1
+            workers = max(1, min(capacity, cpus))
+        shares = [capacity // workers + (i < capacity % workers) for i in range(workers)]
+        self.capacities = [s for s in shares if s > 0]
+        self.load = [0] * len(self.capacities)
+        self.keys = itertools.count()
+        entries = list(entries) if entries is not None else [s.factory for s in sources]
+        factories = [_shippable(entry, source) for entry, source in zip(entries, sources)]
+        for factory in factories:  # test modules and scripts are not importable in workers
+            module = getattr(getattr(factory, "func", factory), "__module__", None)
+            _pickle_by_value(module, cloudpickle)
+        pooled = [(s.spec, s.label) for s in sources if s.pooled]
+        actor_cls = ray.remote(RayEpisodeWorker)
+        self.actors = []
+        for share in self.capacities:
+            each = prewarm if prewarm is not None else max(1, share // max(1, len(pooled)))
+            targets = [(spec, label, min(each, share)) for spec, label in pooled]
+            self.actors.append(actor_cls.options(num_cpus=worker_cpus, max_concurrency=10_000)
+                               .remote(factories, share, sandbox_backend=sandbox_backend,
+                                       run_id=run_id, prewarm=targets))
+        self._started = [actor.start.remote() for actor in self.actors]
+        self._stats: list[dict[str, Any]] = [{} for _ in self.actors]
+
+    async def _wait_started(self) -> None:
+        import ray
+
+        started, self._started = self._started, []
+        try:
+            await asyncio.gather(*started)
+        except ray.exceptions.RayError as exc:
+            first = str(exc).strip().splitlines()[-1]
+            raise CorralError(f"the Ray sandbox workers could not start ({first}); the env "
+                              "classes and their modules must be importable (or picklable) "
+                              "on every Ray node") from exc
+
+    def _pick(self) -> int:
+        room = [(self.load[i] / c, i) for i, c in enumerate(self.capacities)]
+        index = min(room)[1]
+        self.load[index] += 1
+        return index
+
+    def release(self, worker: int) -> None:
+        self.load[worker] = max(0, self.load[worker] - 1)
+
+    async def run(self, item: WorkItem, attempt: int) -> Trajectory:
+        """One attempt at `item`: admitted by capacity, env work on the least-loaded worker."""
+        if self._started:
+            await self._wait_started()
+        source = self.sources[item.env_index]
+        if not source.pooled:
+            env = RemoteEnv(self, self._pick(), item.env_index, self.probes[item.env_index])
+            return await run_episode(env, self.policy, item, self.limits, self.inference,
+                                     attempt=attempt)
+        wall = time.time()
+        async with self.admission:
+            waited = [Span("sandbox_wait", wall, time.time())]
+            env = RemoteEnv(self, self._pick(), item.env_index, self.probes[item.env_index])
+            try:
+                return await run_episode(env, self.policy, item, self.limits, self.inference,
+                                         attempt=attempt, spans=waited)
+            finally:
+                asyncio.ensure_future(self._refresh(env._worker))
+
+    async def _refresh(self, worker: int) -> None:
+        try:
+            self._stats[worker] = await self.actors[worker].stats.remote()
+        except Exception:  # stats are best effort; the worker's failure surfaces elsewhere
+            log.debug("stats of Ray worker %d unavailable", worker, exc_info=True)
+
+    def stats(self) -> dict[str, Any]:
+        """Workers, their capacities and their pool stats (summed over workers). Workers report
+        after each episode, asynchronously, so the figures lag a little until `close`."""
+        pool: dict[str, Any] = {}
+        for snapshot in self._stats:
+            for key, value in snapshot.get("pool", {}).items():
+                if isinstance(value, list):
+                    pool.setdefault(key, []).extend(value)
+                elif isinstance(value, (int, float)):
+                    pool[key] = pool.get(key, 0) + value
+        return {"backend": "ray", "workers": len(self.actors), "capacities": self.capacities,
+                "env_instances": sum(s.get("env_instances", 0) for s in self._stats),
+                "pool": pool}
+
+    async def close(self) -> None:
+        """Shut the workers down (closing their sandboxes) and kill the actors."""
+        import ray
+
+        await asyncio.gather(*(self._refresh(i) for i in range(len(self.actors))))
+        results = await asyncio.gather(*(a.shutdown.remote() for a in self.actors),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.warning("a Ray worker failed to shut down cleanly: %s", result)
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def _shippable(entry: Any, source: EnvSource) -> Callable[[], Any]:
+    """A factory a worker can call: for an env id, its registered entry point and kwargs (the
+    worker need not have imported the module that registered it); else the factory itself."""
+    if not isinstance(entry, str):
+        return source.factory
+    from corral.registry import spec
+
+    env_spec = spec(entry)
+    return functools.partial(env_spec.load(), **env_spec.kwargs)
+
+
+def _pickle_by_value(module: str | None, cloudpickle: Any) -> None:
+    import sys
+
+    if module is None or module == "__main__" or module.startswith("corral"):
+        return
+    mod = sys.modules.get(module)
+    if mod is not None:
+        try:
+            cloudpickle.register_pickle_by_value(mod)
+        except ValueError:  # built-in or already registered
+            pass
+
+
+def make_executor(runner: Any, probes: list[Any]) -> RayExecutor:
+    """The runner's hook for `backend="ray"`. The driver's own pool is not used: its
+    pre-warming is switched off and the workers pre-warm their pools instead."""
+    options = dict(getattr(runner, "backend_options", None) or {})
+    prewarm = runner.prewarm
+    runner.prewarm = 0
+    executor = RayExecutor(runner.sources, probes, runner.policy, runner.limits,
+                           asyncio.Semaphore(runner.inference_concurrency),
+                           runner.sandbox_capacity, entries=runner.env_entries,
+                           sandbox_backend=runner.sandbox_backend,
+                           run_id=runner.run_id, prewarm=prewarm, **options)
+    return executor

@@ -1,0 +1,433 @@
+"""`Runner`: asynchronous rollout collection into GRPO batches (DESIGN §6).
+
+    async with Runner(envs=["corral/arithmetic-v0"], policy=policy,
+                      sandbox_capacity=64, inference_concurrency=128, run_dir="runs/a") as runner:
+        async for batch in runner.batches(size=256, group=8):
+            ...                                  # train; then runner.on_policy_update(v)
+
+How work flows: the runner plans groups deterministically from `seed` (group `g` is task
+`task_index` of env `env_index`, drawn from `Random(f"corral:{seed}:{g}")`; its `group`
+samples get their own sampling seeds) and keeps up to `ceil(groups_per_batch * (1 +
+overprovision))` groups launched ahead of the consumer. Each sample is a task on the event loop
+that runs one episode at a time through the `Executor`, retrying infrastructure failures up to
+`retries` times, writes the finished trajectory to the store, then to the `BatchAssembler`.
+A batch is cut as soon as enough whole groups are ready (the straggler cut-off); everything
+still running keeps running and fills the next batch, so no work is thrown away.
+
+Two separate limits: `sandbox_capacity` (sandboxes alive / episodes holding one) and
+`inference_concurrency` (generate calls in flight). Policy updates: `on_policy_update(v)` tells
+the runner a new version exists; by default in-flight episodes finish (every token carries the
+version that produced it, so the trainer can correct or drop by measured divergence); with
+`max_staleness=k` episodes started before `v - k` are cancelled and restarted; the trainer's
+throttle can call `cut_inflight()` to do that on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import importlib
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from corral.errors import CorralError
+from corral.runner.assembly import BatchAssembler, batch_summary
+from corral.runner.episode import EpisodeLimits, WorkItem
+from corral.runner.executor import EnvFactory, EnvSource, Executor, LocalExecutor, resolve_envs
+from corral.runner.metrics import RunMetrics, policy_stats
+from corral.runner.policy import Policy
+from corral.runner.pool import SandboxPool
+from corral.runner.store import METRICS, TrajectoryStore, write_json_atomic
+from corral.runner.trajectory import Batch, Status, Trajectory
+
+log = logging.getLogger(__name__)
+
+TrajectoryCallback = Callable[[Trajectory], None]
+
+
+@dataclass
+class _Flight:
+    item: WorkItem
+    task: asyncio.Task[None]
+    version: int      # policy version when the work item started
+    cut: bool = False
+
+
+class Runner:
+    """Collects trajectories from `envs` with `policy`; yields GRPO batches or one-shot lists."""
+
+    def __init__(self, envs: Sequence[str | EnvFactory], policy: Policy, *,
+                 sandbox_capacity: int = 8, inference_concurrency: int = 32,
+                 run_dir: str | os.PathLike[str] | None = None, seed: int = 0,
+                 max_turns: int | None = None, max_tokens: int = 512, temperature: float = 1.0,
+                 top_p: float = 1.0, episode_deadline: float | None = None,
+                 turn_deadline: float | None = None, verify_deadline: float = 120.0,
+                 retries: int = 2, backend: str | Executor = "asyncio",
+                 sandbox_backend: str = "auto", overprovision: float = 0.25,
+                 filter_zero_variance: bool = True, min_group_trainable: int = 2,
+                 max_staleness: int | None = None, prewarm: int | None = None,
+                 env_weights: Sequence[float] | None = None, max_context: int | None = None,
+                 run_id: str | None = None, pool: SandboxPool | None = None) -> None:
+        if sandbox_capacity < 1 or inference_concurrency < 1:
+            raise ValueError("sandbox_capacity and inference_concurrency must be at least 1")
+        if retries < 0 or overprovision < 0:
+            raise ValueError("retries and overprovision must be >= 0")
+        self.env_entries = list(envs)
+        self.policy = policy
+        self.sandbox_capacity = sandbox_capacity
+        self.inference_concurrency = inference_concurrency
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.seed = seed
+        self.retries = retries
+        self.backend = backend
+        self.sandbox_backend = sandbox_backend
+        self.overprovision = overprovision
+        self.max_staleness = max_staleness
+        self.prewarm = prewarm
+        self.env_weights = list(env_weights) if env_weights else None
+        self.run_id = run_id or (self.run_dir.name if self.run_dir else f"corral-{os.getpid()}")
+        self.limits = EpisodeLimits(
+            max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+            turn_deadline=turn_deadline, episode_deadline=episode_deadline,
+            verify_deadline=verify_deadline, max_context=max_context)
+        self.assembler = BatchAssembler(filter_zero_variance=filter_zero_variance,
+                                        min_trainable=min_group_trainable)
+        self.metrics = RunMetrics()
+        self.sources: list[EnvSource] = []
+        self.pool: SandboxPool | None = pool
+        self._own_pool = pool is None
+        self.executor: Executor | None = None
+        self.store: TrajectoryStore | None = None
+        self.counts = {"launched": 0, "finished": 0, "resumed": 0, "cut": 0, "batches": 0}
+        self._flights: dict[str, _Flight] = {}
+        self._results: dict[str, Trajectory] = {}
+        self._stored: dict[str, Trajectory] = {}
+        self._consumed: list[str] = []
+        self._consumed_set: set[str] = set()
+        self._collect_groups: set[int] = set()
+        self._next_group = 0
+        self._dropped_streak = 0
+        self._changed: asyncio.Event | None = None
+        self._crash: BaseException | None = None
+        self._listeners: list[TrajectoryCallback] = []
+        self._started = False
+        self._closing = False
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    async def __aenter__(self) -> "Runner":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def config(self) -> dict[str, Any]:
+        """The settings recorded in the run manifest (seed, envs and group must match to resume)."""
+        return {"seed": self.seed, "envs": [s.label for s in self.sources],
+                "sandbox_capacity": self.sandbox_capacity,
+                "inference_concurrency": self.inference_concurrency, "retries": self.retries,
+                "max_turns": self.limits.max_turns, "max_tokens": self.limits.max_tokens,
+                "temperature": self.limits.temperature, "overprovision": self.overprovision,
+                "policy": type(self.policy).__name__, "run_id": self.run_id}
+
+    async def start(self) -> None:
+        """Resolve envs, open the store (resuming what it holds), start the pool and pre-warm."""
+        if self._started:
+            return
+        self._changed = asyncio.Event()
+        self.sources, probes = await asyncio.to_thread(resolve_envs, self.env_entries)
+        if self.env_weights and len(self.env_weights) != len(self.sources):
+            raise ValueError(f"env_weights has {len(self.env_weights)} entries for "
+                             f"{len(self.sources)} envs")
+        if self.run_dir is not None:
+            self.store = TrajectoryStore(self.run_dir)
+            stored = await asyncio.to_thread(self.store.open, self.config())
+            self._stored = {t.id: t for t in stored}
+            self._consumed = list(self.store.cursor.get("consumed_groups", []))
+            self._consumed_set = set(self._consumed)
+            self.counts["batches"] = int(self.store.cursor.get("batches", 0))
+            if stored:
+                log.info("resuming %s: %d trajectories stored, %d groups consumed",
+                         self.run_dir, len(stored), len(self._consumed))
+        if self.pool is None:
+            self.pool = SandboxPool(self.sandbox_capacity, backend=self.sandbox_backend,
+                                    run_id=self.run_id)
+        self.executor = self._make_executor(probes)
+        await self._prewarm()
+        self._started = True
+
+    def _make_executor(self, probes: list[Any]) -> Executor:
+        assert self.pool is not None
+        if not isinstance(self.backend, str):
+            return self.backend
+        if self.backend == "asyncio":
+            inference = asyncio.Semaphore(self.inference_concurrency)
+            return LocalExecutor(self.sources, probes, self.policy, self.limits, inference,
+                                 self.pool, self.sandbox_capacity)
+        try:
+            module = importlib.import_module(f"corral.runner.{self.backend}_backend")
+        except ModuleNotFoundError as exc:
+            raise CorralError(f"unknown runner backend {self.backend!r} ({exc}); use 'asyncio' "
+                              "or 'ray' (needs `pip install ray`)") from None
+        return module.make_executor(self, probes)
+
+    async def _prewarm(self) -> None:
+        assert self.pool is not None
+        pooled = {}
+        for source in self.sources:
+            if source.pooled:
+                pooled.setdefault(source.spec.model_dump_json(), source)
+        if not pooled:
+            return
+        each = self.prewarm if self.prewarm is not None else \
+            max(1, self.sandbox_capacity // len(pooled))
+        for source in pooled.values():  # sets targets; the starts run in the background
+            await self.pool.prewarm(source.spec, each, env_id=source.label)
+
+    async def close(self) -> None:
+        """Cancel in-flight episodes (their sandboxes are released), close the pool and the
+        store, and write `metrics.json`. The policy is the caller's to close."""
+        if not self._started or self._closing:
+            return
+        self._closing = True
+        flights = [f.task for f in self._flights.values()]
+        for task in flights:
+            task.cancel()
+        await asyncio.gather(*flights, return_exceptions=True)
+        if self.executor is not None:
+            await self.executor.close()
+        if self.pool is not None:
+            await (self.pool.close() if self._own_pool else self.pool.drain())
+        if self.run_dir is not None:
+            await asyncio.to_thread(self.write_metrics)
+        if self.store is not None:
+            self.store.close()
+
+    # --- planning ------------------------------------------------------------------------------
+    def plan_group(self, group: int) -> tuple[int, int]:
+        """(env index, task index) of group number `group`: a pure function of the seed."""
+        rng = random.Random(f"corral:{self.seed}:{group}")
+        env_index = (rng.choices(range(len(self.sources)), weights=self.env_weights)[0]
+                     if self.env_weights else rng.randrange(len(self.sources)))
+        return env_index, rng.randrange(self.sources[env_index].num_tasks)
+
+    def work_items(self, group: int, size: int) -> list[WorkItem]:
+        """The `size` samples of group `group` (deterministic ids and sampling seeds)."""
+        env_index, task_index = self.plan_group(group)
+        label = self.sources[env_index].label
+        items = []
+        for sample in range(size):
+            digest = hashlib.sha256(f"{self.seed}:{group}:{sample}".encode()).digest()
+            items.append(WorkItem(group, sample, env_index, label, task_index,
+                                  int.from_bytes(digest[:4], "big")))
+        return items
+
+    def _launch_group(self, group: int, size: int) -> list[WorkItem]:
+        items = self.work_items(group, size)
+        if group not in self._collect_groups:
+            self.assembler.expect(group, size)
+        for item in items:
+            stored = self._stored.pop(item.id, None)
+            if stored is not None:  # resumed: already collected before a restart
+                self.counts["resumed"] += 1
+                self._accept(stored, item)
+            else:
+                self._spawn(item)
+        return items
+
+    def _spawn(self, item: WorkItem) -> None:
+        task = asyncio.ensure_future(self._run_item(item))
+        flight = _Flight(item, task, self.policy.version)
+        self._flights[item.id] = flight
+        self.counts["launched"] += 1
+        task.add_done_callback(lambda t, f=flight: self._flight_done(f, t))
+
+    def _flight_done(self, flight: _Flight, task: asyncio.Task[None]) -> None:
+        if self._flights.get(flight.item.id) is flight:
+            del self._flights[flight.item.id]
+        if task.cancelled():
+            if flight.cut and not self._closing:  # restarted from scratch, current weights
+                self._spawn(dataclasses.replace(flight.item, restart=flight.item.restart + 1))
+            return
+        exc = task.exception()
+        if exc is not None and self._crash is None:
+            log.error("work item %s crashed: %r", flight.item.id, exc)
+            self._crash = exc
+            self._notify()
+
+    async def _run_item(self, item: WorkItem) -> None:
+        assert self.executor is not None
+        causes: list[str] = []
+        for attempt in range(1, self.retries + 2):
+            traj = await self.executor.run(item, attempt)
+            if traj.status is not Status.INFRA_ERROR:
+                break
+            causes.append(traj.error or "unknown infrastructure error")
+            log.info("%s attempt %d failed (infra): %s", item.id, attempt, traj.error)
+        if causes:
+            traj.metadata["infra_causes"] = causes
+        if self.store is not None:
+            await self.store.append(traj)
+        self.counts["finished"] += 1
+        self._accept(traj, item)
+
+    def _accept(self, traj: Trajectory, item: WorkItem) -> None:
+        self._results[traj.id] = traj
+        if item.group not in self._collect_groups:
+            fate = self.assembler.add(traj, item.group)
+            if fate == "ready":
+                self._dropped_streak = 0
+            elif fate is not None:
+                self._dropped_streak += 1
+        for listener in self._listeners:
+            listener(traj)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    async def _wait_change(self) -> None:
+        assert self._changed is not None
+        await self._changed.wait()
+        self._changed.clear()
+        if self._crash is not None:
+            raise CorralError(f"a rollout task crashed: {type(self._crash).__name__}: "
+                              f"{self._crash}") from self._crash
+
+    def _next_free_group(self) -> int:
+        while f"g{self._next_group:06d}" in self._consumed_set:
+            self._next_group += 1
+        group = self._next_group
+        self._next_group += 1
+        return group
+
+    # --- the two ways to collect ---------------------------------------------------------------
+    def add_listener(self, callback: TrajectoryCallback) -> None:
+        """Call `callback(trajectory)` for every finished trajectory (progress displays)."""
+        self._listeners.append(callback)
+
+    async def collect(self, n: int, *, group: int = 1) -> list[Trajectory]:
+        """Collect `n` trajectories (in groups of `group` samples of one task) and return them
+        in id order: every outcome, including infrastructure failures after their retries."""
+        self._require_started()
+        if n < 1 or group < 1:
+            raise ValueError("collect needs n >= 1 and group >= 1")
+        ids: list[str] = []
+        for _ in range(math.ceil(n / group)):
+            g = self._next_free_group()
+            self._collect_groups.add(g)
+            ids.extend(item.id for item in self._launch_group(g, group))
+        ids = ids[:n]
+        while not all(i in self._results for i in ids):
+            await self._wait_change()
+        return [self._results[i] for i in ids]
+
+    async def batches(self, size: int = 256, group: int = 8, *,
+                      max_batches: int | None = None) -> AsyncIterator[Batch]:
+        """Yield batches of `size // group` whole groups (`size` must be a multiple of `group`).
+
+        Time to trainable batch is measured from the moment the consumer asks for a batch to
+        the moment one is ready; work still running is carried into the next batch."""
+        self._require_started()
+        if group < 1 or size < group or size % group:
+            raise ValueError(f"size ({size}) must be a positive multiple of group ({group})")
+        needed = size // group
+        ahead = max(needed, math.ceil(needed * (1 + self.overprovision)))
+        give_up = 20 * ahead + 100
+        produced = 0
+        while max_batches is None or produced < max_batches:
+            asked = time.perf_counter()
+            while True:
+                while len(self.assembler.groups) < ahead:
+                    self._launch_group(self._next_free_group(), group)
+                batch = self.assembler.take(needed, self.policy.version)
+                if batch is not None:
+                    break
+                if self._dropped_streak > give_up:
+                    raise CorralError(f"{self._dropped_streak} groups in a row were filtered or "
+                                      "discarded (equal rewards or infrastructure failures); "
+                                      "check the env and policy, or pass "
+                                      "filter_zero_variance=False")
+                await self._wait_change()
+            batch.stats.update(self._batch_stats(batch, time.perf_counter() - asked))
+            self.metrics.record_batch(batch.stats)
+            for group_id in self.assembler.group_ids(batch):
+                self._consumed.append(group_id)
+                self._consumed_set.add(group_id)
+            self.counts["batches"] += 1
+            if self.store is not None:
+                await asyncio.to_thread(self.store.update_cursor, self.counts["batches"],
+                                        list(self._consumed))
+            produced += 1
+            yield batch
+
+    def _batch_stats(self, batch: Batch, waited: float) -> dict[str, Any]:
+        return {"index": self.counts["batches"], "time_to_batch": waited,
+                "inflight": len(self._flights), "policy_version": batch.policy_version,
+                "assembled_at": time.time(), **batch_summary(batch)}
+
+    # --- policy updates ------------------------------------------------------------------------
+    def on_policy_update(self, version: int) -> int:
+        """The trainer published `version`. Servers that do not report versions are told it;
+        with `max_staleness` set, episodes started before `version - max_staleness` are cut
+        and restarted. Returns how many were cut."""
+        set_version = getattr(self.policy, "set_version", None)
+        if set_version is not None and self.policy.version < version:
+            set_version(version)
+        if self.max_staleness is None:
+            return 0
+        return self.cut_inflight(older_than=version - self.max_staleness)
+
+    def cut_inflight(self, older_than: int | None = None) -> int:
+        """Cancel in-flight episodes started under a policy version below `older_than`
+        (default: the current version) and restart them from scratch; their sandboxes are
+        replaced. Returns how many were cut (counted in `counts["cut"]`)."""
+        limit = self.policy.version if older_than is None else older_than
+        cut = 0
+        for flight in list(self._flights.values()):
+            if flight.version < limit and not flight.cut:
+                flight.cut = True
+                flight.task.cancel()
+                cut += 1
+        self.counts["cut"] += cut
+        return cut
+
+    # --- introspection -------------------------------------------------------------------------
+    @property
+    def inflight(self) -> int:
+        """Work items running now."""
+        return len(self._flights)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, assembly totals, executor/pool stats and policy/router stats."""
+        return {"counts": dict(self.counts, inflight=len(self._flights)),
+                "assembly": self.assembler.totals.as_dict(),
+                "executor": self.executor.stats() if self.executor is not None else {},
+                "policy": policy_stats(self.policy)}
+
+    def write_metrics(self) -> Path | None:
+        """Write `RUN_DIR/metrics.json` (also done by `close`)."""
+        if self.run_dir is None:
+            return None
+        from corral.runner.store import load_run
+
+        _, trajectories = load_run(self.run_dir)
+        data = self.metrics.build(trajectories, self.stats())
+        path = self.run_dir / METRICS
+        write_json_atomic(path, data)
+        return path
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise CorralError("use the Runner as `async with Runner(...) as runner:` "
+                              "(or await runner.start()) before collecting")
+        if self._closing:
+            raise CorralError("this Runner is closed; create a new one")

@@ -1,0 +1,303 @@
+"""`cr.BrowserEnv`: web tasks in an isolated browser context, with BrowserGym-style actions.
+
+    @cr.environment("acme/click-v0", tasks=cr.Dataset.procedural(make_task, 1000),
+                    sandbox=cr.Browser(), max_turns=5)
+    class Click(cr.BrowserEnv):
+        def site(self, task):                       # this task's pages, served per episode
+            return {"/": html_page("Click", f"<button onclick=...>{task.label}</button>")}
+
+        def instruction(self, task):
+            return f"Click the button labelled {task.label!r}."
+
+        @cr.reward
+        async def clicked(self, page, task):        # decided from page state after the episode
+            return await page.evaluate("document.body.dataset.clicked") == task.label
+
+        def solution(self, task):                   # oracle: bids looked up by role and name
+            return [cr.ToolCall.of("click", bid=Ref("button", task.label))]
+
+Observation (after reset and every step): the open tabs, the scroll position, the last action
+error and the accessibility tree with bids, as text; `info["observation"]` has the structured
+form (URL, page text, elements, optional PNG screenshot). Actions are tools (`click(bid)`,
+`fill(bid, text)`, ...) or BrowserGym-style strings (`click("a12")`), parsed without eval.
+
+Oracles cannot know bids before the page is observed, so an oracle's ToolCalls may give a
+`Ref(role, name)` instead of a bid: when the action is played, the env replaces it with the bid
+of the first element of that role and name in the latest observation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable, ClassVar, Mapping
+
+from ..env import Action, Env, Episode
+from ..errors import AgentError
+from ..sandbox.spec import Browser
+from ..toolcalls import ToolCallParseError
+from ..tools import tool
+from ..types import Task, ToolCall
+from . import actions
+from .actions import ActionError, looks_like_actions, parse_actions, require_browser
+from .observe import Observation
+from .pool import BrowserPool
+from .sandbox import BrowserSandbox
+from .site import Page, SiteSession, task_server
+
+log = logging.getLogger(__name__)
+
+
+class Ref(str):
+    """An element named by role and accessible name, for oracles; resolved to a bid from the
+    latest observation when the action is played. It is a `str` so actions stay JSON-able."""
+
+    role: str | None
+    name: str | None
+
+    def __new__(cls, role: str | None = None, name: str | None = None) -> "Ref":
+        obj = super().__new__(cls, f"@{role or '*'}:{name or ''}")
+        obj.role, obj.name = role, name
+        return obj
+
+
+class BrowserEnv(Env):
+    """Base class of browser environments. Author hooks: `site(task)` (the pages),
+    `start_path(task)`, `instruction(task)`, `@cr.reward`s (they may ask for `page`, `site`,
+    `sandbox`), and `solution(task)` (ToolCalls; `Ref(role, name)` for bids)."""
+
+    kind: ClassVar[str] = "browser"
+    sandbox_spec = Browser()
+    max_turns = 10
+    system_prompt: ClassVar[str | None] = (
+        "You control a web browser. Each observation lists the open tabs and the page's "
+        "accessibility tree; elements have ids in brackets like [a12]. Act with one or more "
+        "calls such as click(\"a12\"), fill(\"a3\", \"text\"), select(\"a5\", \"Option\"), "
+        "press(\"Enter\"). Reply without an action when the task is done.")
+
+    def __init__(self, *, pool: BrowserPool | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pool = pool
+        self.last_observation: Observation | None = None
+
+    # --- author hooks -------------------------------------------------------------------------
+    def site(self, task: Task) -> Mapping[str, Page]:
+        """The task's pages: `path -> HTML | bytes | Response | fn(Request)`. Default: none."""
+        return {}
+
+    def start_path(self, task: Task) -> str:
+        """The path the episode starts on."""
+        return "/"
+
+    async def setup(self, sandbox: BrowserSandbox, task: Task) -> None:
+        """Serve the task's site under a fresh origin and open its start page."""
+        pages = self.site(task)
+        if not pages:
+            return
+        session = task_server().open(pages)
+        await sandbox.attach_site(session)
+        await sandbox.page.goto(session.url(self.start_path(task)), wait_until="domcontentloaded")
+
+    # --- sandbox and episode plumbing ------------------------------------------------------------
+    async def open_sandbox(self, task: Task) -> BrowserSandbox:
+        spec = self.sandbox_spec if isinstance(self.sandbox_spec, Browser) else Browser()
+        return await BrowserSandbox.create(spec, pool=self.pool)
+
+    def injections(self, episode: Episode) -> dict[str, Any]:
+        """Adds `page` (the active tab) and `site` (the task's SiteSession) for tools/rewards."""
+        values = super().injections(episode)
+        sandbox = episode.sandbox
+        if isinstance(sandbox, BrowserSandbox) and sandbox.alive:
+            values["page"] = sandbox.page
+            values["site"] = sandbox.sites[0] if sandbox.sites else None
+        else:
+            values["page"] = values["site"] = None
+        return values
+
+    async def areset(self, *, seed: int | None = None,
+                     options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode; the first observation follows the instruction."""
+        text, info = await super().areset(seed=seed, options=options)
+        episode = self.episode
+        assert episode is not None
+        obs = await require_browser(episode.sandbox).observe()
+        self.last_observation = obs
+        full = f"{text}\n\n{obs.render()}"
+        episode.messages[-1]["content"] = full
+        info["observation"] = obs.as_dict()
+        return full, info
+
+    async def astep(self, action: Action) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self.last_observation = None
+        result = await super().astep(action)
+        if self.last_observation is not None:
+            result[4]["observation"] = self.last_observation.as_dict()
+        return result
+
+    async def _run_calls(self, episode: Episode, calls: list[ToolCall | ToolCallParseError]) -> str:
+        sandbox = require_browser(episode.sandbox)
+        sandbox.last_error = None
+        output = await super()._run_calls(episode, calls)
+        if episode.done:
+            return output
+        obs = await sandbox.observe()
+        self.last_observation = obs
+        rendered = obs.render()
+        episode.messages[-1]["content"] += f"\n\n{rendered}"
+        return f"{output}\n\n{rendered}"
+
+    def _normalise(self, action: Action) -> tuple[list[ToolCall | ToolCallParseError], str]:
+        if isinstance(action, str) and "<tool_call>" not in action \
+                and looks_like_actions(action, self._tools):
+            return parse_actions(action, self._tools), ""
+        calls, text = Env._normalise(action)
+        return [self._resolve_refs(c) if isinstance(c, ToolCall) else c for c in calls], text
+
+    def _resolve_refs(self, call: ToolCall) -> ToolCall:
+        refs = {k: v for k, v in call.arguments.items() if isinstance(v, Ref)}
+        if not refs:
+            return call
+        sandbox = self.episode.sandbox if self.episode else None
+        obs = sandbox.last_observation if isinstance(sandbox, BrowserSandbox) else None
+        arguments = dict(call.arguments)
+        for key, ref in refs.items():
+            node = obs.find(ref.role, ref.name) if obs else None
+            arguments[key] = node.bid if node else str(ref)
+        return ToolCall(name=call.name, arguments=arguments, id=call.id)
+
+    def random_action(self, task: Task, rng: Any) -> Action:
+        """Click, hover or scroll at random on the latest observation's elements."""
+        obs = self.last_observation
+        bids = [n.bid for n in obs.nodes if n.bid] if obs else []
+        if not bids or rng.random() < 0.1:
+            return ToolCall.of("scroll", dx=0, dy=rng.choice([-300, 300]))
+        return ToolCall.of(rng.choice(["click", "click", "hover"]), bid=rng.choice(bids))
+
+    async def _act(self, sandbox: Any, fn: Callable[..., Awaitable[str]], *args: Any) -> str:
+        """Run one action, record its error as the last action error, let its effects settle."""
+        sb = require_browser(sandbox)
+        try:
+            result = await fn(sb, *args)
+        except ActionError as exc:
+            sb.last_error = str(exc)
+            raise
+        await sb.settle()
+        return result
+
+    # --- actions --------------------------------------------------------------------------------
+    @tool
+    async def click(self, sandbox: Any, bid: str) -> str:
+        """Click an element.
+
+        Args:
+            bid: the element's id from the observation, e.g. "a12".
+        """
+        return await self._act(sandbox, actions.click, bid)
+
+    @tool
+    async def fill(self, sandbox: Any, bid: str, text: str) -> str:
+        """Replace the content of a text field with `text`.
+
+        Args:
+            bid: the text field's id.
+            text: what the field should contain (dates as YYYY-MM-DD for date fields).
+        """
+        return await self._act(sandbox, actions.fill, bid, text)
+
+    @tool
+    async def select(self, sandbox: Any, bid: str, option: str) -> str:
+        """Choose an option of a dropdown by its label or value.
+
+        Args:
+            bid: the dropdown's id.
+            option: the option's visible label (or its value).
+        """
+        return await self._act(sandbox, actions.select, bid, option)
+
+    @tool
+    async def check(self, sandbox: Any, bid: str, checked: bool = True) -> str:
+        """Tick (or untick) a checkbox or choose a radio button.
+
+        Args:
+            bid: the checkbox's or radio button's id.
+            checked: true to tick, false to untick.
+        """
+        return await self._act(sandbox, actions.check, bid, checked)
+
+    @tool
+    async def hover(self, sandbox: Any, bid: str) -> str:
+        """Move the mouse over an element (reveals hover menus).
+
+        Args:
+            bid: the element's id.
+        """
+        return await self._act(sandbox, actions.hover, bid)
+
+    @tool
+    async def press(self, sandbox: Any, key: str, bid: str | None = None) -> str:
+        """Press a key or key combination, on an element or on the page.
+
+        Args:
+            key: e.g. "Enter", "Escape", "a", "Control+k", "Shift+Tab".
+            bid: the element to focus first (optional).
+        """
+        return await self._act(sandbox, actions.press, key, bid)
+
+    @tool
+    async def scroll(self, sandbox: Any, dx: float, dy: float) -> str:
+        """Scroll the page by a number of pixels.
+
+        Args:
+            dx: pixels to the right (negative: left).
+            dy: pixels down (negative: up).
+        """
+        return await self._act(sandbox, actions.scroll, dx, dy)
+
+    @tool
+    async def goto(self, sandbox: Any, url: str) -> str:
+        """Open a URL in the active tab (only the task's own site is reachable).
+
+        Args:
+            url: the absolute URL to open.
+        """
+        return await self._act(sandbox, actions.goto, url)
+
+    @tool
+    async def go_back(self, sandbox: Any) -> str:
+        """Go back to the previous page in the active tab."""
+        return await self._act(sandbox, actions.go_back)
+
+    @tool
+    async def tab_focus(self, sandbox: Any, index: int) -> str:
+        """Switch to another open tab.
+
+        Args:
+            index: the tab's number as listed in the observation (0 is the first).
+        """
+        return await self._act(sandbox, actions.tab_focus, index)
+
+    @tool
+    def send_msg_to_user(self, state: dict[str, Any], text: str) -> str:
+        """Send your answer to the user; this ends the episode.
+
+        Args:
+            text: the message (the answer when the task asks a question).
+        """
+        state.setdefault("messages_to_user", []).append(text)
+        self._end()
+        return "message sent"
+
+    @tool
+    def report_infeasible(self, state: dict[str, Any], reason: str) -> str:
+        """Declare the task impossible; this ends the episode.
+
+        Args:
+            reason: why it cannot be done.
+        """
+        state["infeasible"] = reason
+        self._end()
+        return "reported as infeasible"
+
+    def _end(self) -> None:
+        if self.episode is None:
+            raise AgentError("no episode is running")
+        self.episode.done = True

@@ -1,0 +1,331 @@
+"""`BrowserSandbox`: one episode's isolated browser context, its tabs and its origin policy.
+
+    sb = await BrowserSandbox.create(cr.Browser())          # a context from the warm pool
+    try:
+        await sb.attach_site(task_server().open(pages))     # allow and serve the task's origin
+        await sb.page.goto(sb.sites[0].url("/"))
+        obs = await sb.observe()                            # Observation (tree, tabs, error)
+    finally:
+        await sb.close()
+
+Every request goes through one route handler: requests to an attached site's origin are
+served (by the local task server, or fulfilled from the host in containerized mode where the
+browser has no network), `about:`/`data:` pass, and anything else is aborted and reported as
+the last action error. A crashed page or a browser that went away raises `BrowserError` on
+the next use: the episode ends as an infrastructure error and the pool replaces the browser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from playwright.async_api import Error as PlaywrightError
+from playwright.async_api import Page, Request, Route
+
+from ..errors import BrowserError
+from ..sandbox.base import SandboxStats
+from ..sandbox.spec import Browser
+from .observe import SETTLE_JS, WALK_JS, Observation, parse_nodes
+from .pool import BrowserPool, ContextLease, get_pool
+from .site import SiteSession, task_server
+
+log = logging.getLogger(__name__)
+
+PASS_SCHEMES = ("about", "data", "blob")
+MAX_TEXT = 4000
+
+
+def origin_of(url: str) -> str:
+    """`scheme://host[:port]` of a URL (lower case)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+class BrowserSandbox:
+    """An isolated browser context for one episode (cookies, storage and cache of its own)."""
+
+    backend = "browser"
+
+    def __init__(self, spec: Browser, lease: ContextLease, container_mode: bool) -> None:
+        self.spec = spec
+        self.stats = SandboxStats(started_at=time.monotonic())
+        self.lease = lease
+        self.context = lease.context
+        self.pages: list[Page] = []
+        self.active = 0
+        self.sites: list[SiteSession] = []
+        self.allowed: set[str] = {origin_of(o) for o in spec.allowed_origins}
+        self.blocked: list[str] = []
+        self.last_error: str | None = None
+        self.issued: set[str] = set()  # every bid shown to the agent in this episode
+        self.next_bid = 1
+        self.last_observation: Observation | None = None
+        self._container_mode = container_mode
+        self._crashed: str | None = None
+        self._closed = False
+        self._navigating: dict[Page, asyncio.Event] = {}
+        self._new_pages: list[Page] = []
+        self._popups: dict[Page, tuple[str, int]] = {}  # per tab: (document id, tabs it opened)
+        self._requested = 0  # tabs the episode's pages asked to open
+        self._opened = 0  # tabs that did open
+        self._tab_opened = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------
+    @classmethod
+    async def create(cls, spec: Browser | None = None, *,
+                     pool: BrowserPool | None = None) -> "BrowserSandbox":
+        """A sandbox on a fresh context from `pool` (default: the loop's pool for spec.mode)."""
+        spec = spec or Browser()
+        started = time.monotonic()
+        container_mode = spec.mode == "container"
+        if pool is None:
+            if container_mode:
+                from .image import CHROMIUM_IMAGE
+
+                pool = get_pool("container", spec.image or CHROMIUM_IMAGE)
+            else:
+                pool = get_pool("host")
+        lease = await pool.acquire(tuple(spec.viewport))  # type: ignore[arg-type]
+        sandbox = cls(spec, lease, container_mode)
+        try:
+            await sandbox._wire()
+        except BaseException:
+            await lease.release()
+            raise
+        sandbox.stats.start_seconds = time.monotonic() - started
+        return sandbox
+
+    async def _wire(self) -> None:
+        ctx = self.context
+        ctx.set_default_timeout(self.spec.action_timeout * 1000)
+        ctx.set_default_navigation_timeout(self.spec.navigation_timeout * 1000)
+        ctx.on("page", self._on_new_page)
+        self.lease.hook.handler = self._on_route
+        self._track(self.lease.page)
+
+    def _track(self, page: Page) -> None:
+        if page in self.pages:
+            return
+        self.pages.append(page)
+        done = asyncio.Event()
+        done.set()
+        self._navigating[page] = done
+        page.on("crash", lambda p: self._on_crash(p))
+        page.on("close", lambda p: self._on_close(p))
+        page.on("request", lambda r: self._on_request(page, r))
+        page.on("requestfailed", lambda r: self._on_nav_end(page, r))
+        page.on("domcontentloaded", lambda p: self._navigating[p].set())
+
+    async def close(self) -> None:
+        """Close the context and stop serving its sites. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        server = task_server()
+        for site in self.sites:
+            server.close(site)
+        await self.lease.release()
+
+    @property
+    def alive(self) -> bool:
+        return not (self._closed or self._crashed or self.lease.browser_dead)
+
+    async def __aenter__(self) -> "BrowserSandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- pages and tabs -------------------------------------------------------------------
+    @property
+    def page(self) -> Page:
+        """The active tab."""
+        self.check()
+        return self.pages[self.active]
+
+    def check(self) -> None:
+        """Raise BrowserError when the page or browser is gone (an infrastructure failure)."""
+        if self.lease.browser_dead:
+            raise BrowserError("the browser process went away mid-episode; it is replaced by "
+                               "the pool and this episode ends as an infrastructure error")
+        if self._crashed:
+            raise BrowserError(f"{self._crashed}; the context is discarded and this episode "
+                               "ends as an infrastructure error")
+        if self._closed:
+            raise BrowserError("the browser sandbox is closed")
+        if not self.pages:
+            raise BrowserError("every tab of the episode was closed")
+
+    def _on_new_page(self, page: Page) -> None:
+        self._track(page)
+        self._new_pages.append(page)
+        self.active = self.pages.index(page)
+        self._opened += 1
+        self._tab_opened.set()
+
+    def _on_close(self, page: Page) -> None:
+        if page in self.pages:
+            index = self.pages.index(page)
+            self.pages.remove(page)
+            if self.active >= index and self.active > 0:
+                self.active -= 1
+
+    def _on_crash(self, page: Page) -> None:
+        self._crashed = f"the page {page.url} crashed"
+        log.warning("%s", self._crashed)
+
+    def _on_request(self, page: Page, request: Request) -> None:
+        try:
+            if request.is_navigation_request() and request.frame == page.main_frame:
+                self._navigating[page].clear()
+        except PlaywrightError:
+            pass
+
+    def _on_nav_end(self, page: Page, request: Request) -> None:
+        try:
+            if request.is_navigation_request() and request.frame == page.main_frame:
+                self._navigating[page].set()
+        except PlaywrightError:
+            pass
+
+    async def focus(self, index: int) -> Page:
+        """Make tab `index` active."""
+        page = self.pages[index]
+        self.active = index
+        await page.bring_to_front()
+        return page
+
+    # --- sites and the origin policy --------------------------------------------------------
+    async def attach_site(self, site: SiteSession) -> None:
+        """Allow `site`'s origin for this episode and send its token with every request (in
+        containerized mode its requests are fulfilled from here instead)."""
+        from .site import SITE_HEADER
+
+        self.sites.append(site)
+        self.allowed.add(origin_of(site.origin))
+        if not self._container_mode:
+            await self.context.set_extra_http_headers({SITE_HEADER: site.token})
+
+    def allows(self, url: str) -> bool:
+        """Whether the origin policy lets the browser load `url`."""
+        scheme = urlsplit(url).scheme.lower()
+        return scheme in PASS_SCHEMES or origin_of(url) in self.allowed
+
+    async def _on_route(self, route: Route) -> None:
+        request = route.request
+        url = request.url
+        try:
+            if not self.allows(url):
+                await self._block(route, url)
+            elif self._container_mode and self._site_for(url) is not None:
+                await self._fulfill(route)
+            else:
+                await route.continue_()
+        except PlaywrightError as exc:  # the page went away while its request was in flight
+            log.debug("route for %s not completed: %s", url, exc)
+
+    async def _block(self, route: Route, url: str) -> None:
+        self.blocked.append(url)
+        if route.request.is_navigation_request():
+            allowed = ", ".join(sorted(self.allowed)) or "none"
+            self.last_error = (f"navigation to {url} was blocked: origin {origin_of(url)} is "
+                               f"not allowed in this task (allowed: {allowed})")
+        await route.abort("blockedbyclient")
+
+    def _site_for(self, url: str) -> SiteSession | None:
+        origin = origin_of(url)
+        return next((s for s in self.sites if origin_of(s.origin) == origin), None)
+
+    async def _fulfill(self, route: Route) -> None:
+        request = route.request
+        parts = urlsplit(request.url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        body = request.post_data_buffer or b""
+        headers = await request.all_headers()
+        site = self._site_for(request.url)
+        assert site is not None
+        resp = await asyncio.to_thread(task_server().handle, request.method, site.token, target,
+                                       headers, body)
+        await route.fulfill(status=resp.status, body=resp.payload(),
+                            headers={"Content-Type": resp.content_type, **resp.headers})
+
+    # --- waiting and observing -------------------------------------------------------------
+    async def settle(self) -> None:
+        """Let the effects of an action land: one animation frame, then any navigation it
+        started (in every tab it opened) up to domcontentloaded."""
+        page = self.page
+        try:
+            doc, count = await page.evaluate(SETTLE_JS)
+            seen_doc, seen = self._popups.get(page, ("", 0))
+            self._requested += max(0, count - (seen if doc == seen_doc else 0))
+            self._popups[page] = (doc, count)
+        except PlaywrightError:
+            pass  # the document was replaced mid-call: a navigation, awaited below
+        await self._await_tabs()
+        pending = [p for p in self.pages if not self._navigating[p].is_set()]
+        pending += [p for p in self._new_pages if p not in pending and not p.is_closed()]
+        self._new_pages.clear()
+        for p in pending:
+            await self._await_load(p)
+        self.check()
+
+    async def _await_tabs(self) -> None:
+        """Wait until every tab the pages asked to open has appeared (or the timeout)."""
+        timeout = self.spec.navigation_timeout
+        try:
+            while self._opened < self._requested:
+                self._tab_opened.clear()
+                await asyncio.wait_for(self._tab_opened.wait(), timeout)
+        except asyncio.TimeoutError:
+            self._requested = self._opened
+            self.last_error = self.last_error or f"a new tab did not open within {timeout:g} s"
+
+    async def _await_load(self, page: Page) -> None:
+        timeout = self.spec.navigation_timeout
+        try:
+            await asyncio.wait_for(self._navigating[page].wait(), timeout)
+            await page.wait_for_load_state("domcontentloaded", timeout=timeout * 1000)
+        except (asyncio.TimeoutError, PlaywrightError):
+            self.check()
+            if not page.is_closed():
+                self.last_error = (self.last_error or
+                                   f"the page {page.url} was still loading after {timeout:g} s")
+
+    async def observe(self, screenshot: bool | None = None) -> Observation:
+        """Read the active tab: tree with bids, text, URL, tabs, last error, optional PNG."""
+        page = self.page
+        raw: dict[str, Any] | None = None
+        for _ in range(3):  # a navigation can replace the document under the walker
+            try:
+                raw = await page.evaluate(WALK_JS, [self.next_bid, MAX_TEXT])
+                break
+            except PlaywrightError as exc:
+                self.check()
+                if page.is_closed():
+                    raise BrowserError(f"the active tab closed during observation: {exc}") \
+                        from exc
+                await self._await_load(page)
+        if raw is None:
+            raise BrowserError(f"could not read {page.url}: the document kept changing")
+        self.next_bid = int(raw["next"])
+        nodes = parse_nodes(raw["nodes"])
+        self.issued.update(n.bid for n in nodes if n.bid)
+        tabs = []
+        for p in self.pages:
+            try:
+                title = await p.title() if p is not page else raw["title"]
+            except PlaywrightError:
+                title = ""
+            tabs.append({"title": title, "url": p.url})
+        shot = None
+        if screenshot if screenshot is not None else self.spec.screenshot:
+            shot = await page.screenshot(type="png", timeout=self.spec.action_timeout * 1000)
+        obs = Observation(url=raw["url"], title=raw["title"], nodes=nodes, text=raw["text"],
+                          tabs=tabs, active_tab=self.active, scroll=tuple(raw["scroll"]),
+                          error=self.last_error, screenshot=shot)
+        self.last_observation = obs
+        return obs

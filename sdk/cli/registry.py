@@ -1,0 +1,221 @@
+"""CLI: `corral publish | pull | install | yank | search | lock | profile | dedup` and
+`corral registry serve`.
+
+`--registry` takes a local store path or a registry URL (default: `$CORRAL_REGISTRY`, else the
+local store at `$CORRAL_HOME` or `~/.corral`); `--token` defaults to `$CORRAL_TOKEN`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from corral.errors import CorralError
+
+from .common import console
+
+REGISTRY_HELP = "Local store path or registry URL (default: $CORRAL_REGISTRY or ~/.corral)."
+registry_app = typer.Typer(help="Run a registry server.", no_args_is_help=True)
+
+
+def _registry_option() -> Optional[str]:
+    return typer.Option(None, "--registry", "-r", envvar="CORRAL_REGISTRY", help=REGISTRY_HELP)
+
+
+def _token_option() -> Optional[str]:
+    return typer.Option(None, "--token", envvar="CORRAL_TOKEN",
+                        help="Publishing token of the registry server ($CORRAL_TOKEN).")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+
+def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.toml)."),
+            env_id: Optional[str] = typer.Option(None, "--id", help="Which env of the folder."),
+            version: Optional[str] = typer.Option(None, "--version", help="Semantic version."),
+            registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option(),
+            validate: bool = typer.Option(False, "--validate", help="Validate first and attach "
+                                          "the report."),
+            validate_limit: int = typer.Option(50, "--validate-limit",
+                                               help="Tasks to validate (0 = all)."),
+            report: Optional[Path] = typer.Option(None, "--report", help="Attach a saved "
+                                                  "validation report (corral validate --json)."),
+            license: Optional[str] = typer.Option(None, "--license", help="Dataset licence.")
+            ) -> None:
+    """Pack an env folder into an immutable release and publish it."""
+    from corral.registry.build import build_release
+    from corral.registry.transfer import open_store
+
+    validation = None
+    if report is not None:
+        from corral.validate import ValidationReport
+
+        validation = ValidationReport.load(report)
+    with console.status(f"packing {path}…"):
+        built = build_release(path, env_id=env_id, version=version, validation=validation,
+                              validate_limit=validate_limit if validate and not report else None,
+                              license=license)
+    if built.manifest.validation is not None and not built.manifest.validation.get("ok"):
+        console.print("[yellow]warning:[/] the attached validation report did not pass")
+    store = open_store(registry, token=token)
+    with console.status(f"publishing to {store.location}…"):
+        result = store.publish(built.archive, token=token)
+    record = result.record
+    what = "published" if result.created else "already published (identical content)"
+    console.print(f"{what} [bold]{record.ref}[/] sha256:{record.sha256} "
+                  f"({_size(record.size)}, {record.manifest.card.tasks:,} tasks) to "
+                  f"{store.location}", highlight=False)
+
+
+def pull(ref: str = typer.Argument(..., help="id[@version] or sha256:HASH."),
+         registry: Optional[str] = _registry_option(),
+         to: Optional[Path] = typer.Option(None, "--to", help="Local store to pull into "
+                                           "(default: $CORRAL_HOME or ~/.corral).")) -> None:
+    """Copy a release from a registry into a local store, verifying every hash."""
+    from corral.registry.store import LocalStore
+    from corral.registry.transfer import pull as pull_release
+
+    dest = LocalStore(to)
+    record = pull_release(ref, source=registry, dest=dest)
+    console.print(f"pulled [bold]{record.ref}[/] sha256:{record.sha256} into {dest.location}",
+                  highlight=False)
+
+
+def install(ref: Optional[str] = typer.Argument(None, help="id[@version] or sha256:HASH."),
+            registry: Optional[str] = typer.Option(None, "--registry", "-r",
+                                                   envvar="CORRAL_REGISTRY",
+                                                   help="Pull from this registry first."),
+            lock: Optional[Path] = typer.Option(None, "--lock", help="Install every release "
+                                                "pinned in this corral.lock.")) -> None:
+    """Unpack a release into an isolated folder and register it (`cr.make(id)` then uses it)."""
+    from corral.registry.install import install as install_release
+    from corral.registry.lock import Lock
+    from corral.registry.store import LocalStore
+    from corral.registry.transfer import open_store
+
+    if (ref is None) == (lock is None):
+        raise CorralError("give a release reference or --lock FILE (one of them)")
+    store = LocalStore()
+    source = None
+    if registry and Path(registry).expanduser().resolve() != store.home.resolve():
+        source = open_store(registry)
+    installed = (Lock.load(lock).install(store=store, source=source) if lock is not None
+                 else [install_release(ref, store=store, source=source)])
+    for item in installed:
+        console.print(f"installed [bold]{item.record.ref}[/] sha256:{item.record.sha256[:12]} "
+                      f"at {item.path}", highlight=False)
+
+
+def yank(ref: str = typer.Argument(..., help="id@version or sha256:HASH."),
+         reason: str = typer.Option("", "--reason", help="Why (shown to users)."),
+         registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option()
+         ) -> None:
+    """Hide a release from resolution (it stays pullable by exact hash)."""
+    from corral.registry.transfer import open_store
+
+    record = open_store(registry, token=token).yank(ref, reason=reason, token=token)
+    console.print(f"yanked [bold]{record.ref}[/] sha256:{record.sha256}", highlight=False)
+
+
+def search(query: str = typer.Argument("", help="Words to look for (empty: everything)."),
+           registry: Optional[str] = _registry_option()) -> None:
+    """Search published envs (latest visible release of each)."""
+    from corral.registry.transfer import open_store
+
+    records = open_store(registry).search(query)
+    if not records:
+        raise CorralError(f"no published environment matches {query!r}" if query
+                          else "no published environments")
+    table = Table(title=f"{len(records)} environments", title_justify="left")
+    for column in ("id", "version", "kind", "tasks", "sha256", "description"):
+        table.add_column(column, justify="right" if column == "tasks" else "left",
+                         no_wrap=column != "description")
+    for r in records:
+        table.add_row(r.id, r.version, r.manifest.kind or "", f"{r.manifest.card.tasks:,}",
+                      r.sha256[:12], r.manifest.description)
+    console.print(table)
+
+
+def lock(refs: list[str] = typer.Argument(..., help="Releases to pin: id[@version] or sha256."),
+         registry: Optional[str] = _registry_option(),
+         output: Path = typer.Option(Path("corral.lock"), "--output", "-o",
+                                     help="Lock file to write or update.")) -> None:
+    """Pin exact releases (by hash) in corral.lock."""
+    from corral.registry.lock import Lock
+    from corral.registry.transfer import open_store
+
+    store = open_store(registry)
+    current = Lock.load(output) if output.exists() else Lock(path=output)
+    for ref in refs:
+        pin = current.pin(store.resolve(ref), registry or "")
+        console.print(f"pinned {pin.id}@{pin.version} sha256:{pin.sha256[:12]}", highlight=False)
+    console.print(f"wrote {current.save(output)}")
+
+
+def profile(env_id: str = typer.Argument(..., help="Environment id."),
+            agent: str = typer.Option("random", "--agent", "-a", help="random | oracle | noop."),
+            n: int = typer.Option(100, "--n", "-n", min=0, help="Tasks to play (0 = all)."),
+            runs: int = typer.Option(1, "--runs", min=1, help="Episodes per task."),
+            concurrency: int = typer.Option(4, "--concurrency", "-c", min=1),
+            registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option()
+            ) -> None:
+    """Measure pass rates per task with a scripted agent and record them (difficulty)."""
+    from corral.registry.curation import profile_env
+    from corral.registry.transfer import open_store
+
+    store = open_store(registry, token=token)
+    with console.status(f"profiling {env_id} with the {agent} agent…"):
+        result = asyncio.run(profile_env(env_id, agent, n=n or None, runs=runs,
+                                         concurrency=concurrency, store=store, token=token))
+    bins = result.histogram(10)
+    console.print(f"{result.env_id} · {agent}: pass rate {result.pass_rate:.1%} over "
+                  f"{len(result.tasks)} tasks; tasks per pass-rate decile {bins}; recorded in "
+                  f"{store.location}", highlight=False)
+
+
+def dedup(patterns: list[str] = typer.Argument(..., help="Env ids or globs, e.g. 'corral/*'."),
+          threshold: float = typer.Option(0.8, "--threshold", help="Jaccard similarity."),
+          limit: int = typer.Option(2000, "--limit", help="Tasks per env (0 = all)."),
+          show: int = typer.Option(20, "--show", help="Pairs to print.")) -> None:
+    """Find near-duplicate tasks within and across envs (MinHash over instructions)."""
+    from corral.registry.curation import find_near_duplicates
+
+    with console.status("hashing tasks…"):
+        pairs = find_near_duplicates(patterns, threshold=threshold, limit=limit or None)
+    across = sum(p.across_envs for p in pairs)
+    console.print(f"{len(pairs)} near-duplicate pairs ({across} across envs) at similarity ≥ "
+                  f"{threshold}")
+    for pair in pairs[:show]:
+        console.print(f"  {pair.similarity:.2f}  {pair.a.env_id}#{pair.a.index}  "
+                      f"{pair.b.env_id}#{pair.b.index}", highlight=False)
+
+
+@registry_app.command("serve")
+def serve(registry: Optional[str] = typer.Option(None, "--registry", "-r",
+                                                 help="Store folder (default: ~/.corral)."),
+          host: str = typer.Option("127.0.0.1", "--host"),
+          port: int = typer.Option(8080, "--port", "-p"),
+          tokens: list[str] = typer.Option([], "--token", help="namespace:token, repeatable "
+                                           "('*:token' for all); also $CORRAL_REGISTRY_TOKENS.")
+          ) -> None:
+    """Serve a store over HTTP: the API and the web catalog."""
+    from corral.registry.server import Tokens, serve as serve_registry
+
+    specs = [*tokens, *filter(None, os.environ.get("CORRAL_REGISTRY_TOKENS", "").split(","))]
+    console.print(f"registry on http://{host}:{port} over {registry or '~/.corral'} "
+                  f"({len(specs)} token(s))", highlight=False)
+    serve_registry(registry, host=host, port=port, tokens=Tokens.parse(specs))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the publishing and curation commands to the main CLI app."""
+    for name, fn in (("publish", publish), ("pull", pull), ("install", install), ("yank", yank),
+                     ("search", search), ("lock", lock), ("profile", profile), ("dedup", dedup)):
+        app.command(name)(fn)
+    app.add_typer(registry_app, name="registry")

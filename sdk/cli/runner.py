@@ -1,0 +1,127 @@
+"""`corral collect ENV_IDS...` (rollouts into a run directory) and `corral report RUN_DIR`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from corral.errors import CorralError
+
+from .common import console
+
+
+def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
+    """`tiny` or a local model directory → LocalPolicy; `http://...` (comma-separated
+    replicas) → OpenAIPolicy, which needs `tokenizer` (the served model's directory or tiny)."""
+    if spec.startswith(("http://", "https://")):
+        from corral.runner.openai_policy import OpenAIPolicy
+
+        if not tokenizer:
+            raise CorralError("--policy URL needs --tokenizer PATH (the served model's directory, "
+                              "or 'tiny') to build prompts as token ids")
+        return OpenAIPolicy([u.strip() for u in spec.split(",") if u.strip()], tokenizer=tokenizer)
+    if spec != "tiny" and not Path(spec).exists():
+        raise CorralError(f"--policy {spec!r} is neither 'tiny', a model directory, nor an "
+                          "http:// URL")
+    from corral.runner.local_policy import LocalPolicy
+
+    return LocalPolicy(spec, device=device)
+
+
+async def _collect(env_ids: list[str], policy: Any, n: int, group: int, run_dir: Path,
+                   runner_kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    from corral.runner.runner import Runner
+
+    columns = (TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    async with policy:
+        async with Runner(env_ids, policy, run_dir=run_dir, **runner_kwargs) as runner:
+            with Progress(*columns, console=console, transient=False) as progress:
+                bar = progress.add_task("collect", total=n, info="")
+                rewards: list[float] = []
+
+                def update(traj: Any) -> None:
+                    rewards.append(traj.reward)
+                    pool = runner.pool.snapshot() if runner.pool else {}
+                    info = (f"in flight {runner.inflight} · mean reward "
+                            f"{sum(rewards) / len(rewards):.3f} · sandboxes "
+                            f"{pool.get('starts', 0)} started/{pool.get('reuses', 0)} reused · "
+                            f"policy v{policy.version}")
+                    progress.update(bar, advance=1, info=info)
+
+                runner.add_listener(update)
+                trajectories = await runner.collect(n, group=group)
+            return trajectories, runner.stats()
+
+
+def _summary(trajectories: list[Any], seconds: float) -> Table:
+    table = Table(title="collected", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    statuses: dict[str, int] = {}
+    for traj in trajectories:
+        statuses[traj.status.value] = statuses.get(traj.status.value, 0) + 1
+    n = max(1, len(trajectories))
+    rows = [("trajectories", str(len(trajectories))),
+            *((f"status {k}", str(v)) for k, v in sorted(statuses.items())),
+            ("mean reward", f"{sum(t.reward for t in trajectories) / n:.3f}"),
+            ("generated tokens", str(sum(t.generated_tokens for t in trajectories))),
+            ("wall seconds", f"{seconds:.1f}"),
+            ("trajectories/s", f"{len(trajectories) / max(seconds, 1e-9):.2f}")]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    """Add `collect` and `report` to `app`."""
+
+    @app.command("collect")
+    def collect(
+        env_ids: list[str] = typer.Argument(..., help="Environment ids to sample tasks from."),
+        policy: str = typer.Option("tiny", help="'tiny', a local model directory, or "
+                                                "http://host:port[,http://...] replicas."),
+        tokenizer: str = typer.Option(None, help="Tokenizer directory for an http policy."),
+        n: int = typer.Option(16, "--n", min=1, help="Trajectories to collect."),
+        group: int = typer.Option(4, min=1, help="Samples per task (GRPO group size)."),
+        run_dir: Path = typer.Option(..., help="Run directory (created, or resumed)."),
+        seed: int = typer.Option(0, help="Seed for task sampling (same seed resumes)."),
+        sandbox_capacity: int = typer.Option(8, min=1, help="Most sandboxes alive at once."),
+        inference_concurrency: int = typer.Option(32, min=1, help="Most generate calls at once."),
+        max_turns: int = typer.Option(None, min=1, help="Override the envs' max turns."),
+        max_tokens: int = typer.Option(128, min=1, help="Tokens per generation."),
+        temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature."),
+        retries: int = typer.Option(2, min=0, help="Retries of infrastructure failures."),
+        sandbox_backend: str = typer.Option("auto", help="auto | docker | bwrap."),
+        episode_deadline: float = typer.Option(None, help="Seconds per episode."),
+        turn_deadline: float = typer.Option(None, help="Seconds per turn."),
+        device: str = typer.Option(None, help="torch device for a local policy."),
+        report: bool = typer.Option(True, help="Write report.html at the end."),
+    ) -> None:
+        """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
+        model = make_policy(policy, tokenizer=tokenizer, device=device)
+        kwargs = dict(seed=seed, sandbox_capacity=sandbox_capacity,
+                      inference_concurrency=inference_concurrency, max_turns=max_turns,
+                      max_tokens=max_tokens, temperature=temperature, retries=retries,
+                      sandbox_backend=sandbox_backend, episode_deadline=episode_deadline,
+                      turn_deadline=turn_deadline)
+        started = time.perf_counter()
+        trajectories, _ = asyncio.run(_collect(list(env_ids), model, n, group, run_dir, kwargs))
+        console.print(_summary(trajectories, time.perf_counter() - started))
+        if report:
+            from corral.runner.report import write_report
+
+            console.print(f"report: {write_report(run_dir)}")
+
+    @app.command("report")
+    def report_cmd(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
+        """Write RUN_DIR/report.html (timeline, histograms, summary) from a run's store."""
+        from corral.runner.report import write_report
+
+        console.print(f"report: {write_report(run_dir)}")

@@ -1,0 +1,338 @@
+"""Harbor / Terminal-Bench 2 tasks as Corral environments: `cr.load_harbor(path)`.
+
+A task directory in that public format::
+
+    my-task/
+      instruction.md          what the agent is asked
+      task.toml               [metadata], [verifier] timeout_sec/env, [agent] timeout_sec,
+                              [environment] build_timeout_sec, docker_image, cpus, memory_mb, ...
+      environment/Dockerfile  the sandbox image (or [environment] docker_image)
+      solution/solve.sh       the oracle (optional)
+      tests/test.sh           the verifier: writes /logs/verifier/reward.txt or reward.json
+
+becomes the env `harbor/my-task-v0`: its image is built from the Dockerfile (content-hash tag,
+built on first use or by `corral image build ID`), the oracle unpacks solution/ into /solution
+and runs `bash /solution/solve.sh`, and after the episode tests/ is copied to /tests and
+`bash /tests/test.sh` runs; its reward file (or exit code) is the reward. A directory of task
+directories registers one env per task plus a family env named after the directory, whose
+dataset holds all of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import logging
+import os
+import re
+import tarfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .dataset import Dataset
+from .errors import AgentError, DatasetError, DuplicateRegistration
+from .sandbox.spec import Terminal
+from .terminal import TerminalEnv, Verifier, bash
+from .types import Task, ToolCall
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 600.0  # Harbor's default agent and verifier timeouts, in seconds
+DOCKERFILE_INSTRUCTIONS = frozenset({
+    "FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
+    "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"})
+
+
+# --- task.toml ------------------------------------------------------------------------------------
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class VerifierSection(_Section):
+    timeout_sec: float = Field(DEFAULT_TIMEOUT, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentSection(_Section):
+    timeout_sec: float = Field(DEFAULT_TIMEOUT, gt=0)
+
+
+class EnvironmentSection(_Section):
+    build_timeout_sec: float = Field(DEFAULT_TIMEOUT, gt=0)
+    docker_image: str | None = None
+    cpus: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0)
+    storage_mb: int | None = Field(None, gt=0)
+    memory: str | None = None  # older spelling, e.g. "2G"
+    storage: str | None = None
+    allow_internet: bool = False
+
+
+class TaskConfig(_Section):
+    """The parts of Harbor's task.toml that Corral uses (unknown keys are kept, not used)."""
+
+    version: str = "1.0"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    verifier: VerifierSection = Field(default_factory=VerifierSection)
+    agent: AgentSection = Field(default_factory=AgentSection)
+    environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
+
+
+def read_config(path: Path) -> TaskConfig:
+    """Parse task.toml; errors name the file, the key and the problem."""
+    if not path.is_file():
+        return TaskConfig()
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise DatasetError(f"{path}: invalid TOML ({exc})") from None
+    try:
+        return TaskConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err["loc"]]
+        key = f"[{loc[0]}] {'.'.join(loc[1:])}" if len(loc) > 1 else (loc[0] if loc else "")
+        got = f", got {err['input']!r}" if not isinstance(err.get("input"), dict) else ""
+        raise DatasetError(f"{path}: {key}: {err['msg']}{got}") from None
+
+
+# --- Dockerfile -----------------------------------------------------------------------------------
+def check_dockerfile(path: Path) -> str | None:
+    """Light static check of a Dockerfile; returns its last absolute WORKDIR (None if none).
+    Raises DatasetError naming the file, the line and the problem."""
+    workdir: str | None = None
+    seen_from = False
+    pending = ""
+    start = 0
+    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if not pending:
+            start = lineno
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        statement, pending = (pending + line).strip(), ""
+        keyword, _, rest = statement.partition(" ")
+        keyword = keyword.upper()
+        if keyword not in DOCKERFILE_INSTRUCTIONS:
+            raise DatasetError(f"{path}:{start}: unknown instruction {statement.split()[0]!r} "
+                               "(a Dockerfile line starts with FROM, RUN, COPY, WORKDIR, ...)")
+        if not seen_from and keyword not in ("FROM", "ARG"):
+            raise DatasetError(f"{path}:{start}: {keyword} before FROM (a Dockerfile must "
+                               "start with FROM)")
+        seen_from = seen_from or keyword == "FROM"
+        if keyword == "FROM" and not rest.strip():
+            raise DatasetError(f"{path}:{start}: FROM needs an image")
+        if keyword == "WORKDIR" and rest.strip().startswith("/") and "$" not in rest:
+            workdir = rest.strip().strip("\"'")
+    if pending:
+        raise DatasetError(f"{path}: the last line ends with a line continuation '\\'")
+    if not seen_from:
+        raise DatasetError(f"{path}: no FROM line (a Dockerfile must start with FROM)")
+    return workdir
+
+
+# --- task directories -----------------------------------------------------------------------------
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _pack(files: dict[str, bytes]) -> str:
+    """A base64 .tar.gz of `files` (how the oracle carries solution/ into the sandbox)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+@dataclass
+class HarborTask:
+    """One Harbor task directory, read and checked."""
+
+    name: str
+    root: Path
+    instruction: str
+    config: TaskConfig
+    spec: Terminal
+    tests: dict[str, bytes]
+    solution: dict[str, bytes] | None
+    digest: str
+
+    @property
+    def agent_timeout(self) -> float:
+        return self.config.agent.timeout_sec
+
+
+def _spec(root: Path, config: TaskConfig) -> Terminal:
+    env = config.environment
+    dockerfile = root / "environment" / "Dockerfile"
+    workdir = "/root"
+    kwargs: dict[str, Any] = {}
+    if dockerfile.is_file():
+        workdir = check_dockerfile(dockerfile) or workdir
+        kwargs["dockerfile"] = str(dockerfile.resolve())
+    elif env.docker_image:
+        kwargs["image"] = env.docker_image
+    else:
+        raise DatasetError(f"{dockerfile}: missing (give environment/Dockerfile or "
+                           "[environment] docker_image in task.toml)")
+    memory = f"{env.memory_mb}m" if env.memory_mb else (env.memory or "2g").lower()
+    cpus = min(env.cpus or 1.0, float(os.cpu_count() or 1))  # docker rejects more than exist
+    try:
+        return Terminal(**kwargs, workdir=workdir, cpus=cpus, memory=memory,
+                        network=env.allow_internet)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise DatasetError(f"{root / 'task.toml'}: [environment] {err['loc'][0]}: "
+                           f"{err['msg']}") from None
+
+
+def read_task(path: str | Path) -> HarborTask:
+    """Read one Harbor task directory; errors name the file and the problem."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DatasetError(f"{root}: not a directory")
+    instruction_md = root / "instruction.md"
+    if not instruction_md.is_file():
+        raise DatasetError(f"{instruction_md}: missing (every Harbor task has an instruction.md)")
+    config = read_config(root / "task.toml")
+    tests_dir = root / "tests"
+    if not tests_dir.is_dir():
+        raise DatasetError(f"{tests_dir}: missing folder (Harbor tasks verify with tests/test.sh)")
+    if not (tests_dir / "test.sh").is_file():
+        raise DatasetError(f"{tests_dir / 'test.sh'}: missing (the verifier's entry point)")
+    spec = _spec(root, config)
+    solve = root / "solution" / "solve.sh"
+    solution = _files(solve.parent) if solve.is_file() else None
+    tests = _files(tests_dir)
+    digest = hashlib.sha256()
+    for name, data in sorted(_files(root).items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return HarborTask(root.name, root.resolve(), instruction_md.read_text(), config, spec, tests,
+                      solution, digest.hexdigest()[:16])
+
+
+def is_task_dir(path: Path) -> bool:
+    return (path / "instruction.md").is_file() or (path / "task.toml").is_file()
+
+
+def slug(name: str) -> str:
+    """A task directory name as the name part of an env id."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-._").lower() or "task"
+
+
+# --- the env --------------------------------------------------------------------------------------
+class HarborEnv(TerminalEnv):
+    """A terminal env over Harbor task directories (made by `load_harbor`)."""
+
+    harbor_tasks: ClassVar[dict[str, HarborTask]] = {}
+    max_turns = 100
+
+    def harbor_task(self, task: Task) -> HarborTask:
+        try:
+            return self.harbor_tasks[task["name"]]
+        except KeyError:
+            raise DatasetError(f"{self.env_id}: no Harbor task named "
+                               f"{task.get('name')!r}") from None
+
+    def sandbox_for(self, task: Task) -> Terminal:
+        return self.harbor_task(task).spec
+
+    def instruction(self, task: Task) -> str:
+        return self.harbor_task(task).instruction
+
+    def time_limit(self, task: Task) -> float | None:
+        return self.harbor_task(task).agent_timeout
+
+    async def setup(self, sandbox: Any, task: Task) -> None:
+        await sandbox.exec("mkdir -p /logs/agent /logs/verifier", timeout=30)
+
+    def solution(self, task: Task) -> list[ToolCall]:
+        """Unpack solution/ into /solution, then run `bash /solution/solve.sh`."""
+        ht = self.harbor_task(task)
+        if ht.solution is None:
+            raise AgentError(f"{ht.root / 'solution' / 'solve.sh'}: missing, so {self.env_id} "
+                             "has no oracle")
+        unpack = (f"rm -rf /solution && mkdir -p /solution && echo {_pack(ht.solution)} | "
+                  "base64 -d | tar -xz -C /solution")
+        return [bash(unpack, timeout=60), bash("bash /solution/solve.sh",
+                                                timeout=ht.agent_timeout)]
+
+    def tests_script(self, task: Task) -> Verifier:
+        ht = self.harbor_task(task)
+        return Verifier(dict(ht.tests), timeout=ht.config.verifier.timeout_sec,
+                        env=dict(ht.config.verifier.env))
+
+
+def _env_class(env_id: str, tasks: list[HarborTask], source: Path) -> type[HarborEnv]:
+    name = "Harbor_" + re.sub(r"\W", "_", env_id)
+    doc = (tasks[0].config.metadata.get("description") if len(tasks) == 1 else None) or \
+        f"Harbor tasks from {source}"
+    cls = type(name, (HarborEnv,), {
+        "__doc__": str(doc), "__module__": __name__, "__qualname__": name,
+        "harbor_tasks": {t.name: t for t in tasks}, "env_id": env_id,
+        "sandbox_spec": tasks[0].spec,  # stands for the env (pools, `corral image build`)
+        "tasks": Dataset.from_list([{"name": t.name, "digest": t.digest} for t in tasks]),
+        "tags": ("terminal", "harbor", *map(str, tasks[0].config.metadata.get("tags", [])))
+        if len(tasks) == 1 else ("terminal", "harbor")})
+    return cls  # type: ignore[return-value]
+
+
+def load_harbor(path: str | Path, namespace: str = "harbor",
+                register: bool = True) -> dict[str, type[HarborEnv]]:
+    """Read Harbor / Terminal-Bench 2 task directories at `path` and make environments.
+
+    `path` is one task directory (→ `NS/<task>-v0`) or a directory of them (→ one env per task
+    plus the family `NS/<dir>-v0` holding all tasks). With `register`, the envs are added to
+    the default catalog (`cr.make("harbor/<task>-v0")`). Returns {env id: env class}.
+    Raises DatasetError naming the file and the problem for malformed tasks.
+    """
+    from corral.registry import default_catalog, parse_id
+
+    root = Path(path)
+    if not root.is_dir():
+        raise DatasetError(f"{root}: no such directory of Harbor tasks")
+    if is_task_dir(root):
+        tasks = [read_task(root)]
+    else:
+        dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        tasks = [read_task(d) for d in dirs if is_task_dir(d)]
+        if not tasks:
+            raise DatasetError(f"{root}: no Harbor task directories (folders with "
+                               "instruction.md and task.toml)")
+    envs: dict[str, type[HarborEnv]] = {}
+    for task in tasks:
+        env_id = f"{namespace}/{slug(task.name)}-v0"
+        envs[env_id] = _env_class(env_id, [task], task.root)
+    if len(tasks) > 1 or not is_task_dir(root):
+        family = f"{namespace}/{slug(root.resolve().name)}-v0"
+        if family in envs:
+            raise DatasetError(f"{root}: the family id {family} clashes with a task of the same "
+                               "name; rename the folder")
+        envs[family] = _env_class(family, tasks, root.resolve())
+    for env_id, cls in envs.items():
+        parse_id(env_id, require_version=True)
+        if not register:
+            continue
+        roots = sorted(str(t.root) for t in cls.harbor_tasks.values())
+        if env_id in default_catalog:
+            old = default_catalog.spec(env_id).metadata.get("harbor_roots")
+            if old is not None and old != roots:
+                raise DuplicateRegistration(f"{env_id} is already registered from {old[0]}; "
+                                            f"use another namespace for {roots[0]}")
+        default_catalog.register(env_id, entry_point=cls, kind="terminal", tags=list(cls.tags),
+                                 description=(cls.__doc__ or "").strip().splitlines()[0],
+                                 source=f"harbor:{root.resolve()}", harbor_roots=roots)
+    log.info("loaded %d Harbor env(s) from %s", len(envs), root)
+    return envs

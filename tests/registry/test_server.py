@@ -1,0 +1,208 @@
+"""The registry server over real HTTP on loopback: tokens, immutability, hostile uploads, the
+client's parity with the local store, a kill mid-upload, and a bounded load test."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from corral.registry.build import build_release
+from corral.registry.client import RegistryClient
+from corral.registry.errors import AuthError, ReleaseError, ReleaseNotFound, VersionConflict
+from corral.registry.release import read_release
+from corral.registry.store import LocalStore
+from corral.registry.transfer import publish, pull
+from registry_helpers import OTHER_TOKEN, TOKEN, store_is_empty, wait_for, word_tasks, write_env
+
+
+def test_tokens_scope_publishing_to_a_namespace(server, make_env, tmp_path: Path) -> None:
+    folder, env_id = make_env(5)
+    archive = build_release(folder, out_dir=tmp_path / "out").archive
+    client = RegistryClient(server.url)
+    with pytest.raises(AuthError, match="needs a publishing token"):
+        client.publish(archive)
+    with pytest.raises(AuthError, match="not valid"):
+        client.publish(archive, token="wrong-token-123")
+    with pytest.raises(AuthError, match="not allowed to publish in namespace 'acme'"):
+        client.publish(archive, token=OTHER_TOKEN)
+    assert store_is_empty(server.store)
+    status = httpx.put(f"{server.url}/api/releases", content=archive.read_bytes()).status_code
+    assert status == 401
+
+    result = client.publish(archive, token=TOKEN)
+    assert result.created and result.record.sha256 == hashlib.sha256(
+        archive.read_bytes()).hexdigest()
+    assert not client.publish(archive, token=TOKEN).created  # identical: 200, not a new release
+    (folder / "tasks.jsonl").write_text('{"word": "other", "topic": "x"}\n')
+    changed = build_release(folder, out_dir=tmp_path / "out2").archive
+    with pytest.raises(VersionConflict):
+        client.publish(changed, token=TOKEN)
+    response = httpx.put(f"{server.url}/api/releases", content=changed.read_bytes(),
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 409 and response.json()["error"] == "VersionConflict"
+
+    with pytest.raises(AuthError):
+        client.yank(env_id, token=OTHER_TOKEN)
+    client.yank(env_id, reason="bad", token=TOKEN)
+    with pytest.raises(ReleaseNotFound):
+        client.resolve(env_id)
+    assert client.get(result.record.sha256).yanked
+
+
+def test_hostile_and_oversized_uploads_write_nothing(tmp_path: Path) -> None:
+    from corral.registry.release import Limits
+    from corral.registry.server import Tokens
+    from registry_helpers import LiveServer
+
+    store = LocalStore(tmp_path / "small", limits=Limits(max_total_bytes=4096))
+    with LiveServer(store, Tokens.parse([f"acme:{TOKEN}"])) as live:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        response = httpx.put(f"{live.url}/api/releases", content=os.urandom(10_000),
+                             headers=headers)
+        assert response.status_code == 413 and "limit" in response.json()["detail"]
+        response = httpx.put(f"{live.url}/api/releases", content=b"not a tarball",
+                             headers=headers)
+        assert response.status_code == 400
+        assert "not a readable release archive" in response.json()["detail"]
+        assert store_is_empty(store)
+
+
+def test_client_has_the_local_store_interface(server, make_env, tmp_path: Path) -> None:
+    folder, env_id = make_env(12)
+    published = publish(folder, registry=server.url, token=TOKEN).record
+    client = RegistryClient(server.url)
+    assert client.resolve(env_id).sha256 == published.sha256
+    assert [r.id for r in client.search("echo")] == [env_id]
+    assert [r.id for r in client.releases("acme/*")] == [env_id]
+    local = LocalStore(tmp_path / "clean")
+    pulled = pull(env_id, source=server.url, dest=local)
+    assert pulled.sha256 == published.sha256
+    assert read_release(local.archive(pulled.sha256)) == published.manifest
+    with pytest.raises(ReleaseNotFound, match="Did you mean"):
+        client.resolve(env_id.replace("echo", "ecko"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _serve(store: Path, port: int) -> subprocess.Popen:
+    code = "from corral.cli import main; main()"
+    return subprocess.Popen([sys.executable, "-c", code, "registry", "serve", "--registry",
+                             str(store), "--port", str(port), "--token", f"acme:{TOKEN}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/api/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_server_killed_mid_upload_shows_no_partial_release(make_env, tmp_path: Path) -> None:
+    folder, env_id = make_env(2000)
+    archive = build_release(folder, out_dir=tmp_path / "out").archive
+    data = archive.read_bytes()
+    home, port = tmp_path / "killed-store", _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve(home, port)
+    try:
+        wait_for(lambda: _up(url), 60, "the server subprocess")
+        store = LocalStore(home)
+        sent, killed = asyncio.Event(), asyncio.Event()
+
+        async def upload() -> None:
+            async def body():
+                yield data[: len(data) // 2]
+                sent.set()
+                await killed.wait()  # the rest goes to a dead server: the write fails
+                for start in range(len(data) // 2, len(data), 4096):
+                    yield data[start:start + 4096]
+
+            async with httpx.AsyncClient(timeout=60) as client:
+                with pytest.raises(httpx.HTTPError):
+                    await client.put(f"{url}/api/releases", content=body(),
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+
+        async def kill_when_half_written() -> None:
+            await sent.wait()
+            await asyncio.to_thread(wait_for, lambda: any(store.tmp.glob("*.part")), 30,
+                                    "the upload's temp file")
+            proc.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(proc.wait, 30)
+            killed.set()
+
+        async def both() -> None:
+            await asyncio.wait_for(asyncio.gather(upload(), kill_when_half_written()), 120)
+
+        asyncio.run(both())
+        assert any(store.tmp.glob("*.part"))  # the half upload is left behind...
+        with pytest.raises(ReleaseNotFound):
+            store.resolve(env_id)  # ...but no release is visible
+    finally:
+        proc.kill()
+        proc.wait(30)
+    proc = _serve(home, port)
+    try:
+        wait_for(lambda: _up(url), 60, "the restarted server")
+        assert not any(store.tmp.glob("*.part"))  # recovered at start
+        client = RegistryClient(url)
+        with pytest.raises(ReleaseNotFound):
+            client.resolve(env_id)
+        assert client.publish(archive, token=TOKEN).created
+        assert client.resolve(env_id).sha256 == hashlib.sha256(data).hexdigest()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.slow
+def test_load_200_pulls_and_20_publishes(server, tmp_path: Path) -> None:
+    """Bounded: 200 concurrent pulls of one release and 20 concurrent publishes of new
+    versions; every pull is byte-identical, every publish lands and verifies."""
+    folder = write_env(tmp_path / "load", "acme/load-v1", word_tasks(200, "load"))
+    base = build_release(folder, out_dir=tmp_path / "base")
+    assert RegistryClient(server.url).publish(base.archive, token=TOKEN).created
+    archives = [build_release(folder, version=f"2.0.{i}", out_dir=tmp_path / f"v{i}").archive
+                for i in range(20)]
+    expected = {f"2.0.{i}": hashlib.sha256(a.read_bytes()).hexdigest()
+                for i, a in enumerate(archives)}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def run() -> tuple[list[bytes], list[httpx.Response]]:
+        limits = httpx.Limits(max_connections=300, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            async def pull_one() -> bytes:
+                response = await client.get(f"/api/releases/{base.sha256}/archive")
+                response.raise_for_status()
+                return response.content
+
+            async def publish_one(archive: Path) -> httpx.Response:
+                return await client.put("/api/releases", content=archive.read_bytes(),
+                                        headers=headers)
+
+            pulls = [pull_one() for _ in range(200)]
+            publishes = [publish_one(a) for a in archives]
+            results = await asyncio.wait_for(asyncio.gather(*pulls, *publishes), 180)
+            return results[:200], results[200:]
+
+    pulled, published = asyncio.run(run())
+    assert all(hashlib.sha256(body).hexdigest() == base.sha256 for body in pulled)
+    assert [r.status_code for r in published] == [201] * 20
+    stored = {r.version: r.sha256 for r in server.store.releases("acme/load-v1")}
+    assert {v: s for v, s in stored.items() if v.startswith("2.0.")} == expected
+    for sha in expected.values():  # every release intact on disk
+        read_release(server.store.archive(sha))
+    assert RegistryClient(server.url).resolve("acme/load-v1").version == "2.0.19"

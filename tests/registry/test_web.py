@@ -1,0 +1,78 @@
+"""The web catalog in real Chromium: the env list, search, and an env page with its dataset
+card, versions, tools, validation result, difficulty histogram and the command to use it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.async_api import async_playwright
+
+from corral.registry.store import Profile, TaskPassRate
+from corral.registry.transfer import publish
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+@pytest.mark.browser
+async def test_catalog_pages_in_chromium(server, make_env, tmp_path: Path) -> None:
+    alpha, alpha_id = make_env(12)
+    beta, beta_id = make_env(7, namespace="other")
+    validation = {"ok": True, "oracle_pass_rate": 1.0, "noop_pass_rate": 0.0,
+                  "tasks_checked": 12, "tasks_total": 12, "backend": None}
+    publish(alpha, registry=server.store, validation=validation)
+    publish(alpha, registry=server.store, version="1.1.0", validation=validation)
+    (beta / "corral.toml").write_text((beta / "corral.toml").read_text()
+                                      .replace("Repeat a word.", "Spell birds backwards."))
+    publish(beta, registry=server.store)
+    server.store.record_profile(Profile(env_id=alpha_id, agent="random", tasks=[
+        TaskPassRate(task_index=i, task_id=f"t{i}", runs=4, passes=i % 5) for i in range(12)]))
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                           args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(server.url + "/")
+            rows = page.locator("#env-list tbody tr")
+            assert await rows.count() == 2
+            assert "2 environments" in await page.locator("h1").inner_text()
+
+            await page.fill("#search-input", "birds")
+            await page.click("#search-button")
+            await page.wait_for_url("**/?q=birds")
+            assert await rows.count() == 1
+            assert await page.locator(".env-link").inner_text() == beta_id
+
+            await page.fill("#search-input", "echo")
+            await page.click("#search-button")
+            await page.wait_for_url("**/?q=echo")
+            assert await rows.count() == 2
+            await page.click(f"text={alpha_id}")
+            await page.wait_for_url(f"**/env/{alpha_id}")
+
+            assert alpha_id in await page.locator("#env-title").inner_text()
+            assert "1.1.0" in await page.locator("#env-title").inner_text()
+            use = await page.locator("#use").inner_text()
+            assert f"corral install {alpha_id}@1.1.0 --registry {server.url}" in use
+            card = await page.locator("#card").inner_text()
+            assert "12" in card and "CC-BY-4.0" in card and "Repeat the word" in card
+            assert await page.locator("#validation-verdict").inner_text() == "passed"
+            assert await page.locator("#tools summary").inner_text() == \
+                "spell — Spell a word letter by letter."
+            assert await page.locator("#versions tbody tr").count() == 2
+            bars = page.locator("#difficulty svg rect.bar")
+            assert await bars.count() == 10
+            heights = [float(await bars.nth(i).get_attribute("height")) for i in range(10)]
+            # pass rates 0 (3 tasks), .25 (3), .5 (2), .75 (2), 1.0 (2): bins 0, 2, 5, 7, 9
+            assert [i for i, h in enumerate(heights) if h > 0] == [0, 2, 5, 7, 9]
+            assert heights[0] == heights[2] == max(heights) and heights[9] < heights[0]
+
+            await page.click("#versions >> text=1.0.0")
+            await page.wait_for_url("**version=1.0.0")
+            assert "1.0.0" in await page.locator("#env-title").inner_text()
+            response = await page.goto(server.url + "/env/acme/nothing-v1")
+            assert response is not None and response.status == 404
+        finally:
+            await browser.close()

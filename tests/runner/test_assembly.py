@@ -1,0 +1,121 @@
+"""Batch assembly: GRPO groups, straggler cut-off with carry-over, zero-variance filtering."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from corral.runner import BatchAssembler, Runner, ScriptedPolicy, Status, Trajectory
+from corral.runner.scripted import ScriptedCall
+
+from runner_helpers import arithmetic_solver
+
+
+def _variance(group: list[Trajectory]) -> float:
+    rewards = [t.reward for t in group]
+    return max(rewards) - min(rewards)
+
+
+async def test_batches_are_groups_of_one_task_with_distinct_samples() -> None:
+    policy = ScriptedPolicy(arithmetic_solver)
+    async with Runner(["corral/arithmetic-v0", "corral/countdown-v0"], policy,
+                      filter_zero_variance=False, seed=11) as runner:
+        seen: set[str] = set()
+        async for batch in runner.batches(size=12, group=4, max_batches=2):
+            assert len(batch) == 12 and len(batch.groups) == 3
+            for group in batch.groups:
+                assert len({(t.env_id, t.task_id) for t in group}) == 1
+                assert len({t.group_id for t in group}) == 1
+                assert len({t.metadata["seed"] for t in group}) == 4
+            ids = [t.id for t in batch.trajectories]
+            assert not seen & set(ids)
+            seen |= set(ids)
+            assert batch.stats["time_to_batch"] >= 0 and batch.stats["staleness"] == [0] * 12
+        envs = {t.env_id for t in runner._results.values()}
+    assert envs == {"corral/arithmetic-v0", "corral/countdown-v0"}
+
+
+async def test_straggler_cut_off_carries_running_groups_into_the_next_batch() -> None:
+    release = asyncio.Event()
+    calls: dict[str, int] = {}
+
+    async def respond(call: ScriptedCall) -> str:
+        session = call.request.session_id or ""
+        calls[session] = calls.get(session, 0) + 1
+        if session.startswith("g000001"):  # the straggler group
+            await release.wait()
+        return arithmetic_solver(call)
+
+    policy = ScriptedPolicy(respond)
+    async with Runner(["corral/arithmetic-v0"], policy, filter_zero_variance=False,
+                      overprovision=0.5) as runner:
+        batches = runner.batches(size=4, group=2)
+        first = await batches.__anext__()
+        assert {t.group_id for t in first.trajectories} == {"g000000", "g000002"}
+        assert first.stats["carried_over"] >= 2 and first.stats["inflight"] >= 2
+        release.set()
+        while not {"g000001-s000", "g000001-s001"} <= set(runner._results):
+            await runner._wait_change()
+        second = await batches.__anext__()
+        await batches.aclose()
+    straggler = [t for t in second.trajectories if t.group_id == "g000001"]
+    assert len(straggler) == 2 and second.stats["carried_in"] >= 2
+    assert all(t.status is Status.COMPLETE and t.generated_tokens > 0 for t in straggler)
+    # not thrown away and restarted: each straggler sample was generated exactly once
+    assert calls["g000001-s000#a1"] == 1 and calls["g000001-s001#a1"] == 1
+    assert not {t.id for t in first.trajectories} & {t.id for t in second.trajectories}
+
+
+def solver_by_task(call: ScriptedCall) -> str:
+    """Always right when the expression starts with an even number (a zero-variance group),
+    otherwise right only for even request seeds."""
+    expr = re.search(r"Compute (.+?)\. Reply", call.prompt).group(1)  # type: ignore[union-attr]
+    value = eval(expr, {"__builtins__": {}})
+    right = int(expr.split()[0]) % 2 == 0 or (call.request.seed or 0) % 2 == 0
+    return str(value if right else value + 1)
+
+
+async def test_zero_variance_groups_are_filtered_and_counted() -> None:
+    async with Runner(["corral/arithmetic-v0"], ScriptedPolicy(solver_by_task), seed=4) as runner:
+        filtered = 0
+        async for batch in runner.batches(size=8, group=4, max_batches=3):
+            assert all(_variance(g) > 0 for g in batch.groups)
+            filtered += batch.stats["filtered_groups"]
+        totals = runner.assembler.totals
+    assert filtered > 0 and totals.filtered_groups >= filtered
+    assert totals.filtered_trajectories == 4 * totals.filtered_groups
+
+    async with Runner(["corral/arithmetic-v0"], ScriptedPolicy(solver_by_task), seed=4,
+                      filter_zero_variance=False) as runner:
+        zero = 0
+        async for batch in runner.batches(size=8, group=4, max_batches=3):
+            zero += sum(_variance(g) == 0 for g in batch.groups)
+            assert batch.stats["filtered_groups"] == 0
+    assert zero > 0
+
+
+def _traj(group: int, sample: int, reward: float, status: Status = Status.COMPLETE) -> Trajectory:
+    return Trajectory(id=f"g{group:06d}-s{sample:03d}", env_id="e", task_id="t",
+                      group_id=f"g{group:06d}", reward=reward, status=status,
+                      attempts=3 if status is Status.INFRA_ERROR else 1)
+
+
+def test_infra_failed_members_are_never_trained_on() -> None:
+    assembler = BatchAssembler(min_trainable=2)
+    for group in range(3):
+        assembler.expect(group, 3)
+    fates = []
+    fates += [assembler.add(_traj(0, 0, 1.0), 0), assembler.add(_traj(0, 1, 0.0), 0),
+              assembler.add(_traj(0, 2, 0.0, Status.INFRA_ERROR), 0)]
+    fates += [assembler.add(_traj(1, 0, 1.0), 1),
+              assembler.add(_traj(1, 1, 0.0, Status.INFRA_ERROR), 1),
+              assembler.add(_traj(1, 2, 0.0, Status.INFRA_ERROR), 1)]
+    assert fates == [None, None, "ready", None, None, "discarded"]
+    assert assembler.take(2, policy_version=0) is None  # only one ready group
+    for sample, reward in enumerate([0.0, 1.0, 1.0]):
+        assembler.add(_traj(2, sample, reward), 2)
+    batch = assembler.take(2, policy_version=3)
+    assert batch is not None and [len(g) for g in batch.groups] == [2, 3]
+    assert all(t.status is not Status.INFRA_ERROR for t in batch.trajectories)
+    assert batch.stats["discarded_groups"] == 1 and batch.stats["infra_failed"] == 3
+    assert batch.stats["retried_attempts"] == 6

@@ -1,0 +1,235 @@
+"""The episode loop: incremental tokens, tool calls, version tags, deadlines, retries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import corral as cr
+from corral.errors import AgentError, PolicyError
+from corral.runner import Runner, SandboxPool, ScriptedPolicy, Status
+from corral.runner.policy import Generation, GenerationRequest
+from corral.runner.scripted import ScriptedCall, render_chatml
+from corral.runner.trajectory import ENV_VERSION, Trajectory
+
+from runner_helpers import DirOpener, FileEnv, file_solver, tool_call
+
+
+def segments(traj: Trajectory) -> list[tuple[int, list[int], list[int]]]:
+    """(loss flag, token ids, versions) runs of a trajectory."""
+    out: list[tuple[int, list[int], list[int]]] = []
+    for tok, mask, version in zip(traj.token_ids, traj.loss_mask, traj.versions):
+        if not out or out[-1][0] != mask:
+            out.append((mask, [], []))
+        out[-1][1].append(tok)
+        out[-1][2].append(version)
+    return out
+
+
+def never_right(call: ScriptedCall) -> str:
+    return "-5"  # outside every guess-number range: the game never ends early
+
+
+async def test_multi_turn_tokens_are_built_incrementally_and_match_the_template() -> None:
+    policy = ScriptedPolicy(never_right)
+    async with Runner(["corral/guess-number-v0"], policy, max_turns=3, seed=3) as runner:
+        [traj] = await runner.collect(1)
+    assert traj.status is Status.TRUNCATED and traj.turns == 3
+    assert len(traj.token_ids) == len(traj.loss_mask) == len(traj.logprobs) == len(traj.versions)
+    # the ids appended turn by turn are exactly the chat template over the final transcript
+    # (the env's reply to the last turn is not tokenized: the episode is over)
+    assert traj.messages[-1] == {"role": "user", "content": "higher"}
+    text = policy.tokenizer.decode(traj.token_ids)
+    assert text + "\n" == render_chatml(traj.messages[:-1])
+    runs = segments(traj)
+    generated = [r for r in runs if r[0] == 1]
+    assert [policy.tokenizer.decode(r[1]) for r in generated] == ["-5<|im_end|>"] * 3
+    assert all(v == ENV_VERSION for r in runs if r[0] == 0 for v in r[2])
+    assert all(lp < 0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m)
+    phases = traj.phase_seconds()
+    assert {"setup", "queue", "decode", "env", "verify"} <= set(phases)
+
+
+async def test_tool_calls_run_in_the_sandbox_and_errors_come_back_as_observations(
+        opener: DirOpener) -> None:
+    script = ["<tool_call>{not json</tool_call>", tool_call("cat README; ls nothere"),
+              tool_call("echo 'hello 0' > f0.txt; echo 'hello 1' > f1.txt; "
+                        "echo 'hello 2' > f2.txt; echo 'hello 3' > f3.txt; "
+                        "echo 'hello 4' > f4.txt; echo 'hello 5' > f5.txt"), "done"]
+    policy = ScriptedPolicy(script)
+    pool = SandboxPool(2, opener=opener)
+    async with Runner([FileEnv], policy, pool=pool, sandbox_capacity=2) as runner:
+        [traj] = await runner.collect(1)
+    await pool.close()
+    assert traj.status is Status.COMPLETE and traj.reward == 1.0 and traj.turns == 4
+    tools = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert tools[0].startswith("Error: Could not parse tool call")
+    assert "task files live here" in tools[1] and "No such file" in tools[1]
+    env_text = "".join(policy.tokenizer.decode(r[1]) for r in segments(traj) if r[0] == 0)
+    assert "Could not parse tool call" in env_text and "task files live here" in env_text
+    assert "sandbox_wait" in traj.phase_seconds()
+
+
+class ChatToolPolicy(ScriptedPolicy):
+    """Returns the first turn's call as OpenAI `tool_calls` instead of text."""
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        gen = await super().generate(request)
+        if "[exit" in self.tokenizer.decode(request.prompt_ids) or gen.text != "CALL":
+            return gen
+        fields = {f: getattr(gen, f) for f in Generation.__dataclass_fields__}
+        call = {"id": "call_1", "type": "function", "function": {
+            "name": "sh", "arguments": json.dumps({"command": "echo ok > proof.txt"})}}
+        return Generation(**{**fields, "tool_calls": [call]})
+
+
+async def test_openai_tool_calls_are_executed(opener: DirOpener) -> None:
+    policy = ChatToolPolicy(["CALL", "done"])
+    pool = SandboxPool(1, opener=opener)
+    async with Runner([FileEnv], policy, pool=pool, sandbox_capacity=1) as runner:
+        [traj] = await runner.collect(1)
+    await pool.close()
+    assert traj.turns == 2
+    assistant = [m for m in traj.messages if m["role"] == "assistant"][0]
+    assert assistant["tool_calls"] == [{"name": "sh", "arguments": {"command": "echo ok > proof.txt"}}]
+    assert any(m["role"] == "tool" and m.get("tool_call_id") == "call_1" for m in traj.messages)
+
+
+async def test_tokens_carry_the_version_that_generated_them() -> None:
+    reached, go = asyncio.Event(), asyncio.Event()
+
+    async def respond(call: ScriptedCall) -> str:
+        if call.turn == 2:
+            reached.set()
+            await go.wait()
+        return "-5"
+
+    policy = ScriptedPolicy(respond)
+    async with Runner(["corral/guess-number-v0"], policy, max_turns=5) as runner:
+        pending = asyncio.ensure_future(runner.collect(1))
+        await reached.wait()
+        policy.set_version(1)            # weights replaced while turn 2 is being generated
+        assert runner.on_policy_update(1) == 0  # default: in-flight work finishes
+        go.set()
+        [traj] = await pending
+    versions = [set(r[2]) for r in segments(traj) if r[0] == 1]
+    # turn 2 started before the update, so it keeps version 0, like a running decode batch
+    assert versions == [{0}, {0}, {0}, {1}, {1}]
+    assert traj.min_version() == 0
+
+
+async def test_turn_deadline_truncates_and_still_verifies(opener: DirOpener) -> None:
+    forever = asyncio.Event()
+
+    async def respond(call: ScriptedCall) -> str:
+        if call.turn == 0:
+            return file_solver(call)
+        await forever.wait()
+        return "done"
+
+    pool = SandboxPool(1, opener=opener)
+    async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=1,
+                      turn_deadline=0.5, seed=2) as runner:
+        trajs = await runner.collect(2, group=2)
+    await pool.close()
+    assert [t.status for t in trajs] == [Status.TRUNCATED] * 2
+    assert all(t.metadata["truncated_by"] == "turn" for t in trajs)
+    # the verifier ran although the episode was cut: the even seed wrote the right file
+    assert sorted(t.reward for t in trajs) in ([0.0, 1.0], [1.0, 1.0], [0.0, 0.0])
+    assert {t.reward for t in trajs if t.metadata["seed"] % 2 == 0} <= {1.0}
+    assert all("verify" in t.phase_seconds() for t in trajs)
+
+
+async def test_infra_failures_are_retried_with_a_fresh_sandbox(opener: DirOpener) -> None:
+    def respond(call: ScriptedCall) -> str:
+        if call.request.session_id.endswith("#a1") and call.turn == 0:
+            return tool_call("crash-sandbox")  # the sandbox dies mid-episode
+        return file_solver(call)
+
+    pool = SandboxPool(2, opener=opener)
+    async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=2,
+                      retries=2) as runner:
+        trajs = await runner.collect(3)
+    await pool.close()
+    for traj in trajs:
+        assert traj.status is Status.COMPLETE and traj.attempts == 2
+        assert len(traj.metadata["infra_causes"]) == 1
+        assert "SandboxDied" in traj.metadata["infra_causes"][0]
+    killed = [s for s in opener.opened if s.killed]
+    assert len(killed) == 3 and all(s.closed for s in killed)
+    assert len(opener.opened) >= 4  # the retries ran in other sandboxes
+
+
+DOOMED = ("g000001", "g000004")
+
+
+async def test_setup_and_policy_failures_are_retried_then_recorded(opener: DirOpener) -> None:
+    FileEnv.fail_setup = {f"f{i}.txt": 1 for i in range(6)}  # every setup fails once
+
+    def respond(call: ScriptedCall) -> str:
+        if call.request.session_id.startswith(DOOMED):
+            raise PolicyError("replica answered HTTP 503")  # these samples always fail
+        return file_solver(call)
+
+    pool = SandboxPool(2, opener=opener)
+    async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=2,
+                      retries=1, seed=5) as runner:
+        trajs = await runner.collect(8)
+    await pool.close()
+    doomed = [t for t in trajs if t.id.startswith(DOOMED)]
+    fine = [t for t in trajs if not t.id.startswith(DOOMED)]
+    assert len(doomed) == 2 and len(fine) == 6
+    for traj in doomed:  # infra errors after retries are recorded with their cause
+        assert traj.status is Status.INFRA_ERROR and traj.attempts == 2
+        assert "PolicyError" in traj.error and not traj.trainable
+    first_try_setup = [t for t in fine if any("lost its sandbox" in c
+                                              for c in t.metadata.get("infra_causes", []))]
+    assert first_try_setup and all(t.status is Status.COMPLETE for t in fine)
+
+
+class Strict(cr.TextEnv):
+    """Ends the episode with an AgentError when the agent says 'boom'."""
+
+    env_id = "test/strict-v0"
+    tasks = cr.Dataset.from_list([{"prompt": "Say something."}])
+    max_turns = 3
+
+    async def respond(self, task: cr.Task, completion: str, state: dict[str, Any]) -> str | None:
+        if "boom" in completion:
+            raise AgentError("the agent blew up the game")
+        return "go on"
+
+
+async def test_agent_errors_are_recorded_not_retried() -> None:
+    policy = ScriptedPolicy(["fine", "boom"])
+    async with Runner([Strict], policy, retries=3) as runner:
+        [traj] = await runner.collect(1)
+    assert traj.status is Status.AGENT_ERROR and traj.attempts == 1
+    assert "blew up" in traj.error and traj.trainable and traj.turns == 2
+    assert policy.stats.requests == 2
+
+
+async def test_max_staleness_cuts_and_restarts_old_episodes() -> None:
+    started: set[str] = set()
+    gate, both_running = asyncio.Event(), asyncio.Event()
+
+    async def respond(call: ScriptedCall) -> str:
+        started.add(call.request.session_id or "")
+        if len(started) == 2:
+            both_running.set()
+        if call.version == 0:
+            await gate.wait()  # old-version episodes are still decoding when the update lands
+        return "-5"
+
+    policy = ScriptedPolicy(respond)
+    async with Runner(["corral/guess-number-v0"], policy, max_turns=2,
+                      max_staleness=0) as runner:
+        pending = asyncio.ensure_future(runner.collect(2))
+        await both_running.wait()
+        policy.set_version(1)
+        assert runner.on_policy_update(1) == 2 and runner.counts["cut"] == 2
+        trajs = await pending
+        gate.set()
+    assert all(t.min_version() == 1 and t.turns == 2 for t in trajs)
+    assert {s.split("#")[1] for s in started} == {"a1", "r1"}

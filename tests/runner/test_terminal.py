@@ -1,0 +1,65 @@
+"""The runner on a real terminal env: real containers (docker) and bubblewrap sandboxes."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+
+import pytest
+
+import corral as cr
+from corral.runner import Runner, ScriptedPolicy, Status
+from corral.runner.scripted import ScriptedCall
+from corral.sandbox.images import ensure_base_image
+
+from runner_helpers import tool_call
+
+
+class Touch(cr.TerminalEnv):
+    """Put a word into /tmp/word.txt."""
+
+    env_id = "test/touch-v0"
+    tasks = cr.Dataset.from_list([{"word": w} for w in ("alpha", "beta", "gamma")])
+    max_turns = 3
+
+    def instruction(self, task: cr.Task) -> str:
+        return f"Write the word {task.word} into /tmp/word.txt."
+
+    @cr.reward
+    async def written(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> float:
+        result = await sandbox.exec("cat /tmp/word.txt")
+        return float(result.stdout.strip() == task.word)
+
+
+def solver(call: ScriptedCall) -> str:
+    if call.turn == 0:
+        word = call.prompt.split("Write the word ")[1].split()[0]
+        return tool_call(f"cd /tmp && echo {word} > word.txt && pwd", name="bash")
+    return "done"
+
+
+@pytest.fixture(scope="module")
+def base_image() -> str:
+    return ensure_base_image()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+async def test_terminal_env_in_real_sandboxes(backend: str, base_image: str) -> None:
+    run_id = f"test-runner-{uuid.uuid4().hex[:8]}"
+    policy = ScriptedPolicy(solver)
+    async with Runner([Touch], policy, sandbox_capacity=2, sandbox_backend=backend,
+                      run_id=run_id, seed=1) as runner:
+        trajs = await runner.collect(4, group=2)
+    pool = runner.pool.snapshot()  # after close: nothing may be left alive
+    assert [t.status for t in trajs] == [Status.COMPLETE] * 4
+    assert all(t.reward == 1.0 for t in trajs)
+    tools = [m["content"] for t in trajs for m in t.messages if m["role"] == "tool"]
+    assert all("/tmp" in out for out in tools)
+    assert pool["starts"] >= 2 and pool["acquires"] == 4 and pool["live"] == 0
+    assert pool["warm_hits"] >= 2  # pre-warmed ahead of the first episodes
+    assert all("sandbox_wait" in t.phase_seconds() for t in trajs)
+    if backend == "docker":
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=corral.run={run_id}"],
+                              capture_output=True, text=True, check=True).stdout.split()
+        assert left == []

@@ -1,0 +1,115 @@
+"""The sandbox contract on both real backends: exec, shell, files, kill guarantee, output cap."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from corral.sandbox.base import TRUNCATION_MARKER
+
+
+async def test_exec_exit_code_and_streams(sandbox):
+    r = await sandbox.exec("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (3, "out\n", "err\n", False)
+    r = await sandbox.exec(["cat", "/etc/debian_version"])
+    assert r.ok and r.stdout.startswith("12")
+
+
+async def test_exec_env_and_cwd(sandbox):
+    r = await sandbox.exec("pwd; echo $GREETING", env={"GREETING": "hello"}, cwd="/tmp")
+    assert r.stdout == "/tmp\nhello\n"
+
+
+async def test_output_is_capped_without_buffering(sandbox):
+    # ~200 MB through the pipe; only the limit is kept, the rest is counted and dropped
+    r = await sandbox.exec("head -c 200000000 /dev/zero | tr '\\0' x; echo; echo done >&2",
+                           timeout=120)
+    assert r.ok and r.truncated
+    assert r.stdout.startswith("x" * 1000)
+    assert len(r.stdout) < (1 << 20) + 200
+    assert TRUNCATION_MARKER.format(dropped=200000001 - (1 << 20)) in r.stdout
+    assert r.stderr == "done\n"
+
+
+async def test_exec_timeout_kills_group_and_sandbox_stays_usable(sandbox):
+    t0 = time.monotonic()
+    r = await sandbox.exec("sleep 1000 & sleep 1000; echo never", timeout=1)
+    assert r.timed_out and not r.ok and "never" not in r.stdout
+    assert time.monotonic() - t0 < 2.0
+    ps = await sandbox.exec("ps -eo comm | grep -c '^sleep$' || true")
+    assert ps.stdout.strip() == "1"  # only the sandbox's own idle process is left
+    assert (await sandbox.exec("echo next")).stdout == "next\n"
+
+
+async def test_shell_shares_cwd_and_env_each_command_own_exit_code(sandbox):
+    sh = await sandbox.shell()
+    assert (await sh.run("cd /tmp && export COLOR=green && FOO=bar")).exit_code == 0
+    r = await sh.run("pwd; echo $COLOR $FOO")
+    assert r.stdout == "/tmp\ngreen bar\n"
+    assert (await sh.run("false")).exit_code == 1
+    assert (await sh.run("(exit 7)")).exit_code == 7
+    assert (await sh.run("echo 'unterminated")).exit_code == 2  # syntax error, session intact
+    r = await sh.run("printf 'no newline'; printf 'e' >&2")
+    assert (r.stdout, r.stderr, r.exit_code) == ("no newline", "e", 0)
+    assert await sandbox.shell() is sh
+
+
+async def test_shell_timeout_kills_command_not_shell(sandbox):
+    sh = await sandbox.shell()
+    await sh.run("cd /opt && export KEEP=1")
+    await sh.run("sleep 300 >/dev/null 2>&1 &")  # an earlier background job survives
+    t0 = time.monotonic()
+    r = await sh.run("sleep 1000", timeout=1)
+    assert r.timed_out and time.monotonic() - t0 < 2.0
+    r = await sh.run("echo $PWD $KEEP; ps -eo args | grep -c '^sleep 300$'")
+    assert r.stdout == "/opt 1\n1\n"
+
+
+async def test_shell_stuck_in_builtin_loop_is_replaced(sandbox):
+    sh = await sandbox.shell()
+    t0 = time.monotonic()
+    r = await sh.run("while :; do :; done", timeout=0.5)
+    assert r.timed_out and time.monotonic() - t0 < 2.0
+    assert (await sh.run("echo back")).stdout == "back\n"
+
+
+async def test_shell_exit_restarts_session(sandbox):
+    sh = await sandbox.shell()
+    await sh.run("exit 4")
+    assert (await sh.run("echo again")).stdout == "again\n"
+
+
+async def test_files_roundtrip(sandbox, tmp_path):
+    await sandbox.write_file("/srv/data/nested/a.txt", "héllo\n", mode=0o600)
+    assert await sandbox.read_file("/srv/data/nested/a.txt") == "héllo\n".encode()
+    r = await sandbox.exec("stat -c %a /srv/data/nested/a.txt; cat /srv/data/nested/a.txt")
+    assert r.stdout == "600\nhéllo\n"
+    with pytest.raises(FileNotFoundError):
+        await sandbox.read_file("/srv/missing.txt")
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "b.bin").write_bytes(bytes(range(256)))
+    await sandbox.upload(tmp_path / "tree", "/work")
+    await sandbox.download("/work/sub/b.bin", tmp_path / "out.bin")
+    assert (tmp_path / "out.bin").read_bytes() == bytes(range(256))
+
+
+async def test_setup_files_persist_across_exec_calls(sandbox):
+    await sandbox.exec("mkdir -p /etc/app && echo 1 > /etc/app/conf && echo x > /root/y")
+    assert (await sandbox.exec("cat /etc/app/conf /root/y")).stdout == "1\nx\n"
+
+
+async def test_background_service_from_exec_outlives_the_call(sandbox):
+    r = await sandbox.exec("nohup sleep 600 >/dev/null 2>&1 & echo started")
+    assert r.stdout == "started\n"
+    assert (await sandbox.exec("ps -eo args | grep -c '^sleep 600$'")).stdout == "1\n"
+
+
+async def test_closed_defaults(sandbox):
+    r = await sandbox.exec("grep -E '^Cap(Bnd|Eff)' /proc/self/status; "
+                           "grep NoNewPrivs /proc/self/status")
+    assert "NoNewPrivs:\t1" in r.stdout
+    bounding = int(r.stdout.split("CapBnd:")[1].split()[0], 16)
+    assert bounding & (1 << 21) == 0  # CAP_SYS_ADMIN is not in the bounding set
+    r = await sandbox.exec("mount -t tmpfs none /mnt")
+    assert r.exit_code != 0

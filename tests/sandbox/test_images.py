@@ -1,0 +1,141 @@
+"""Image building (content-hash caching, clear failures) and the CLI around it, for real."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from corral.errors import ImageBuildError, ImageNotFound
+from corral.sandbox import open_sandbox
+from corral.sandbox.images import build_image, ensure_base_image, image_tag
+from corral.sandbox.spec import Terminal
+
+
+def _app() -> typer.Typer:
+    from corral.cli.sandbox import register
+
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:
+        """corral"""
+
+    register(app)
+    return app
+
+
+def _image_ids(tag: str) -> str:
+    return subprocess.run(["docker", "images", "-q", tag], capture_output=True,
+                          text=True).stdout.strip()
+
+
+async def test_ensure_base_image_is_cached(base_image):
+    assert ensure_base_image() == base_image
+    r = subprocess.run(["docker", "run", "--rm", "--network", "none", base_image, "sh", "-c",
+                        "id agent; python3 -c 'print(1)'; git --version"],
+                       capture_output=True, text=True)
+    assert "uid=1000(agent)" in r.stdout and "git version" in r.stdout
+
+
+def test_build_caches_by_content(base_image, tmp_path):
+    ctx = tmp_path / "hello-env"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {base_image}\nCOPY msg.txt /msg.txt\n")
+    (ctx / "msg.txt").write_text("one\n")
+    tag = build_image(ctx / "Dockerfile")
+    assert tag.startswith("corral/env-hello-env:") and tag == image_tag(ctx / "Dockerfile")
+    image_id = _image_ids(tag)
+    lines: list[str] = []
+    assert build_image(ctx / "Dockerfile", on_line=lines.append) == tag
+    assert lines == [] and _image_ids(tag) == image_id  # unchanged: nothing was built
+    (ctx / "msg.txt").write_text("two\n")
+    changed = build_image(ctx / "Dockerfile")
+    assert changed != tag and _image_ids(changed) != image_id
+    r = subprocess.run(["docker", "run", "--rm", changed, "cat", "/msg.txt"],
+                       capture_output=True, text=True)
+    assert r.stdout == "two\n"
+    subprocess.run(["docker", "rmi", "-f", tag, changed], capture_output=True)
+
+
+def test_broken_dockerfile_names_file_and_step(base_image, tmp_path):
+    df = tmp_path / "broken" / "Dockerfile"
+    df.parent.mkdir()
+    df.write_text(f"FROM {base_image}\nRUN echo fine\nRUN exit 3\n")
+    with pytest.raises(ImageBuildError) as err:
+        build_image(df)
+    assert str(df) in str(err.value) and "RUN exit 3" in str(err.value)
+    result = CliRunner().invoke(_app(), ["image", "build", "--dockerfile", str(df)])
+    assert result.exit_code == 1 and str(df) in result.output
+
+
+def test_missing_from_image_names_the_command(dockerd, tmp_path):
+    df = tmp_path / "Dockerfile"
+    df.write_text("FROM corral/env-nothing-here:000000000000\n")
+    with pytest.raises(ImageBuildError, match="not present locally"):
+        build_image(df)
+
+
+async def test_missing_image_names_the_command(dockerd, run_id):
+    with pytest.raises(ImageNotFound, match="corral image build acme/none-v1"):
+        await open_sandbox(Terminal(image="corral/env-none:abc"), "docker", run_id=run_id,
+                           env_id="acme/none-v1")
+    from corral.sandbox.images import missing_image
+
+    assert "`corral image base`" in str(missing_image("corral/base:bookworm"))
+
+
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+async def test_spec_with_dockerfile_builds_on_first_use(base_image, run_id, tmp_path, backend):
+    df = tmp_path / "Dockerfile"
+    df.write_text(f"FROM {base_image}\nRUN echo built > /built.txt\n")
+    async with await open_sandbox(Terminal(dockerfile=str(df)), backend, run_id=run_id) as sb:
+        assert (await sb.exec("cat /built.txt")).stdout == "built\n"
+    subprocess.run(["docker", "rmi", "-f", image_tag(df)], capture_output=True)
+
+
+async def test_gc_removes_a_runs_orphans(base_image, run_id):
+    from corral.sandbox.bwrap import sandboxes_dir
+
+    orphan_run = f"{run_id}-orphans"
+    spec = Terminal(image=base_image)
+    docker_sb = await open_sandbox(spec, "docker", run_id=orphan_run)
+    bwrap_sb = await open_sandbox(spec, "bwrap", run_id=orphan_run)
+    try:
+        result = CliRunner().invoke(_app(), ["sandbox", "gc", "--run", orphan_run])
+        assert result.exit_code == 0, result.output
+        assert "removed 1 containers, 1 bwrap" in result.output
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=corral.run={orphan_run}"],
+                              capture_output=True, text=True).stdout
+        assert left.strip() == ""
+        assert not list(sandboxes_dir().glob(f"{orphan_run}-*"))
+    finally:
+        await docker_sb.close()
+        await bwrap_sb.close()
+
+
+async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id):
+    from corral.sandbox.reaper import gc
+
+    dead_run = f"{run_id}-dead"
+    script = ("import asyncio, os\nfrom corral.sandbox import open_sandbox\n"
+              "from corral.sandbox.spec import Terminal\n"
+              "async def main():\n"
+              f"    await open_sandbox(Terminal(image={base_image!r}), 'docker', run_id={dead_run!r})\n"
+              f"    await open_sandbox(Terminal(image={base_image!r}), 'bwrap', run_id={dead_run!r})\n"
+              "    os._exit(0)\n"
+              "asyncio.run(main())\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    live = await open_sandbox(Terminal(image=base_image), "docker", run_id=run_id)
+    try:
+        report = gc()
+        assert report.containers >= 1 and report.bwrap_dirs >= 1
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=corral.run={dead_run}"],
+                              capture_output=True, text=True).stdout
+        assert left.strip() == ""
+        assert (await live.exec("echo alive")).stdout == "alive\n"  # ours was spared
+    finally:
+        await live.close()

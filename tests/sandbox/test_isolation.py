@@ -1,0 +1,63 @@
+"""Limits and isolation on both real backends: user, pids, memory, network."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+
+import pytest
+
+BACKENDS = ["docker", "bwrap"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_non_root_user(make_sandbox, backend):
+    sb = await make_sandbox(backend, user="agent")
+    r = await sb.exec("id -un; pwd; touch ~/mine && echo ok; touch /etc/nope")
+    assert r.stdout == "agent\n/home/agent\nok\n"
+    assert "Permission denied" in r.stderr
+    assert (await (await sb.shell()).run("id -u")).stdout == "1000\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_fork_bomb_is_contained_then_killed(make_sandbox, backend):
+    sb = await make_sandbox(backend, pids=64)
+    t0 = time.monotonic()
+    r = await sb.exec("bomb() { bomb | bomb & }; bomb; sleep 30", timeout=2)
+    assert r.timed_out and time.monotonic() - t0 < 3.5
+    r = await sb.exec("ps -e --no-headers | wc -l")
+    assert r.ok and int(r.stdout) < 10  # the bomb is gone; the sandbox works again
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_memory_hog_is_killed(make_sandbox, backend):
+    sb = await make_sandbox(backend, memory="128m")
+    r = await sb.exec("python3 -c \"b = bytearray(600 * 2**20); print('survived')\"",
+                      timeout=60)
+    assert not r.ok and "survived" not in r.stdout
+    assert (await sb.exec("echo fine")).stdout == "fine\n"
+
+
+@pytest.fixture
+def host_http_server():
+    """A real HTTP server on the host's loopback."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    with socket.create_connection(server.server_address, timeout=5):
+        pass  # reachable from the host
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_network_off_cannot_reach_host_loopback(make_sandbox, backend, host_http_server):
+    sb = await make_sandbox(backend)
+    probe = (f"import urllib.request as u; u.urlopen('http://127.0.0.1:{host_http_server}/', "
+             "timeout=3); print('reached')")
+    r = await sb.exec(["python3", "-c", probe], timeout=20)
+    assert r.exit_code != 0 and "reached" not in r.stdout
+    r = await sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1")
+    assert r.stdout.split() == ["lo"]  # no interface but its own loopback

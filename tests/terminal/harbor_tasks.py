@@ -1,0 +1,100 @@
+"""Harbor / Terminal-Bench 2 task directories written from the public format description alone
+(instruction.md, task.toml, environment/Dockerfile, solution/solve.sh, tests/test.sh)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COUNT_TOML = """\
+version = "1.0"
+
+[metadata]
+author_name = "Corral tests"
+difficulty = "easy"
+category = "text-processing"
+tags = ["wc", "files"]
+
+[verifier]
+timeout_sec = 45.0
+
+[agent]
+timeout_sec = 120.0
+
+[environment]
+build_timeout_sec = 300.0
+cpus = 1
+memory_mb = 768
+storage_mb = 2048
+"""
+
+COUNT_TEST = """\
+#!/bin/bash
+# Verifier: reward 1 when /app/count.txt holds the number of words in /app/data/words.txt.
+expected=$(wc -w < /app/data/words.txt)
+if [ "$(cat /app/count.txt 2>/dev/null)" = "$expected" ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+ANSWER_TOML = """\
+[metadata]
+difficulty = "easy"
+
+[verifier]
+timeout_sec = 30
+
+[environment]
+docker_image = "corral/base:bookworm"
+memory = "1G"
+"""
+
+ANSWER_TEST = """\
+#!/bin/bash
+if cmp -s /root/answer.txt /tests/expected.txt; then score=1.0; else score=0.0; fi
+printf '{"reward": %s}\\n' "$score" > /logs/verifier/reward.json
+"""
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    """Create `files` (relative path -> text) under `root`; returns `root`."""
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if rel.endswith(".sh"):
+            path.chmod(0o755)
+    return root
+
+
+def count_words_task(root: Path, **overrides: str) -> Path:
+    """A task with its own Dockerfile (FROM the base image, WORKDIR /app, a RUN step)."""
+    files = {
+        "instruction.md": "Count the words in /app/data/words.txt and write the number (digits "
+                          "only) to /app/count.txt.\n",
+        "task.toml": COUNT_TOML,
+        "environment/Dockerfile": "FROM corral/base:bookworm\nWORKDIR /app\n"
+                                  "RUN mkdir -p /app/data && \\\n"
+                                  "    printf 'one two three\\nfour five\\n' \\\n"
+                                  "    > /app/data/words.txt\n",
+        "solution/solve.sh": "#!/bin/bash\nwc -w < /app/data/words.txt > /app/count.txt\n",
+        "tests/test.sh": COUNT_TEST,
+    }
+    files.update(overrides)
+    return write(root, files)
+
+
+def answer_task(root: Path, **overrides: str) -> Path:
+    """A task on a prebuilt image (`docker_image`), whose solution and tests carry data files
+    next to their scripts, scored through reward.json."""
+    files = {
+        "instruction.md": "Write the answer to the ultimate question into /root/answer.txt.\n",
+        "task.toml": ANSWER_TOML,
+        "solution/solve.sh": "#!/bin/bash\ncp /solution/answer.txt /root/answer.txt\n",
+        "solution/answer.txt": "42\n",
+        "tests/test.sh": ANSWER_TEST,
+        "tests/expected.txt": "42\n",
+    }
+    files.update(overrides)
+    return write(root, files)
