@@ -42,8 +42,10 @@ ENV_PY = """from pathlib import Path
 import corral as cr
 
 
-@cr.environment("bench/big-v1", tasks=cr.Dataset.from_jsonl(Path(__file__).with_name("tasks.jsonl")),
-                tags=["text", "bench"])
+TASKS = cr.Dataset.from_jsonl(Path(__file__).with_name("tasks.jsonl"))
+
+
+@cr.environment("bench/big-v1", tasks=TASKS, tags=["text", "bench"])
 class Big(cr.TextEnv):
     \"\"\"A text env with many tasks, for the release benchmarks.\"\"\"
 

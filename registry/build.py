@@ -81,7 +81,8 @@ def pick_entry(folder: Path, entries: list[dict[str, Any]], env_id: str | None) 
 
 
 def relative_entry_point(folder: Path, entry_point: str) -> str:
-    """`module:Class` with the module relative to `folder` (which must contain it)."""
+    """`module:Class` with the module relative to `folder` (which must contain it); `:Class`
+    when the class lives in the folder's own `__init__.py`."""
     module, _, attr = entry_point.partition(":")
     if not attr:
         raise ReleaseError(f"entry point {entry_point!r} must look like 'module:Class'")
@@ -98,9 +99,7 @@ def relative_entry_point(folder: Path, entry_point: str) -> str:
     parts = list(origin.relative_to(folder).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    if not parts:
-        raise ReleaseError(f"entry point {entry_point!r} is the folder's __init__; name a module")
-    return f"{'.'.join(parts)}:{attr}"
+    return f"{'.'.join(parts)}:{attr}"  # ':Class' names the folder's own __init__.py
 
 
 def check_relative_imports(folder: Path, files: dict[str, Path]) -> None:
@@ -133,7 +132,8 @@ def load_class(folder: Path, rel_entry_point: str, original: str) -> Any:
 
     name = module_name_for(hashlib.sha256(str(folder).encode()).hexdigest(), "corral_src_")
     finder.add(name, folder)
-    cls = EnvSpec("x/load-v0", f"{name}.{rel_entry_point}").load()
+    module, _, attr = rel_entry_point.partition(":")
+    cls = EnvSpec("x/load-v0", f"{name}.{module}:{attr}" if module else f"{name}:{attr}").load()
     env_id = getattr(cls, "env_id", None)
     if env_id and env_id in default_catalog and default_catalog.spec(env_id).entry_point is cls:
         default_catalog.unregister(env_id)

@@ -42,7 +42,7 @@ class InstalledRelease:
 def release_spec(manifest: ReleaseManifest, sha: str, module: str, path: Path) -> EnvSpec:
     """A lazy spec running the release's own code (nothing imported yet)."""
     finder.add(module, path)
-    return EnvSpec(manifest.id, f"{module}.{manifest.entry_point}", kind=manifest.kind,
+    return EnvSpec(manifest.id, manifest.entry_point_in(module), kind=manifest.kind,
                    tags=list(manifest.tags), description=manifest.description,
                    source=f"release:sha256:{sha}",
                    metadata={"release": {"sha256": sha, "version": manifest.version,

@@ -55,8 +55,8 @@ class SemVer(NamedTuple):
     def parse(cls, text: str) -> "SemVer":
         match = _SEMVER.match(text) if isinstance(text, str) else None
         if match is None:
-            raise ReleaseError(f"version {text!r} is not a semantic version: use MAJOR.MINOR.PATCH, "
-                               "e.g. 1.0.0 or 1.2.0-rc.1")
+            raise ReleaseError(f"version {text!r} is not a semantic version: use "
+                               "MAJOR.MINOR.PATCH, e.g. 1.0.0 or 1.2.0-rc.1")
         return cls(int(match[1]), int(match[2]), int(match[3]), match[4] or "")
 
     @property
@@ -151,8 +151,10 @@ class ReleaseManifest(BaseModel):
     @classmethod
     def _entry_point(cls, value: str) -> str:
         module, _, attr = value.partition(":")
-        if not attr or not all(p.isidentifier() for p in module.split(".") + attr.split(".")):
-            raise ValueError(f"{value!r} is not 'module:Class' relative to the env folder")
+        names = (module.split(".") if module else []) + attr.split(".")
+        if not attr or not all(p.isidentifier() for p in names):
+            raise ValueError(f"{value!r} is not 'module:Class' relative to the env folder "
+                             "(':Class' for the folder's own __init__.py)")
         return value
 
     @field_validator("files")
@@ -181,6 +183,11 @@ class ReleaseManifest(BaseModel):
     def ref(self) -> str:
         """`id@version`, the human name of this release."""
         return f"{self.id}@{self.version}"
+
+    def entry_point_in(self, package: str) -> str:
+        """The entry point with the env folder imported as `package`."""
+        module, _, attr = self.entry_point.partition(":")
+        return f"{package}.{module}:{attr}" if module else f"{package}:{attr}"
 
     def to_json(self) -> bytes:
         """Canonical bytes: sorted keys, no whitespace variance."""
@@ -326,9 +333,7 @@ def _scan(archive: Path, limits: Limits, dest: Path | None) -> ReleaseManifest:
     try:
         with tarfile.open(archive, mode="r|gz") as tar:
             return _scan_members(tar, limits, dest)
-    except (tarfile.TarError, EOFError, OSError, gzip.BadGzipFile) as exc:
-        if isinstance(exc, ReleaseError):
-            raise
+    except (tarfile.TarError, EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
         raise ReleaseError(f"{archive.name}: not a readable release archive ({exc})") from None
 
 

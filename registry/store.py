@@ -250,8 +250,8 @@ class LocalStore:
                 record = ReleaseRecord(sha256=sha, size=size, manifest=manifest,
                                        published_at=time.time())
                 conn.execute(
-                    "INSERT INTO releases (sha256, env_id, namespace, version, content_sha256, size,"
-                    " manifest, search, published_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                    "INSERT INTO releases (sha256, env_id, namespace, version, content_sha256, "
+                    "size, manifest, search, published_at) VALUES (?,?,?,?,?,?,?,?,?)",
                     (sha, manifest.id, manifest.namespace, manifest.version,
                      manifest.content_sha256, size, manifest.model_dump_json(),
                      _search_text(manifest), record.published_at))
@@ -317,7 +317,8 @@ class LocalStore:
             versions = ", ".join(sorted({r.version for r in records if not r.yanked})) or "none"
             return f"no release {ref} in {self.location}; visible versions: {versions}"
         ids = [r[0] for r in self._conn().execute("SELECT DISTINCT env_id FROM releases")]
-        return f"no release of {parsed.env_id} in {self.location}.{closest(parsed.env_id or '', ids)}"
+        hint = closest(parsed.env_id or "", ids)
+        return f"no release of {parsed.env_id} in {self.location}.{hint}"
 
     def archive(self, sha: str) -> Path:
         """The path of a stored archive."""

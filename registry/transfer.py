@@ -40,10 +40,13 @@ def publish(path: str | Path, *, registry: str | Path | Store | None = None,
     """Pack the env folder at `path` and publish it (see `build_release` for the arguments)."""
     built = build_release(path, env_id=env_id, version=version, validation=validation,
                           license=license)
+    store = open_store(registry, token=token)
     try:
-        return open_store(registry, token=token).publish(built.archive, token=token)
+        return store.publish(built.archive, token=token)
     finally:
         shutil.rmtree(built.archive.parent, ignore_errors=True)
+        if store is not registry:  # opened here from a path or URL
+            store.close()
 
 
 def pull(ref: str, *, source: str | Path | Store | None,

@@ -202,6 +202,8 @@ class RemoteEnv:
             ray.cancel(ref)
             raise
         except ray.exceptions.RayError as exc:
+            if isinstance(exc, ray.exceptions.RayActorError):
+                self._executor.replace(self._worker, actor)
             raise SandboxDied(f"Ray sandbox worker {self._worker} failed during {method}: "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
         self._sync(answer.get("state"))
@@ -279,14 +281,18 @@ class RayExecutor:
             module = getattr(getattr(factory, "func", factory), "__module__", None)
             _pickle_by_value(module, cloudpickle)
         pooled = [(s.spec, s.label) for s in sources if s.pooled]
-        actor_cls = ray.remote(RayEpisodeWorker)
-        self.actors = []
-        for share in self.capacities:
+        actor_cls = ray.remote(RayEpisodeWorker).options(num_cpus=worker_cpus,
+                                                          max_concurrency=10_000)
+
+        def spawn(share: int) -> Any:
             each = prewarm if prewarm is not None else max(1, share // max(1, len(pooled)))
             targets = [(spec, label, min(each, share)) for spec, label in pooled]
-            self.actors.append(actor_cls.options(num_cpus=worker_cpus, max_concurrency=10_000)
-                               .remote(factories, share, sandbox_backend=sandbox_backend,
-                                       run_id=run_id, prewarm=targets))
+            return actor_cls.remote(factories, share, sandbox_backend=sandbox_backend,
+                                    run_id=run_id, prewarm=targets)
+
+        self._spawn = spawn
+        self.actors = [spawn(share) for share in self.capacities]
+        self.replaced = 0
         self._started = [actor.start.remote() for actor in self.actors]
         self._stats: list[dict[str, Any]] = [{} for _ in self.actors]
 
@@ -307,6 +313,14 @@ class RayExecutor:
         index = min(room)[1]
         self.load[index] += 1
         return index
+
+    def replace(self, worker: int, dead: Any) -> None:
+        """Start a new actor in place of worker `worker` (once, however many episodes saw it
+        die). Its sandboxes died with it; the runner retries their episodes."""
+        if self.actors[worker] is dead:
+            log.warning("Ray sandbox worker %d died; starting a replacement", worker)
+            self.actors[worker] = self._spawn(self.capacities[worker])
+            self.replaced += 1
 
     def release(self, worker: int) -> None:
         self.load[worker] = max(0, self.load[worker] - 1)
@@ -347,6 +361,7 @@ class RayExecutor:
                 elif isinstance(value, (int, float)):
                     pool[key] = pool.get(key, 0) + value
         return {"backend": "ray", "workers": len(self.actors), "capacities": self.capacities,
+                "replaced_workers": self.replaced,
                 "env_instances": sum(s.get("env_instances", 0) for s in self._stats),
                 "pool": pool}
 

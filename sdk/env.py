@@ -143,9 +143,15 @@ class Env(gymnasium.Env[str, str]):
         """A fresh sandbox for `task` when no provider is set; text envs need none."""
         return None
 
+    def sandbox_for(self, task: Task) -> SandboxSpec | None:
+        """The sandbox spec for `task` (default: the env's `sandbox_spec`; families whose tasks
+        need different images override it)."""
+        return self.sandbox_spec
+
     async def _acquire(self, task: Task) -> Any:
-        if self.sandbox_spec is not None and self.sandbox_provider is not None:
-            return await self.sandbox_provider.acquire(self.sandbox_spec, self)
+        spec = self.sandbox_for(task)
+        if spec is not None and self.sandbox_provider is not None:
+            return await self.sandbox_provider.acquire(spec, self)
         return await self.open_sandbox(task)
 
     async def _release(self, episode: Episode) -> None:

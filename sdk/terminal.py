@@ -35,9 +35,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from .env import Env
+from .errors import CorralError
 from .sandbox.base import ExecResult, Sandbox
 from .sandbox.spec import Terminal
 from .tools import reward, tool
@@ -183,10 +184,6 @@ class TerminalEnv(Env):
             self._rewards.pop("tests", None)  # the convention is opt-in
 
     # --- sandbox -------------------------------------------------------------------------------
-    def sandbox_for(self, task: Task) -> Terminal:
-        """The sandbox spec for `task` (default: the env's `sandbox_spec`)."""
-        return self.sandbox_spec
-
     @property
     def backend(self) -> str:
         """The backend sandboxes open on: config `backend`, else the spec's."""
@@ -200,12 +197,6 @@ class TerminalEnv(Env):
         backend = self.config.get("backend") or spec.backend
         return await open_sandbox(spec, backend, env_id=self.env_id or type(self).__name__,
                                   run_id=str(self.config.get("run_id") or default_run_id()))
-
-    async def _acquire(self, task: Task) -> Any:
-        # Like Env._acquire, but a provider gets the task's own spec (families may differ per task).
-        if self.sandbox_provider is not None:
-            return await self.sandbox_provider.acquire(self.sandbox_for(task), self)
-        return await self.open_sandbox(task)
 
     # --- tools ---------------------------------------------------------------------------------
     @tool
@@ -280,3 +271,27 @@ class TerminalEnv(Env):
             return "done"
         return bash(rng.choice(["ls", "pwd", "ls -la /", "cat /etc/hostname", "echo hi",
                                 "ls ~", "env | head -5", "ps aux | head -5"]))
+
+
+def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None) -> list[str]:
+    """Build (or find) the images of a terminal env's sandbox specs; returns their tags.
+    Harbor families have one spec per task; other envs one for all tasks."""
+    from corral.registry import make
+    from corral.sandbox import images
+
+    env = make(env_id)
+    specs = [t.spec for t in getattr(env, "harbor_tasks", {}).values()] or \
+        [getattr(env, "sandbox_spec", None)]
+    tags = []
+    for spec in specs:
+        if spec is None or getattr(spec, "kind", None) != "terminal":
+            raise CorralError(f"{env_id} has no terminal sandbox, so no image to build")
+        if spec.dockerfile:
+            tags.append(images.build_image(spec.dockerfile, on_line=on_line))
+        elif spec.image == images.BASE_IMAGE:
+            tags.append(images.ensure_base_image(on_step=on_line))
+        elif images.image_exists(spec.image):
+            tags.append(spec.image)
+        else:
+            raise images.missing_image(spec.image)
+    return list(dict.fromkeys(tags))

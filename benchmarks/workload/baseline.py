@@ -22,6 +22,8 @@ import asyncio
 import io
 import itertools
 import json
+import os
+import socket
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +36,9 @@ from .plans import WorkloadConfig, instruction, task_data
 from .script import PLAN_MARKER
 
 LABEL = "corral.bench"
+# The base image carries `corral.managed=1`; an owner label marks these containers as alive
+# so `corral sandbox gc` run by anyone else meanwhile does not reap them as orphans.
+OWNER_LABEL = "corral.owner"
 STOP_TIMEOUT = 10  # docker's (and compose's) default
 
 
@@ -113,7 +118,8 @@ class Baseline:
 
         kwargs: dict[str, Any] = dict(
             image=self.image, command=["sleep", "infinity"], detach=True,
-            labels={LABEL: self.run_label}, network_mode="none",
+            labels={LABEL: self.run_label,
+                    OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}, network_mode="none",
             nano_cpus=int(self.cpus * 1e9), mem_limit=self.memory, working_dir="/root")
         if self.teardown == "tuned":
             kwargs["stop_signal"] = "SIGKILL"
@@ -153,8 +159,11 @@ class Baseline:
             res.error = f"{type(exc).__name__}: {exc}"
             res.ready = time.time()
         finally:
-            await self._call(container.stop, timeout=STOP_TIMEOUT)
-            await self._call(container.remove, force=True)
+            try:
+                await self._call(container.stop, timeout=STOP_TIMEOUT)
+                await self._call(container.remove, force=True)
+            except Exception as exc:  # removed behind our back: recorded, the batch goes on
+                res.error = res.error or f"teardown: {type(exc).__name__}: {exc}"
             lap("teardown")
             res.end = time.time()
         if self.on_done is not None:

@@ -59,8 +59,17 @@ WALK_JS = r"""
     const by = el.getAttribute('aria-labelledby');
     if (by) return by.split(/\s+/).map(id => { const n = document.getElementById(id);
                                                return n ? n.textContent : ''; }).join(' ');
-    if (el.labels && el.labels.length) return Array.from(el.labels, l => l.textContent).join(' ');
+    if (el.labels && el.labels.length) return Array.from(el.labels, l => textOf(l)).join(' ');
     return '';
+  }
+  function textOf(node) {  // a label's text without the controls inside it
+    let out = '';
+    for (const c of node.childNodes) {
+      if (c.nodeType === 3) out += c.textContent;
+      else if (c.nodeType === 1 && !['SELECT', 'INPUT', 'TEXTAREA', 'SCRIPT', 'STYLE']
+               .includes(c.tagName)) out += ' ' + textOf(c);
+    }
+    return out;
   }
   function nameOf(el, role) {
     const aria = el.getAttribute('aria-label');
@@ -70,9 +79,7 @@ WALK_JS = r"""
     if (el.tagName === 'IMG') return el.getAttribute('alt') || '';
     if (el.tagName === 'INPUT' && INPUT[(el.type || '').toLowerCase()] === 'button')
       return el.value || el.type;
-    if (FROM_CONTENT.has(role)) { const t = el.innerText !== undefined ? el.innerText
-                                                                      : el.textContent;
-                                  if (t && t.trim()) return t; }
+    if (FROM_CONTENT.has(role)) { const t = textOf(el); if (t.trim()) return t; }
     return el.getAttribute('placeholder') || el.getAttribute('title') || '';
   }
   function valueOf(el, role) {

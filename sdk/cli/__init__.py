@@ -12,7 +12,7 @@ import typer
 
 from corral.errors import CorralError
 
-from .common import console, fail, import_user_modules
+from .common import fail, import_user_modules
 
 # Command modules, in help order. A module registers its commands with `register(app)`.
 COMMAND_MODULES = [

@@ -55,20 +55,30 @@ def image_base(tag: str = typer.Option("corral/base:bookworm", help="tag to crea
 
 
 @image_app.command("build")
-def image_build(dockerfile: Path = typer.Option(..., "--dockerfile", help="path to a Dockerfile"),
-                context: Optional[Path] = typer.Option(None, help="build context (default: "
-                                                       "the Dockerfile's folder)"),
-                name: Optional[str] = typer.Option(None, help="image name part")) -> None:
-    """Build an image tagged by the content hash of its Dockerfile and context."""
+def image_build(
+    env_id: Optional[str] = typer.Argument(None, help="build the image(s) of this environment"),
+    dockerfile: Optional[Path] = typer.Option(None, "--dockerfile", help="or: a Dockerfile"),
+    context: Optional[Path] = typer.Option(None, help="build context (default: the "
+                                           "Dockerfile's folder)"),
+    name: Optional[str] = typer.Option(None, help="image name part (with --dockerfile)"),
+) -> None:
+    """Build an env's image (or a Dockerfile's), tagged by content hash; never rebuilds."""
     from ..sandbox.images import build_image
+    from ..terminal import build_env_images
 
+    if (env_id is None) == (dockerfile is None):
+        raise _fail(CorralError("give an environment id or --dockerfile PATH (one of them)"))
     try:
-        with console.status(f"building {dockerfile}") as status:
-            tag = build_image(dockerfile, context, name,
-                              on_line=lambda line: status.update(line[:100]))
+        with console.status(f"building {env_id or dockerfile}") as status:
+            def show(line: str) -> None:
+                status.update(line[:100])
+
+            tags = (build_env_images(env_id, on_line=show) if env_id is not None
+                    else [build_image(dockerfile, context, name, on_line=show)])
     except CorralError as exc:
         raise _fail(exc) from None
-    console.print(tag)
+    for tag in tags:
+        console.print(tag, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -120,65 +120,7 @@ def import_harbor(
                       highlight=False)
 
 
-# --- image build ID -------------------------------------------------------------------------------
-def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None) -> list[str]:
-    """Build (or find) the images of a terminal env's sandbox specs; returns their tags.
-    Harbor families have one spec per task; other envs one for all tasks."""
-    from corral.registry import make
-    from corral.sandbox import images
-
-    env = make(env_id)
-    specs = [t.spec for t in getattr(env, "harbor_tasks", {}).values()] or \
-        [getattr(env, "sandbox_spec", None)]
-    tags = []
-    for spec in specs:
-        if spec is None or getattr(spec, "kind", None) != "terminal":
-            raise CorralError(f"{env_id} has no terminal sandbox, so no image to build")
-        if spec.dockerfile:
-            tags.append(images.build_image(spec.dockerfile, on_line=on_line))
-        elif spec.image == images.BASE_IMAGE:
-            tags.append(images.ensure_base_image(on_step=on_line))
-        elif images.image_exists(spec.image):
-            tags.append(spec.image)
-        else:
-            raise images.missing_image(spec.image)
-    return list(dict.fromkeys(tags))
-
-
-def image_build_command(
-    env_id: Optional[str] = typer.Argument(None, help="Build the image of this environment."),
-    dockerfile: Optional[Path] = typer.Option(None, "--dockerfile", help="Or: a Dockerfile."),
-    context: Optional[Path] = typer.Option(None, help="Build context (default: the "
-                                           "Dockerfile's folder)."),
-    name: Optional[str] = typer.Option(None, help="Image name part (with --dockerfile)."),
-) -> None:
-    """Build an env's image (or a Dockerfile's), tagged by content hash; never rebuilds."""
-    if (env_id is None) == (dockerfile is None):
-        fail("give an environment id or --dockerfile PATH (one of them)")
-    if dockerfile is not None:
-        from .sandbox import image_build  # helper-1's Dockerfile builder
-
-        image_build(dockerfile=dockerfile, context=context, name=name)
-        return
-    try:
-        with console.status(f"building the image of {env_id}") as status:
-            tags = build_env_images(env_id, on_line=lambda line: status.update(line[:100]))
-    except CorralError as exc:
-        fail(str(exc))
-    for tag in tags:
-        console.print(tag, highlight=False)
-
-
 def register(app: typer.Typer) -> None:
-    """Add `validate`, `import harbor` and `image build ID` to the main CLI app."""
+    """Add `validate` and `import harbor` to the main CLI app."""
     app.command("validate")(validate_command)
     app.add_typer(import_app, name="import")
-    try:
-        from .sandbox import image_app
-    except ImportError:
-        return
-    # `corral image build` takes an env id as well as --dockerfile: replace the Dockerfile-only
-    # command with one that keeps that form (delegating to it) and adds the ID form.
-    image_app.registered_commands[:] = [c for c in image_app.registered_commands
-                                        if c.name != "build"]
-    image_app.command("build")(image_build_command)

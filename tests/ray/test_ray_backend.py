@@ -131,3 +131,38 @@ async def test_docker_terminal_env_same_trajectories(run_label: str) -> None:
     pool = stats["executor"]["pool"]
     assert pool["starts"] >= 4 and pool["acquires"] == 4
     assert any(s == "verify" for t in remote for s in comparable(t)["spans"])
+
+
+async def test_truncation_runs_the_verifier_in_the_worker() -> None:
+    """A context limit ends games mid-way; the final rewards still run (remotely) and match."""
+    envs = ["corral/guess-number-v0"]
+    local, _ = await collect("asyncio", envs, binary_search, 6, 2, max_context=300)
+    remote, _ = await collect("ray", envs, binary_search, 6, 2, max_context=300)
+    cut = [t for t in remote if t.metadata.get("truncated_by") == "context"]
+    assert cut, "max_context=300 should cut some games"
+    assert all(t.status is Status.TRUNCATED and "solved" in t.rewards for t in cut)
+    assert all("verify" in comparable(t)["spans"] for t in remote)
+    assert [comparable(t) for t in remote] == [comparable(t) for t in local]
+
+
+async def test_a_dead_worker_is_replaced_and_its_episodes_retried() -> None:
+    import ray
+
+    holder: dict[str, Any] = {}
+
+    def killer(call: ScriptedCall) -> str:
+        if call.request.session_id == "g000000-s000#a1" and call.turn == 1:
+            for actor in holder["runner"].executor.actors:
+                ray.kill(actor)  # every worker dies while this episode waits for the model
+        return binary_search(call)
+
+    policy = ScriptedPolicy(killer)
+    async with Runner(envs=["corral/guess-number-v0"], policy=policy, seed=11, backend="ray",
+                      retries=2) as runner:
+        holder["runner"] = runner
+        trajectories = await runner.collect(2, group=1)
+    first = trajectories[0]
+    assert all(t.status is Status.COMPLETE for t in trajectories), [t.error for t in trajectories]
+    assert first.attempts == 2
+    assert "Ray sandbox worker" in first.metadata["infra_causes"][0]
+    assert runner.stats()["executor"]["replaced_workers"] >= 1

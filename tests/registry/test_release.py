@@ -99,7 +99,8 @@ def test_packing_refuses_unsafe_folders(make_env, tmp_path: Path) -> None:
 
 
 # --- hostile archives ----------------------------------------------------------------------------
-def _archive(path: Path, manifest: dict, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+def _archive(path: Path, manifest: dict,
+             members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
     with open(path, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz, \
             tarfile.open(fileobj=gz, mode="w") as tar:
         blob = json.dumps(manifest).encode()

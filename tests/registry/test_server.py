@@ -17,9 +17,9 @@ import pytest
 
 from corral.registry.build import build_release
 from corral.registry.client import RegistryClient
-from corral.registry.errors import AuthError, ReleaseError, ReleaseNotFound, VersionConflict
+from corral.registry.errors import AuthError, ReleaseNotFound, VersionConflict
 from corral.registry.release import read_release
-from corral.registry.store import LocalStore
+from corral.registry.store import LocalStore, Profile, TaskPassRate
 from corral.registry.transfer import publish, pull
 from registry_helpers import OTHER_TOKEN, TOKEN, store_is_empty, wait_for, word_tasks, write_env
 
@@ -89,6 +89,14 @@ def test_client_has_the_local_store_interface(server, make_env, tmp_path: Path) 
     assert read_release(local.archive(pulled.sha256)) == published.manifest
     with pytest.raises(ReleaseNotFound, match="Did you mean"):
         client.resolve(env_id.replace("echo", "ecko"))
+
+    profile = Profile(env_id=env_id, agent="random", tasks=[
+        TaskPassRate(task_index=i, task_id=f"t{i}", runs=2, passes=i % 3) for i in range(6)])
+    with pytest.raises(AuthError):
+        client.record_profile(profile, token=OTHER_TOKEN)
+    assert client.record_profile(profile, token=TOKEN).pass_rate == 0.5
+    assert client.profile(env_id).histogram(2) == [2, 4]
+    assert client.profile_agents(env_id) == ["random"]
 
 
 def _free_port() -> int:

@@ -107,3 +107,21 @@ def test_lock_install_by_hash(make_env, home: Path, tmp_path: Path) -> None:
     [item] = lock.install(store=LocalStore(), source=source, catalog=catalog)
     assert item.record.sha256 == record.sha256 == built.sha256
     assert catalog.spec(env_id).metadata["release"]["sha256"] == record.sha256
+
+
+def test_env_class_in_the_folders_init(tmp_path: Path, home: Path) -> None:
+    """An entry point naming the folder package itself (`pkg:Class`) is stored as `:Class`."""
+    from registry_helpers import word_tasks, write_env
+
+    folder = write_env(tmp_path / "pkgenv", "acme/initenv-v1", word_tasks(3, "init"))
+    (folder / "__init__.py").write_text((folder / "env.py").read_text())
+    (folder / "env.py").unlink()
+    toml = (folder / "corral.toml").read_text()
+    (folder / "corral.toml").write_text(toml.replace('"env:Echo"', '":Echo"'))
+    store = LocalStore()
+    record = publish(folder, registry=store).record
+    assert record.manifest.entry_point == ":Echo"
+    catalog = Catalog(builtin=False, entry_points=False)
+    installed = install("acme/initenv-v1", store=store, catalog=catalog)
+    env = catalog.make("acme/initenv-v1")
+    assert type(env).__module__ == installed.module and len(env.tasks) == 3

@@ -1,0 +1,101 @@
+"""Fixtures for the browser tests: one real Chromium pool for the session, a test env with
+every awkward element, and (slow tests) the containerized-mode image built once."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+import corral as cr
+from corral.browser import BrowserEnv, BrowserPool, html_page, task_server
+
+MARK = ("function mark(k, v) { if (!(k in document.body.dataset)) "
+        "document.body.dataset[k] = v; }")
+AWKWARD = html_page("Awkward", """
+<h1>Awkward page</h1>
+<button onclick="mark('clicked', 'go')">Go</button>
+<button disabled>Off</button>
+<button onclick="this.remove()">Vanish</button>
+<div id="box"><button>Hidden soon</button></div>
+<button onclick="document.getElementById('box').style.display = 'none'">Hide box</button>
+<p><a href="http://example.com/">External</a> <a href="/two">Two</a></p>
+<div style="position:relative;display:inline-block"><button>Under</button>
+  <div id="cover" style="position:absolute;inset:0;background:red"></div></div>
+<p><label>Fixed <input readonly value="x"></label> <label>Name <input></label></p>
+<p><label>Fruit <select><option>Apple</option><option>Pear</option></select></label></p>
+<p><label><input type="checkbox"> Agree</label></p>
+""", MARK)
+TWO = html_page("Two", "<h1>Second page</h1><a href='/'>Back home</a>")
+
+
+class Awkward(BrowserEnv):
+    """A page with every kind of element an action can fail on."""
+
+    max_turns = 20
+
+    def site(self, task: Any) -> dict[str, str]:
+        return {"/": AWKWARD, "/two": TWO}
+
+    def instruction(self, task: Any) -> str:
+        return "Click Go."
+
+    @cr.reward
+    async def clicked(self, page: Any) -> float:
+        return float(await page.evaluate("document.body.dataset.clicked || ''") == "go")
+
+
+AWKWARD_ENV = cr.environment("test/awkward-v0", tasks=[{"name": "awkward"}],
+                             sandbox=cr.Browser(action_timeout=2), register=False)(Awkward)
+
+
+@pytest.fixture(scope="session")
+async def pool() -> BrowserPool:
+    """One warm Chromium for the session's host-mode tests."""
+    pool = await BrowserPool(warm_url=task_server().blank_url).start()
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def awkward(pool: BrowserPool) -> Any:
+    """The awkward env, reset, closed after the test."""
+    env = AWKWARD_ENV(pool=pool)
+    await env.areset(seed=0)
+    yield env
+    await env.aclose()
+
+
+def _docker_up() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def chromium_image() -> str:
+    """corral/chromium:bookworm, built once (minutes) when missing; starts dockerd if needed."""
+    if not _docker_up():
+        assert shutil.which("dockerd"), "dockerd is not installed (apt-get install docker.io)"
+        log = open("/var/log/dockerd.log", "ab")
+        subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not _docker_up():
+            assert time.monotonic() < deadline, "dockerd did not answer within 60 s"
+            time.sleep(0.2)
+    from corral.browser.image import ensure_chromium_image
+
+    return ensure_chromium_image()
+
+
+def elements(env: BrowserEnv) -> dict[str, str]:
+    """`name -> bid` of the latest observation's controls (first of each name; labels and
+    paragraphs, which share their control's name, are skipped)."""
+    obs = env.last_observation
+    assert obs is not None
+    found: dict[str, str] = {}
+    for node in obs.nodes:
+        if node.bid and node.name and node.role not in ("LabelText", "paragraph"):
+            found.setdefault(node.name, node.bid)
+    return found

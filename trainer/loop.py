@@ -1,0 +1,386 @@
+"""The training loop: a `Runner` collecting rollouts and a `Trainer` learning from them.
+
+`await train(TrainConfig(...))` builds a `LocalPolicy` (the rollout engine) and a `Trainer`
+on a second copy of the model; weights go from trainer to policy in-process after every
+applied step (`LocalPublisher`). Collection and training overlap: while step k trains in a
+worker thread, the runner keeps collecting and up to `async_level` batches may be taken from
+it ahead of the trainer (`async_level=0` is synchronous: the next batch is asked for only
+after the step). After each step the runner is told the new version; when the trainer's
+throttle signal says divergence is rising, in-flight rollouts are cut.
+
+Files in `run_dir`: the runner's store (`trajectories.jsonl`, `manifest.json`,
+`metrics.json`), `train.jsonl` (one JSON line per step), `sft.jsonl` (warm-up steps),
+`eval.jsonl` (held-out evaluations) and `checkpoint/` (every `checkpoint_every` steps and at
+the end). A checkpoint carries the runner cursor of its batch and the byte length of
+`train.jsonl`; `train(config, resume=True)` restores both, so a killed run continues with no
+gap or duplicate in the step log, and re-collects nothing it already stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from corral.errors import CorralError
+from corral.runner.trajectory import Batch, Trajectory
+
+from .config import TrainerConfig
+from .publish import LocalPublisher
+from .sft import supervised_warmup
+from .trainer import StepResult, Trainer
+
+log = logging.getLogger(__name__)
+
+TRAIN_LOG = "train.jsonl"
+CHECKPOINT = "checkpoint"
+
+
+class TrainConfig(BaseModel):
+    """Everything `train` needs; the CLI `corral train` fills it from flags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    envs: list[str] = Field(default_factory=list, description="env ids, sampled uniformly")
+    mix: dict[str, float] | None = Field(None, description="env id -> sampling weight "
+                                         "(instead of `envs`)")
+    model: str = Field("tiny", description='"tiny" or a local causal-LM directory')
+    steps: int = Field(10, ge=1, description="training steps in total (a resume counts on)")
+    batch_size: int = Field(16, ge=1, description="trajectories per step")
+    group: int = Field(4, ge=2, description="samples per task (GRPO group)")
+    lr: float = Field(1e-4, gt=0)
+    async_level: int = Field(1, ge=0, description="batches collected ahead of the trainer")
+    run_dir: Path = Path("runs/train")
+    seed: int = 0
+    checkpoint_every: int = Field(5, ge=1)
+    sandbox_capacity: int = Field(4, ge=1)
+    inference_concurrency: int = Field(16, ge=1)
+    max_tokens: int = Field(32, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    sft_steps: int = Field(0, ge=0, description="supervised warm-up steps on oracle solutions")
+    sft_examples: int = Field(64, ge=1, description="oracle episodes for the warm-up")
+    sft_lr: float | None = Field(None, description="warm-up lr (default: lr)")
+    eval_every: int = Field(0, ge=0, description="evaluate on held-out tasks every k steps")
+    eval_tasks: int = Field(16, ge=1)
+    torch_threads: int | None = Field(1, description="torch CPU threads (1 suits tiny models)")
+    trainer: dict[str, Any] = Field(default_factory=dict,
+                                    description="extra `TrainerConfig` fields")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if not self.envs and not self.mix:
+            raise ValueError("give at least one env id (--env) or a mixture (--mix)")
+        if self.envs and self.mix:
+            raise ValueError("give either env ids or a mixture, not both")
+        if self.batch_size % self.group:
+            raise ValueError(f"batch size {self.batch_size} must be a multiple of the group "
+                             f"size {self.group}")
+        return self
+
+    def env_ids(self) -> list[str]:
+        return list(self.mix) if self.mix else list(self.envs)
+
+    def trainer_config(self) -> TrainerConfig:
+        return TrainerConfig(**{"lr": self.lr, "temperature": self.temperature,
+                                **self.trainer})
+
+
+@dataclass
+class TrainResult:
+    """What a `train` call did."""
+
+    run_dir: Path
+    steps: int                         # trainer step counter at the end
+    version: int                       # policy version at the end
+    records: list[dict[str, Any]] = field(default_factory=list)   # this call's step lines
+    sft: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None    # step of the checkpoint resumed from
+    wall_s: float = 0.0
+
+
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+def check_envs(env_ids: list[str]) -> None:
+    """Raise the registry's one-line error (with suggestions) for an unknown env id."""
+    from corral.registry import spec
+
+    for env_id in env_ids:
+        spec(env_id)
+
+
+async def oracle_examples(env_ids: list[str], tokenizer: Any, n: int, seed: int
+                          ) -> list[Trajectory]:
+    """Up to `n` supervised examples: each env's prompt (the same chat rendering the runner
+    uses) followed by its oracle's final answer. Envs whose oracle is not a single text
+    answer (multi-turn, tool calls) are skipped with a log line."""
+    import corral as cr
+    from corral.runner.chat import ChatTranscript
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>") if hasattr(
+        tokenizer, "convert_tokens_to_ids") else None
+    end = end if isinstance(end, int) and end >= 0 else tokenizer.eos_token_id
+    examples: list[Trajectory] = []
+    per_env = math.ceil(n / len(env_ids))
+    for env_id in env_ids:
+        env = cr.make(env_id)
+        try:
+            for i in range(per_env):
+                await env.areset(seed=seed * 100_003 + i)
+                answer = env.solution(env.episode.task)
+                if not isinstance(answer, str):
+                    log.info("warm-up skips %s: its oracle is not a single text answer", env_id)
+                    break
+                prompt = ChatTranscript(tokenizer, env.episode.messages,
+                                        tools=env.tool_schemas() or None).ids
+                completion = [*tokenizer.encode(answer, add_special_tokens=False), end]
+                traj = Trajectory(id=f"sft-{env_id}-{i}", env_id=env_id, task_id=str(i),
+                                  group_id=f"sft-{i}")
+                traj.append(prompt, generated=False)
+                traj.append(completion, generated=True, logprobs=[0.0] * len(completion),
+                            version=0)
+                examples.append(traj)
+        finally:
+            await env.aclose()
+    return examples[:n]
+
+
+class _Log:
+    """Append-only JSON lines, fsync'd per line so a kill loses at most the line being written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, record: dict[str, Any]) -> int:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            return f.tell()
+
+    def size(self) -> int:
+        return self.path.stat().st_size if self.path.exists() else 0
+
+
+def _rewind(run_dir: Path, extra: dict[str, Any]) -> None:
+    """Put the run back where the checkpoint was: the step log is cut to its length then
+    (steps logged after it are redone), and the runner cursor is set to the checkpoint's
+    batch, so batches taken after it are handed out again from the store."""
+    from corral.runner.store import write_json_atomic
+
+    log_path = run_dir / TRAIN_LOG
+    if log_path.exists() and "log_bytes" in extra:
+        with open(log_path, "r+b") as f:
+            f.truncate(int(extra["log_bytes"]))
+    manifest = run_dir / "manifest.json"
+    if manifest.exists() and "cursor" in extra:
+        data = json.loads(manifest.read_text())
+        data["cursor"] = extra["cursor"]
+        write_json_atomic(manifest, data)
+
+
+def _record(result: StepResult, batch: Batch, timing: dict[str, float],
+            runner_stats: dict[str, Any]) -> dict[str, Any]:
+    rewards = [t.reward for g in batch.groups for t in g]
+    record: dict[str, Any] = {
+        "step": result.step, "version": result.version, "applied": result.applied,
+        "skipped_reason": result.skipped_reason,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "batch_index": batch.stats.get("index"), "batch_version": batch.policy_version,
+        "trajectories": len(rewards), **timing,
+        "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in result.metrics.items()},
+        "cut_inflight": runner_stats.get("cut", 0)}
+    if result.staleness is not None:
+        record["staleness_hist"] = _hist(result.staleness.age_histogram())
+        record["divergence_hist"] = _hist(result.staleness.divergence_histogram())
+    if result.numerics is not None:
+        record["numerics"] = _jsonable(result.numerics)
+    return record
+
+
+def _hist(hist: tuple[Any, Any]) -> dict[str, list[float]]:
+    counts, edges = hist
+    return {"counts": [int(c) for c in counts], "edges": [float(e) for e in edges]}
+
+
+def _jsonable(value: Any) -> Any:
+    for name in ("to_dict", "model_dump", "as_dict"):
+        if hasattr(value, name):
+            return getattr(value, name)()
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(value) if is_dataclass(value) else str(value)
+
+
+async def _evaluate(config: TrainConfig, policy: Any, step: int) -> dict[str, Any]:
+    """Mean reward on held-out tasks: a separate seed's task plan, one sample per task."""
+    from corral.runner import Runner
+
+    async with Runner(config.env_ids(), policy, sandbox_capacity=config.sandbox_capacity,
+                      inference_concurrency=config.inference_concurrency,
+                      seed=config.seed + 1_000_003, max_tokens=config.max_tokens,
+                      temperature=config.temperature,
+                      env_weights=list(config.mix.values()) if config.mix else None) as ev:
+        trajs = await ev.collect(config.eval_tasks, group=1)
+    rewards = [t.reward for t in trajs]
+    return {"step": step, "version": policy.version, "tasks": len(rewards),
+            "reward_mean": sum(rewards) / max(1, len(rewards))}
+
+
+async def train(config: TrainConfig, *, resume: bool = False,
+                on_step: StepCallback | None = None) -> TrainResult:
+    """Run (or, with `resume`, continue) a training run; see the module docstring."""
+    from corral.runner import LocalPolicy, Runner
+    from corral.runner.models import load_model
+
+    started = time.perf_counter()
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    env_ids = config.env_ids()
+    await asyncio.to_thread(check_envs, env_ids)
+    run_dir = config.run_dir
+    ckpt_dir = run_dir / CHECKPOINT
+    step_log, sft_log, eval_log = (_Log(run_dir / n) for n in
+                                   (TRAIN_LOG, "sft.jsonl", "eval.jsonl"))
+    has_ckpt = ckpt_dir.exists() or Path(f"{ckpt_dir}.old").exists()
+    if not resume and (step_log.size() or has_ckpt):
+        raise CorralError(f"{run_dir} already holds a training run; pass --resume to continue "
+                          "it or choose another --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    policy = await asyncio.to_thread(LocalPolicy, config.model)
+    model, tokenizer = await asyncio.to_thread(load_model, config.model)
+    publish = LocalPublisher(policy)
+    result = TrainResult(run_dir=run_dir, steps=0, version=0)
+    if resume and has_ckpt:
+        trainer = await asyncio.to_thread(Trainer.resume, ckpt_dir, model, tokenizer,
+                                          config.trainer_config(), publish)
+        _rewind(run_dir, trainer.extra)
+        await asyncio.to_thread(publish, trainer.model, trainer.version)
+        result.resumed_from = trainer.step_count
+        log.info("resumed %s at step %d (version %d)", run_dir, trainer.step_count,
+                 trainer.version)
+    else:
+        if resume:
+            log.info("no checkpoint in %s: starting from scratch", run_dir)
+        trainer = Trainer(model, tokenizer, config.trainer_config(), publish)
+        if config.sft_steps:
+            examples = await oracle_examples(env_ids, tokenizer, config.sft_examples,
+                                             config.seed)
+            if not examples:
+                raise CorralError(f"no oracle text answers for a warm-up in {env_ids}; "
+                                  "pass --sft-steps 0")
+            steps = await asyncio.to_thread(
+                supervised_warmup, trainer, examples, config.sft_steps,
+                batch_size=min(8, len(examples)), lr=config.sft_lr or config.lr)
+            for r in steps:
+                rec = {"step": r.step, "sft_loss": r.metrics.get("sft_loss"),
+                       "applied": r.applied}
+                sft_log.append(rec)
+                result.sft.append(rec)
+            trainer.step_count = 0  # RL steps are counted from 0; warm-up has its own log
+    ev_every = config.eval_every
+    if ev_every and result.resumed_from is None:
+        result.evals.append(await _evaluate(config, policy, 0))
+        eval_log.append(result.evals[-1])
+
+    runner = Runner(env_ids, policy, sandbox_capacity=config.sandbox_capacity,
+                    inference_concurrency=config.inference_concurrency, run_dir=run_dir,
+                    seed=config.seed, max_tokens=config.max_tokens,
+                    temperature=config.temperature,
+                    env_weights=list(config.mix.values()) if config.mix else None)
+    async with runner:
+        await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step)
+        await asyncio.to_thread(trainer.save_checkpoint, ckpt_dir, trainer.extra)
+    result.steps, result.version = trainer.step_count, trainer.version
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _Log,
+                 eval_log: _Log, policy: Any, result: TrainResult,
+                 on_step: StepCallback | None) -> None:
+    """Feed batches to the trainer with `async_level` batches of look-ahead."""
+    remaining = config.steps - trainer.step_count
+    if remaining <= 0:
+        return
+    batches = runner.batches(config.batch_size, config.group)
+    # A slot is a batch the collector may take before the trainer has started on it; the
+    # trainer gives a slot back when it takes a batch, so step k trains while k+1 collects.
+    slots = asyncio.Semaphore(max(1, config.async_level))
+    ready: asyncio.Queue[tuple[Batch, dict[str, Any], float, float]] = asyncio.Queue()
+
+    async def next_batch() -> tuple[Batch, dict[str, Any], float, float]:
+        asked = time.time()
+        batch = await anext(batches)
+        cursor = runner.store.cursor if runner.store is not None else {}
+        return batch, cursor, asked, time.time()
+
+    async def collect() -> None:
+        for _ in range(remaining):
+            await slots.acquire()
+            await ready.put(await next_batch())
+
+    collector = asyncio.create_task(collect()) if config.async_level else None
+    try:
+        for _ in range(remaining):
+            wait_start = time.perf_counter()
+            if collector is not None:
+                getter = asyncio.ensure_future(ready.get())
+                done, _ = await asyncio.wait({getter, collector},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:  # the collector died: surface its error
+                    getter.cancel()
+                    collector.result()
+                item = getter.result()
+                slots.release()
+            else:
+                item = await next_batch()
+            batch, cursor, asked, got = item
+            data_wait = time.perf_counter() - wait_start
+            train_start = time.time()
+            step = await asyncio.to_thread(trainer.step, batch)
+            train_end = time.time()
+            if step.applied:
+                runner.on_policy_update(step.version)
+            elif step.metrics.get("nonfinite"):
+                log.error("step %d: non-finite values (%s); weights kept, run continues",
+                          step.step, step.skipped_reason)
+            else:
+                log.info("step %d skipped: %s", step.step, step.skipped_reason)
+            cut = 0
+            if trainer.throttle_signal().cut_inflight:
+                cut = runner.cut_inflight()
+                log.info("divergence rising: cut %d in-flight rollouts", cut)
+            timing = {"time/collect_start": asked, "time/collect_end": got,
+                      "time/train_start": train_start, "time/train_end": train_end,
+                      "time/data_wait_s": data_wait,
+                      "time/step_s": train_end - train_start,
+                      "time/sync_s": step.metrics.get("time/sync_s", 0.0)}
+            record = _record(step, batch, timing, {"cut": cut})
+            size = step_log.append(record)
+            result.records.append(record)
+            if on_step is not None:
+                on_step(record)
+            trainer.extra = {"cursor": cursor, "log_bytes": size}
+            if trainer.step_count % config.checkpoint_every == 0:
+                await asyncio.to_thread(trainer.save_checkpoint, config.run_dir / CHECKPOINT,
+                                        trainer.extra)
+            if config.eval_every and trainer.step_count % config.eval_every == 0:
+                result.evals.append(await _evaluate(config, policy, trainer.step_count))
+                eval_log.append(result.evals[-1])
+    finally:
+        if collector is not None:
+            collector.cancel()
+            await asyncio.gather(collector, return_exceptions=True)
+        await batches.aclose()
