@@ -153,7 +153,7 @@ def dataset_card(cls: Any, folder: Path, license: str,
                  provenance: dict[str, str]) -> tuple[DatasetCard, str]:
     """The card of the env's dataset and its hash (equal to `Dataset.fingerprint()`), computed
     in one pass: a procedural dataset builds every task on access, so the pass is the cost."""
-    from corral.dataset import _bucket
+    from corral.dataset import split_position
 
     tasks = cls.tasks
     size = len(tasks)
@@ -166,7 +166,7 @@ def dataset_card(cls: Any, folder: Path, license: str,
     families: dict[str, int] = {}
     for task in tasks:
         fingerprint.update(task.id.encode() + b"\n")
-        test += _bucket(task.id) < 0.1  # the default split of Dataset.split
+        test += split_position(task.id) < 0.1  # the default split of Dataset.split
         if family_field is not None:
             family = str(getattr(task, family_field, None))
             families[family] = families.get(family, 0) + 1

@@ -24,8 +24,9 @@ T = TypeVar("T", bound=Task)
 SPLITS = ("train", "test")
 
 
-def _bucket(task_id: str) -> float:
-    """A task's position in [0, 1) for splitting, from its id alone."""
+def split_position(task_id: str) -> float:
+    """A task's position in [0, 1) for splitting, from its id alone: a task is in the test
+    split of `Dataset.split(name, test_fraction)` when this is below `test_fraction`."""
     return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0x1_0000_0000
 
 
@@ -163,7 +164,7 @@ class Dataset(Generic[T]):
         if not 0.0 < test_fraction < 1.0:
             raise DatasetError(f"test_fraction must be in (0, 1), got {test_fraction}")
         want_test = name == "test"
-        keep = [i for i in range(len(self)) if (_bucket(self[i].id) < test_fraction) == want_test]
+        keep = [i for i in range(len(self)) if (split_position(self[i].id) < test_fraction) == want_test]
         subset = Dataset(lambda j: self[keep[j]], len(keep), task_type=self.task_type,
                          source=f"{self.source}[{name}]")
         return subset

@@ -71,6 +71,8 @@ class TrainConfig(BaseModel):
     sft_lr: float | None = Field(None, description="warm-up lr (default: lr)")
     eval_every: int = Field(0, ge=0, description="evaluate on held-out tasks every k steps")
     eval_tasks: int = Field(16, ge=1)
+    filter_zero_variance: bool = Field(True, description="drop groups with equal rewards in "
+                                       "the runner (False: the trainer logs them as skips)")
     torch_threads: int | None = Field(1, description="torch CPU threads (1 suits tiny models)")
     trainer: dict[str, Any] = Field(default_factory=dict,
                                     description="extra `TrainerConfig` fields")
@@ -298,6 +300,7 @@ async def train(config: TrainConfig, *, resume: bool = False,
                     inference_concurrency=config.inference_concurrency, run_dir=run_dir,
                     seed=config.seed, max_tokens=config.max_tokens,
                     temperature=config.temperature,
+                    filter_zero_variance=config.filter_zero_variance,
                     env_weights=list(config.mix.values()) if config.mix else None)
     async with runner:
         await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step)

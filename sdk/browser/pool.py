@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking",
                "--disable-component-update", "--disable-sync", "--disable-quic",
-               "--no-first-run", "--disable-features=Translate,MediaRouter,OptimizationHints",
+               "--no-first-run",
+               "--disable-features=Translate,MediaRouter,OptimizationHints,HttpsUpgrades",
                "--disable-extensions", "--mute-audio", "--disable-breakpad")
 Viewport = tuple[int, int]
 

@@ -234,7 +234,11 @@ class BrowserSandbox:
             allowed = ", ".join(sorted(self.allowed)) or "none"
             self.last_error = (f"navigation to {url} was blocked: origin {origin_of(url)} is "
                                f"not allowed in this task (allowed: {allowed})")
-        await route.abort("blockedbyclient")
+            # "aborted" cancels the navigation (the tab stays on its page); other codes would
+            # commit an error page in its place
+            await route.abort("aborted")
+        else:
+            await route.abort("blockedbyclient")
 
     def _site_for(self, url: str) -> SiteSession | None:
         origin = origin_of(url)

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "corral.cli.policy",
     "corral.cli.registry",
     "corral.cli.runner",
+    "corral.cli.train",
     "corral.cli.demo",
 ]
 

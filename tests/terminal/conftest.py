@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+
 @pytest.fixture(scope="session")
 def sandboxes(base_image: str, run_id: str) -> str:
     """Both backends ready (daemon up, base image present); returns the session's run label."""

@@ -9,7 +9,7 @@ import random
 
 import corral as cr
 
-from .._family import Params, Template, TemplateFamily, family_dataset, put, q, same_text, word
+from corral.envs.terminal._family import Params, Template, TemplateFamily, family_dataset, put, q, same_text, word
 
 CITIES = ["Lyon", "Oslo", "Quito", "Perth", "Accra", "Osaka"]
 STATUSES = ["paid", "pending", "shipped", "refunded"]

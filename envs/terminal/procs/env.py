@@ -7,7 +7,7 @@ import random
 
 import corral as cr
 
-from .._family import Params, Template, TemplateFamily, family_dataset, put, word
+from corral.envs.terminal._family import Params, Template, TemplateFamily, family_dataset, put, word
 
 # Waits on a private fifo instead of running `sleep`, so it never forks: `pgrep -x NAME` sees
 # exactly one process per copy, never a short-lived child still named NAME.

@@ -6,7 +6,7 @@ import random
 
 import corral as cr
 
-from .._family import Params, Template, TemplateFamily, family_dataset, put, same_text, word
+from corral.envs.terminal._family import Params, Template, TemplateFamily, family_dataset, put, same_text, word
 
 LEVELS = ["INFO", "WARN", "ERROR", "DEBUG"]
 

@@ -1,0 +1,16 @@
+"""A text env with a graded reward, so a random tiny model already has learnable signal
+(the built-in envs need a trained model before any group's rewards differ)."""
+
+import corral as cr
+
+
+@cr.environment("traintest/digits-v0", tasks=[{"n": n} for n in range(64)], max_turns=1)
+def digits(task):
+    """Say some digits."""
+    return f"Write digits, as many as you can. Start with {task.n}."
+
+
+@digits.reward
+def digit_share(task, completion: str) -> float:
+    """The share of characters that are digits."""
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
