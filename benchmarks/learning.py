@@ -6,9 +6,10 @@
 What it does, all seeded:
 
 1. builds a tiny Llama-style model from scratch (`build_tiny_model`, random weights, local BPE);
-2. takes a documented slice of a built-in env (default `corral/arithmetic-v0`, level-1 tasks:
-   two numbers in 0..10 with + - *) and splits it with the SDK's `Dataset.split` into train
-   tasks and held-out test tasks (distinct expressions: a test task never appears in training);
+2. takes a documented slice of a built-in env (`--set slice=NAME`, see `SLICES`; default
+   `corral/word-sort-v0` restricted to 'reverse' tasks with exactly 3 words, the env class
+   itself constructed with `tasks=`) and splits it with the SDK's `Dataset.split` into train
+   tasks and held-out test tasks (distinct word lists: a test task is never trained on);
 3. evaluates held-out reward (greedy, and sampled at temperature 1 with several samples per
    task) before anything is trained;
 4. warm start: `supervised_warmup` on oracle solutions (`env.solution`) of train tasks, encoded
@@ -37,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -57,55 +58,75 @@ class Settings:
     """Every knob of one run (the defaults are the documented default run)."""
 
     seed: int = 0
+    slice: str = "reverse3"        # a key of SLICES
     hidden: int = 128
     layers: int = 2
     heads: int = 4
     scan: int = 3000                 # task indices scanned for the slice (level 1: i % 3 == 0)
     test_fraction: float = 0.25
-    sft_steps: int = 150
+    sft_steps: int = 100
     sft_batch: int = 32
     sft_lr: float = 2e-3
     rl_steps: int = 40
     rl_batch: int = 64
     group: int = 8
     rl_lr: float = 3e-4
-    max_tokens: int = 8
-    eval_every: int = 5
-    eval_tasks: int = 96             # held-out tasks evaluated (all of them when fewer)
-    eval_samples: int = 4            # samples per task for the sampled held-out reward
+    eval_every: int = 4
+    eval_tasks: int = 48             # held-out tasks evaluated (all of them when fewer)
+    eval_samples: int = 2            # samples per task for the sampled held-out reward
     budget_s: float = 540.0          # RL stops early if the wall clock passes this
+    filter_zero_variance: bool = True  # False: all-equal groups reach the trainer (a logged skip)
 
 
-QUICK = dict(hidden=64, sft_steps=20, rl_steps=3, rl_batch=32, eval_every=2, eval_tasks=24,
-             eval_samples=2, budget_s=90.0)
+QUICK = dict(hidden=64, sft_steps=10, rl_steps=2, rl_batch=16, eval_every=1, eval_tasks=8,
+             eval_samples=1, budget_s=60.0,
+             filter_zero_variance=False)  # an untrained model may score 0 everywhere
 
 
 # --- the task slice -------------------------------------------------------------------------
-def level_one_tasks(scan: int) -> list[cr.Task]:
-    """Distinct level-1 arithmetic tasks (two numbers in 0..10, one of + - *)."""
-    from corral.envs.text.arithmetic import Arithmetic
+@dataclass(frozen=True)
+class Slice:
+    """A documented subset of a built-in env's tasks (the env code itself is unchanged)."""
 
-    seen: dict[str, cr.Task] = {}
-    for i in range(0, scan, 3):  # make_task: level = 1 + index % 3
-        task = Arithmetic.tasks[i]
-        if task.level == 1:
-            seen.setdefault(task.id, task)
-    return list(seen.values())
+    env_id: str
+    description: str
+    keep: Callable[[cr.Task], bool]
+    max_tokens: int
+
+    def env_class(self) -> type[cr.Env]:
+        from corral.registry import make
+
+        return type(make(self.env_id))
+
+    def tasks(self, scan: int) -> list[cr.Task]:
+        """Distinct tasks among the first `scan` indices that the slice keeps."""
+        seen: dict[str, cr.Task] = {}
+        pool = self.env_class().tasks
+        for i in range(scan):
+            task = pool[i]
+            if self.keep(task):
+                seen.setdefault(task.id, task)
+        return list(seen.values())
 
 
-def split_tasks(tasks: list[cr.Task], fraction: float) -> tuple[cr.Dataset, cr.Dataset]:
+SLICES = {
+    "arithmetic": Slice("corral/arithmetic-v0", "level 1: two numbers in 0..10, one of + - *",
+                        lambda t: t.level == 1, 8),
+    "reverse3": Slice("corral/word-sort-v0", "operation 'reverse' with exactly 3 words",
+                      lambda t: t.operation == "reverse" and len(t.words) == 3, 28),
+}
+
+
+def split_tasks(sl: Slice, tasks: list[cr.Task], fraction: float
+                ) -> tuple[cr.Dataset, cr.Dataset]:
     """Train/test by the SDK's id-hash split: the same task always lands on the same side."""
-    from corral.envs.text.arithmetic import ArithmeticTask
-
-    data = cr.Dataset.from_list(tasks, ArithmeticTask)
+    data = cr.Dataset.from_list(tasks, sl.env_class().tasks.task_type)
     return data.split("train", fraction), data.split("test", fraction)
 
 
-def make_env(tasks: cr.Dataset) -> cr.Env:
-    """The built-in env class itself, restricted to `tasks` (the env code is unchanged)."""
-    from corral.envs.text.arithmetic import Arithmetic
-
-    return Arithmetic(tasks=tasks)
+def make_env(sl: Slice, tasks: cr.Dataset) -> cr.Env:
+    """The built-in env class itself, restricted to `tasks`."""
+    return sl.env_class()(tasks=tasks)
 
 
 def prompt_ids(tokenizer: Any, env: cr.Env, task: cr.Task) -> list[int]:
@@ -178,11 +199,11 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
     model, tokenizer = load_model(path, device="cpu")
     build_s = time.perf_counter() - started
 
-    tasks = level_one_tasks(s.scan)
-    train, test = split_tasks(tasks, s.test_fraction)
+    sl = SLICES[s.slice]
+    train, test = split_tasks(sl, sl.tasks(s.scan), s.test_fraction)
     held_out = list(test)[: s.eval_tasks]
-    env = make_env(test)
-    figures: dict[str, Any] = {"env": "corral/arithmetic-v0", "slice": "level 1",
+    env = make_env(sl, test)
+    figures: dict[str, Any] = {"env": sl.env_id, "slice": sl.description,
                                "train_tasks": len(train), "test_tasks": len(held_out),
                                "params": sum(p.numel() for p in model.parameters())}
     curves = Curves()
@@ -192,12 +213,12 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
     trainer = Trainer(model, tokenizer, TrainerConfig(lr=s.rl_lr, micro_batch_size=64),
                       publish=lambda m, v: policy.load_weights(m.state_dict(), v))
     ev = partial(evaluate, policy, env, held_out, samples=s.eval_samples,
-                 max_tokens=s.max_tokens, seed=s.seed)
+                 max_tokens=sl.max_tokens, seed=s.seed)
 
     before = await ev()
     t0 = time.perf_counter()
     results = await asyncio.to_thread(_one_thread, supervised_warmup, trainer, oracle_examples(
-        tokenizer, make_env(train), train), s.sft_steps, batch_size=s.sft_batch, lr=s.sft_lr)
+        tokenizer, make_env(sl, train), train), s.sft_steps, batch_size=s.sft_batch, lr=s.sft_lr)
     sft_s = time.perf_counter() - t0
     curves.sft_loss = [r.metrics.get("sft_loss", float("nan")) for r in results]
     after_sft = await ev()
@@ -206,9 +227,10 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     rl_steps = 0
-    async with Runner(envs=[partial(make_env, train)], policy=policy, seed=s.seed,
-                      temperature=1.0, max_tokens=s.max_tokens, inference_concurrency=128,
-                      sandbox_capacity=128) as runner:
+    async with Runner(envs=[partial(make_env, sl, train)], policy=policy, seed=s.seed,
+                      temperature=1.0, max_tokens=sl.max_tokens, inference_concurrency=128,
+                      sandbox_capacity=128,
+                      filter_zero_variance=s.filter_zero_variance) as runner:
         async for batch in runner.batches(size=s.rl_batch, group=s.group,
                                           max_batches=s.rl_steps):
             result = await asyncio.to_thread(_one_thread, trainer.step, batch)
@@ -284,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         name, _, value = item.partition("=")
         if not hasattr(settings, name):
             parser.error(f"unknown setting {name!r}; choose from {', '.join(Settings().__dict__)}")
-        setattr(settings, name, type(getattr(settings, name))(value))
+        kind = type(getattr(settings, name))
+        setattr(settings, name, value.lower() in ("1", "true", "yes") if kind is bool
+                else kind(value))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(run(settings, out))

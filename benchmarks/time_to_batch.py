@@ -74,6 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--filter-zero-variance", action="store_true",
                      help="let Corral drop equal-reward groups (the baseline cannot)")
     run.add_argument("--skip-steady", action="store_true")
+    run.add_argument("--executor-threads", type=int, default=0,
+                     help="diagnostic: size of asyncio's default thread pool, which Corral's "
+                     "Docker backend uses for blocking SDK calls (0: Python's default, "
+                     "min(32, cores + 4))")
     run.add_argument("--quick", action="store_true",
                      help="smoke run: 16 tasks x 4, capacity 16, 2 steady batches")
     run.add_argument("--json", type=Path, help="also write every figure to this file")
@@ -250,6 +254,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from corral.sandbox.images import ensure_base_image
 
     config, cost = workload_of(args), cost_of(args)
+    if args.executor_threads:
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=args.executor_threads))
     figures: dict[str, Any] = {"workload": config.as_dict(), "cost_model": cost.__dict__,
                                "capacity": args.capacity, "replicas": args.replicas}
     print(f"workload: {json.dumps(config.as_dict())}")

@@ -294,14 +294,14 @@ class RayExecutor:
         self.actors = [spawn(share) for share in self.capacities]
         self.replaced = 0
         self._started = [actor.start.remote() for actor in self.actors]
+        self._ready: asyncio.Future[None] | None = None
         self._stats: list[dict[str, Any]] = [{} for _ in self.actors]
 
     async def _wait_started(self) -> None:
         import ray
 
-        started, self._started = self._started, []
         try:
-            await asyncio.gather(*started)
+            await asyncio.gather(*self._started)
         except ray.exceptions.RayError as exc:
             first = str(exc).strip().splitlines()[-1]
             raise CorralError(f"the Ray sandbox workers could not start ({first}); the env "
@@ -327,8 +327,9 @@ class RayExecutor:
 
     async def run(self, item: WorkItem, attempt: int) -> Trajectory:
         """One attempt at `item`: admitted by capacity, env work on the least-loaded worker."""
-        if self._started:
-            await self._wait_started()
+        if self._ready is None:  # every episode waits for the same start-up
+            self._ready = asyncio.ensure_future(self._wait_started())
+        await asyncio.shield(self._ready)
         source = self.sources[item.env_index]
         if not source.pooled:
             env = RemoteEnv(self, self._pick(), item.env_index, self.probes[item.env_index])

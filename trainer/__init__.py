@@ -28,3 +28,10 @@ __all__ = [
     "resolve_dtype", "sample_age", "sample_divergence", "sft_loss", "supervised_warmup",
     "token_logprobs",
 ]
+
+from .loop import TrainConfig, TrainResult, train  # noqa: E402  (the loop builds on the above)
+from .publish import (LocalPublisher, ServePolicyPublisher, SGLangPublisher,  # noqa: E402
+                      VLLMPublisher)
+
+__all__ += ["LocalPublisher", "SGLangPublisher", "ServePolicyPublisher", "TrainConfig",
+            "TrainResult", "VLLMPublisher", "train"]

@@ -31,8 +31,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable, ClassVar, Mapping
 
+from playwright.async_api import Error as PlaywrightError
+
 from ..env import Action, Env, Episode
-from ..errors import AgentError
+from ..errors import AgentError, BrowserError
 from ..sandbox.spec import Browser
 from ..toolcalls import ToolCallParseError
 from ..tools import tool
@@ -95,7 +97,13 @@ class BrowserEnv(Env):
             return
         session = task_server().open(pages)
         await sandbox.attach_site(session)
-        await sandbox.page.goto(session.url(self.start_path(task)), wait_until="domcontentloaded")
+        url = session.url(self.start_path(task))
+        try:
+            await sandbox.page.goto(url, wait_until="domcontentloaded")
+        except PlaywrightError as exc:  # the task's own site failed: not the agent's doing
+            sandbox.check()
+            raise BrowserError(f"the task's start page {url} did not load: "
+                               f"{str(exc).strip().splitlines()[0]}") from exc
 
     # --- sandbox and episode plumbing ------------------------------------------------------------
     async def open_sandbox(self, task: Task) -> BrowserSandbox:

@@ -4,8 +4,9 @@ A small script walks the DOM of the active page once: it gives every element it 
 `data-corral-bid` attribute (`a1`, `a2`, ... in document order, numbered on from the episode's
 counter so a bid is never reused within an episode, even across pages), and returns each node's
 role, accessible name, value and states. An element keeps its bid for as long as it lives, so
-bids are stable between observations. One `page.evaluate` is several times faster than
-Playwright's accessibility snapshot (measured in `benchmarks/browser.py`).
+bids are stable between observations. It is one `page.evaluate` round trip that both marks
+the elements and reads them (CDP's accessibility tree alone has no ids to act on; BrowserGym
+pairs it with a DOM snapshot and a marking pass); `benchmarks/browser.py` prints its cost.
 
 Hidden subtrees (display:none, visibility:hidden, `hidden`, aria-hidden) are left out, so an
 element revealed later (hover menus) gets its bid when it appears.

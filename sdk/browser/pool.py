@@ -245,6 +245,11 @@ class BrowserPool:
         if not lease.slot.dead:
             await _quietly(lease.context.close())
 
+    async def wait_warm(self) -> None:
+        """Wait until the warm contexts being prepared are ready (benchmarks, tests)."""
+        while self._refills:
+            await asyncio.gather(*list(self._refills), return_exceptions=True)
+
     @property
     def browsers(self) -> int:
         """Live browsers in the pool."""

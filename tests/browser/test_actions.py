@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -121,17 +122,16 @@ async def test_page_crash_ends_the_episode_as_infrastructure_error(pool: Any) ->
     await env.areset(seed=0)
     sandbox: BrowserSandbox = env.episode.sandbox
     cdp = await sandbox.context.new_cdp_session(sandbox.page)
-    await cdp.send("Runtime.evaluate", {"expression": "setTimeout(() => 0, 0)"})
-    crashed = cdp.send("Page.crash")  # never answered: the renderer is gone
+    crashed = sandbox.page.wait_for_event("crash", timeout=20_000)
+    sent = asyncio.ensure_future(cdp.send("Page.crash"))  # never answered: the renderer is gone
+    await crashed
+    sent.cancel()
     with pytest.raises(BrowserError, match="crashed"):
-        while True:  # wait on the condition: the next action sees the crash
-            await env.astep(cr.ToolCall.of("scroll", dx=0, dy=1))
-            env.episode.done = False
+        await env.astep(cr.ToolCall.of("scroll", dx=0, dy=1))
     assert env.episode.infra_error and "BrowserError" in env.episode.infra_error
     await env.aclose()
-    del crashed
     result = await play(AWKWARD_ENV(pool=pool), "noop")  # the pool still serves episodes
-    assert result.infra_error is None
+    assert result.infra_error is None and result.turns == 1
 
 
 async def test_browser_crash_is_replaced_by_the_pool() -> None:

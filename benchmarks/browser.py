@@ -1,0 +1,295 @@
+"""Browser environments: episodes/s and reset latency, Corral vs the synchronous way.
+
+    .venv/bin/python benchmarks/browser.py [--episodes 48] [--concurrency 1,4,8]
+        [--browsergym-python /tmp/bgvenv/bin/python]
+
+Task: `corral/web-click-button-v0` (a page of 3-7 buttons; click the named one). An episode is
+reset (fresh isolated context, page load, observation), the oracle's click, the reward.
+
+Measured side by side in one run:
+1. sync: a faithful BrowserGym-style loop, one episode at a time on sync Playwright: a new
+   browser per reset, the page, an observation as BrowserGym takes it (CDP full AX tree + DOM
+   snapshot + screenshot), find the button's bid, click, observe again, validate, close.
+   No pre-observation sleep (BrowserGym's default sleeps 0.5 s before each observation).
+2. BrowserGym itself (`browsergym-core` in a throwaway venv, `--browsergym-python`), default
+   settings and `pre_observation_delay=0`, on the same page served locally.
+3. Corral: N episodes at a time on one warm browser (one context each).
+Plus warm/cold reset latency and the cost of one observation (Corral's single-evaluate walker
+vs CDP's full AX tree vs Playwright's aria snapshot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+ENV_ID = "corral/web-click-button-v0"
+TIMEOUTS = {"navigation_timeout": 120.0, "action_timeout": 60.0}  # shared, loaded machines
+
+
+def click_page(task: dict) -> str:
+    """The click task's page, as the Corral env serves it (for the sync and peer loops)."""
+    from corral.envs.browser.click_button import ClickButton, Task
+
+    return ClickButton.site(None, Task(**task))["/"]  # type: ignore[arg-type]
+
+
+def tasks(n: int) -> list[dict]:
+    import corral as cr
+
+    dataset = cr.make(ENV_ID).tasks
+    return [dataset[i].model_dump() for i in range(n)]
+
+
+# --- 1. the synchronous way ---------------------------------------------------------------------
+def sync_loop(episodes: list[dict]) -> tuple[float, int]:
+    """BrowserGym-style episodes, one at a time: (seconds, successes)."""
+    from playwright.sync_api import sync_playwright
+
+    from corral.browser.pool import CHROMIUM, LAUNCH_ARGS
+    from corral.browser.site import TaskServer
+
+    server = TaskServer()
+    ok = 0
+    started = time.perf_counter()
+    with sync_playwright() as pw:
+        for task in episodes:
+            site = server.open({"/": click_page(task)})
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=list(LAUNCH_ARGS))  # a new browser per reset
+            context = browser.new_context(extra_http_headers={"X-Corral-Site": site.token})
+            page = context.new_page()
+            page.goto(site.url("/"))
+            page.evaluate("() => document.querySelectorAll('*').forEach((e, i) => "
+                          "e.setAttribute('bid', String(i)))")  # BrowserGym marks every element
+            cdp = context.new_cdp_session(page)
+
+            def observe() -> dict:
+                tree = cdp.send("Accessibility.getFullAXTree")
+                cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
+                page.screenshot()
+                return tree
+
+            tree = observe()
+            names = [n.get("name", {}).get("value") for n in tree["nodes"]]
+            assert task["target"] in names
+            bid = page.evaluate("t => [...document.querySelectorAll('button')]"
+                                ".find(b => b.textContent === t).getAttribute('bid')",
+                                task["target"])
+            page.locator(f"[bid='{bid}']").click()
+            observe()
+            ok += page.evaluate("document.body.dataset.clicked || ''") == task["target"]
+            browser.close()
+            server.close(site)
+    return time.perf_counter() - started, ok
+
+
+# --- 2. BrowserGym itself ---------------------------------------------------------------------------
+PEER = textwrap.dedent('''
+    import json, sys, threading, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import playwright.sync_api
+    _launch = playwright.sync_api.BrowserType.launch
+    def launch(self, *a, **kw):  # Debian's Chromium: playwright install cannot download here
+        kw["executable_path"] = "/usr/bin/chromium"
+        kw["args"] = list(kw.get("args") or []) + ["--no-sandbox", "--disable-gpu"]
+        return _launch(self, *a, **kw)
+    playwright.sync_api.BrowserType.launch = launch
+    from browsergym.core.env import BrowserEnv
+    from browsergym.core.task import AbstractBrowserTask
+
+    spec = json.load(sys.stdin)
+    PAGES = spec["pages"]
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = PAGES[int(self.path.strip("/") or 0)].encode()
+            self.send_response(200); self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a): pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    BASE = f"http://127.0.0.1:{srv.server_address[1]}/"
+
+    class Click(AbstractBrowserTask):
+        @classmethod
+        def get_task_id(cls): return "corral-click"
+        def __init__(self, seed, index=0, target=""):
+            super().__init__(seed); self.index, self.target = index, target
+        def setup(self, page):
+            page.goto(BASE + str(self.index)); return f"Click {self.target}", {}
+        def teardown(self): pass
+        def validate(self, page, chat_messages):
+            ok = page.evaluate("document.body.dataset.clicked || ''") == self.target
+            return float(ok), True, "", {}
+
+    def find(node_list, name):
+        for n in node_list:
+            if n.get("name", {}).get("value") == name and n.get("role", {}).get("value") == "button":
+                return n.get("browsergym_id")
+
+    for delay in spec["delays"]:
+        ok, started = 0, time.perf_counter()
+        for i, target in enumerate(spec["targets"]):
+            env = BrowserEnv(task_entrypoint=Click, task_kwargs={"index": i, "target": target},
+                             headless=True, pre_observation_delay=delay)
+            obs, _ = env.reset(seed=i)
+            bid = find(obs["axtree_object"]["nodes"], target)
+            _, reward, *_ = env.step(f'click("{bid}")')
+            ok += reward == 1.0
+            env.close()
+        print(json.dumps({"delay": delay, "seconds": time.perf_counter() - started, "ok": ok}),
+              flush=True)
+''')
+
+
+def browsergym(python: str, episodes: list[dict]) -> list[dict]:
+    """Run BrowserGym on the same pages in its own venv; one result per delay setting."""
+    spec = {"pages": [click_page(t) for t in episodes], "targets": [t["target"] for t in episodes],
+            "delays": [0.5, 0.0]}
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+        fh.write(PEER)
+    proc = subprocess.run([python, fh.name], input=json.dumps(spec), capture_output=True,
+                          text=True, timeout=1800)
+    Path(fh.name).unlink()
+    if proc.returncode != 0:
+        print(f"browsergym failed: {proc.stderr.strip().splitlines()[-1:]}")
+        return []
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+# --- 3. Corral --------------------------------------------------------------------------------------
+async def corral_runs(concurrencies: list[int], episodes: int) -> dict:
+    import corral as cr
+    from corral.agents import play
+    from corral.browser import BrowserPool, task_server
+
+    spec = cr.Browser(**TIMEOUTS)
+
+    results: dict = {}
+    pool = await BrowserPool(warm_contexts=4, warm_url=task_server().blank_url).start()
+    try:
+        await play(cr.make(ENV_ID, pool=pool, sandbox=spec), "oracle", seed=0)  # warm-up
+        for n in concurrencies:
+            queue = list(range(episodes))
+            ok = 0
+
+            async def worker() -> None:
+                nonlocal ok
+                env = cr.make(ENV_ID, pool=pool, sandbox=spec)
+                while queue:
+                    result = await play(env, "oracle", seed=queue.pop())
+                    ok += result.passed
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(n)))
+            results[n] = (time.perf_counter() - started, ok)
+        results["reset_warm"] = await reset_latency(pool, 25)
+    finally:
+        await pool.close()
+    cold = await BrowserPool(warm_contexts=0, warm_url=task_server().blank_url).start()
+    try:
+        await play(cr.make(ENV_ID, pool=cold, sandbox=spec), "oracle", seed=0)
+        results["reset_cold"] = await reset_latency(cold, 15)
+        results["observe"] = await observation_costs(cold)
+    finally:
+        await cold.close()
+    return results
+
+
+async def reset_latency(pool: Any, n: int) -> list[float]:
+    """Seconds per `areset` (context, page load, first observation), one at a time."""
+    import corral as cr
+
+    env = cr.make(ENV_ID, pool=pool, sandbox=cr.Browser(**TIMEOUTS))
+    times = []
+    for i in range(n):
+        await pool.wait_warm()  # as in a run, where an episode lasts longer than a refill
+        started = time.perf_counter()
+        await env.areset(seed=i)
+        times.append(time.perf_counter() - started)
+        await env.aclose()
+    return times
+
+
+async def observation_costs(pool: Any) -> dict[str, float]:
+    """Median ms of one observation of the table page, three ways."""
+    import corral as cr
+
+    env = cr.make("corral/web-table-answer-v0", pool=pool, sandbox=cr.Browser(**TIMEOUTS))
+    await env.areset(seed=0)
+    sandbox = env.episode.sandbox  # type: ignore[union-attr]
+    page = sandbox.page
+    cdp = await sandbox.context.new_cdp_session(page)
+    ways = {"corral walker": lambda: sandbox.observe(),
+            "CDP full AX tree": lambda: cdp.send("Accessibility.getFullAXTree"),
+            "aria snapshot": lambda: page.locator("body").aria_snapshot()}
+    costs = {}
+    for name, fn in ways.items():
+        times = []
+        for _ in range(15):
+            started = time.perf_counter()
+            await fn()
+            times.append(time.perf_counter() - started)
+        costs[name] = statistics.median(times) * 1000
+    await env.aclose()
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=48, help="episodes per Corral setting")
+    parser.add_argument("--sync-episodes", type=int, default=8)
+    parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--browsergym-python", default=None,
+                        help="python of a venv with browsergym-core (adds BrowserGym itself)")
+    args = parser.parse_args()
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    episodes = tasks(args.sync_episodes)
+
+    print(f"task {ENV_ID}; machine: {__import__('os').cpu_count()} cores, load "
+          f"{open('/proc/loadavg').read().split()[0]}")
+    sync_s, sync_ok = sync_loop(episodes)
+    sync_rate = len(episodes) / sync_s
+    print(f"sync BrowserGym-style loop : {sync_rate:6.2f} episodes/s  "
+          f"({len(episodes)} episodes, {sync_ok} solved, {sync_s / len(episodes):.2f} s each)")
+    peers = browsergym(args.browsergym_python, episodes) if args.browsergym_python else []
+    for peer in peers:
+        rate = len(episodes) / peer["seconds"]
+        print(f"BrowserGym 0.14 (delay {peer['delay']:.1f} s) : {rate:6.2f} episodes/s  "
+              f"({peer['ok']} solved, {peer['seconds'] / len(episodes):.2f} s each)")
+
+    results = asyncio.run(corral_runs(concurrencies, args.episodes))
+    best = 0.0
+    for n in concurrencies:
+        seconds, ok = results[n]
+        rate = args.episodes / seconds
+        best = max(best, rate)
+        print(f"corral, {n:2d} concurrent contexts : {rate:6.2f} episodes/s  "
+              f"({args.episodes} episodes, {ok} solved)")
+    for key, label in (("reset_warm", "warm pool"), ("reset_cold", "no warm contexts")):
+        times = sorted(results[key])
+        print(f"reset latency ({label}): median {statistics.median(times) * 1000:.0f} ms, "
+              f"p90 {times[int(len(times) * 0.9)] * 1000:.0f} ms")
+    for name, ms in results["observe"].items():
+        print(f"observation, {name:17s}: {ms:6.1f} ms")
+    print(f"ratio corral best / sync loop: {best / sync_rate:.1f}x")
+    for peer in peers:
+        print(f"ratio corral best / BrowserGym (delay {peer['delay']:.1f} s): "
+              f"{best / (len(episodes) / peer['seconds']):.1f}x")
+    print(f"ratio corral concurrency 1 / sync loop: "
+          f"{args.episodes / results[concurrencies[0]][0] / sync_rate:.1f}x")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
