@@ -51,6 +51,14 @@ def tasks(n: int) -> list[dict]:
 
 
 # --- 1. the synchronous way ---------------------------------------------------------------------
+def sync_observe(cdp: Any, page: Any) -> dict:
+    """An observation as BrowserGym takes one: full AX tree, DOM snapshot, screenshot."""
+    tree = cdp.send("Accessibility.getFullAXTree")
+    cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
+    page.screenshot()
+    return tree
+
+
 def sync_loop(episodes: list[dict]) -> tuple[float, int]:
     """BrowserGym-style episodes, one at a time: (seconds, successes)."""
     from playwright.sync_api import sync_playwright
@@ -73,20 +81,14 @@ def sync_loop(episodes: list[dict]) -> tuple[float, int]:
                           "e.setAttribute('bid', String(i)))")  # BrowserGym marks every element
             cdp = context.new_cdp_session(page)
 
-            def observe() -> dict:
-                tree = cdp.send("Accessibility.getFullAXTree")
-                cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
-                page.screenshot()
-                return tree
-
-            tree = observe()
+            tree = sync_observe(cdp, page)
             names = [n.get("name", {}).get("value") for n in tree["nodes"]]
             assert task["target"] in names
             bid = page.evaluate("t => [...document.querySelectorAll('button')]"
                                 ".find(b => b.textContent === t).getAttribute('bid')",
                                 task["target"])
             page.locator(f"[bid='{bid}']").click()
-            observe()
+            sync_observe(cdp, page)
             ok += page.evaluate("document.body.dataset.clicked || ''") == task["target"]
             browser.close()
             server.close(site)
@@ -183,7 +185,7 @@ async def corral_runs(concurrencies: list[int], episodes: int) -> dict:
             queue = list(range(episodes))
             ok = 0
 
-            async def worker() -> None:
+            async def worker(queue: list[int]) -> None:
                 nonlocal ok
                 env = cr.make(ENV_ID, pool=pool, sandbox=spec)
                 while queue:
@@ -191,7 +193,7 @@ async def corral_runs(concurrencies: list[int], episodes: int) -> dict:
                     ok += result.passed
 
             started = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(n)))
+            await asyncio.gather(*(worker(queue) for _ in range(n)))
             results[n] = (time.perf_counter() - started, ok)
         results["reset_warm"] = await reset_latency(pool, 25)
     finally:

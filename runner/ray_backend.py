@@ -407,7 +407,7 @@ def _pickle_by_value(module: str | None, cloudpickle: Any) -> None:
 def make_executor(runner: Any, probes: list[Any]) -> RayExecutor:
     """The runner's hook for `backend="ray"`. The driver's own pool is not used: its
     pre-warming is switched off and the workers pre-warm their pools instead."""
-    options = dict(getattr(runner, "backend_options", None) or {})
+    options = dict(runner.backend_options)
     prewarm = runner.prewarm
     runner.prewarm = 0
     executor = RayExecutor(runner.sources, probes, runner.policy, runner.limits,

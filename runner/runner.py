@@ -74,7 +74,8 @@ class Runner:
                  filter_zero_variance: bool = True, min_group_trainable: int = 2,
                  max_staleness: int | None = None, prewarm: int | None = None,
                  env_weights: Sequence[float] | None = None, max_context: int | None = None,
-                 run_id: str | None = None, pool: SandboxPool | None = None) -> None:
+                 run_id: str | None = None, pool: SandboxPool | None = None,
+                 backend_options: dict[str, Any] | None = None) -> None:
         if sandbox_capacity < 1 or inference_concurrency < 1:
             raise ValueError("sandbox_capacity and inference_concurrency must be at least 1")
         if retries < 0 or overprovision < 0:
@@ -87,6 +88,7 @@ class Runner:
         self.seed = seed
         self.retries = retries
         self.backend = backend
+        self.backend_options = dict(backend_options or {})  # e.g. Ray: workers, ray_init
         self.sandbox_backend = sandbox_backend
         self.overprovision = overprovision
         self.max_staleness = max_staleness

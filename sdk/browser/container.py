@@ -156,7 +156,7 @@ class ContainerLauncher:
             str(self.startup_timeout),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.startup_timeout)
+            out, _ = await asyncio.wait_for(proc.communicate(), self.startup_timeout)
         except asyncio.TimeoutError:
             proc.kill()
             raise BrowserError(f"Chromium in container {container_id[:12]} did not open its "

@@ -44,7 +44,7 @@ from .actions import ActionError, looks_like_actions, parse_actions, require_bro
 from .observe import Observation
 from .pool import BrowserPool
 from .sandbox import BrowserSandbox
-from .site import Page, SiteSession, task_server
+from .site import Page, task_server
 
 log = logging.getLogger(__name__)
 

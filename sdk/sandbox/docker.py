@@ -27,6 +27,7 @@ through /proc (`_procs.kill_below`), so the daemon must be local (a unix socket)
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import logging
@@ -36,7 +37,8 @@ import socket
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping, TypeVar
 
 from ..errors import SandboxDied, SandboxError
 from . import _procs
@@ -46,6 +48,18 @@ from .images import LABEL_MANAGED, docker_client, missing_image
 from .spec import Terminal
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Docker SDK calls block; they get their own threads. asyncio's default pool (cores + 4 threads)
+# is shared with everything else, and under load container starts, removals and file copies
+# queued behind each other there (measured: setup 6.8 s vs 0.8 s with a thread per call).
+_DOCKER_THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="corral-docker")
+
+
+async def _blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking docker SDK call on the docker thread pool."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_DOCKER_THREADS, functools.partial(fn, *args, **kwargs))
 
 LABEL_RUN = "corral.run"
 LABEL_ENV = "corral.env"
@@ -101,7 +115,7 @@ class DockerTransport(Transport):
 
     async def host_pid(self) -> int | None:
         if self._pid is None:
-            info = await asyncio.to_thread(docker_client().api.exec_inspect, self.exec_id)
+            info = await _blocking(docker_client().api.exec_inspect, self.exec_id)
             self._pid = info.get("Pid") or None
         return self._pid
 
@@ -153,7 +167,7 @@ class DockerSandbox(Sandbox):
         client = docker_client()
         t0 = time.monotonic()
         try:
-            container = await asyncio.to_thread(client.containers.create, **kwargs)
+            container = await _blocking(client.containers.create, **kwargs)
         except docker.errors.ImageNotFound:
             raise missing_image(image, spec.dockerfile, env_id or None) from None
         except docker.errors.APIError as exc:
@@ -165,9 +179,9 @@ class DockerSandbox(Sandbox):
         sandbox = cls(container.id, spec, user, workdir)
         try:
             if spec.files:
-                await asyncio.to_thread(client.api.put_archive, container.id, "/",
+                await _blocking(client.api.put_archive, container.id, "/",
                                         _tar({p: c.encode() for p, c in spec.files.items()}))
-            await asyncio.to_thread(client.api.start, container.id)
+            await _blocking(client.api.start, container.id)
         except BaseException:
             await sandbox.close()
             raise
@@ -205,7 +219,7 @@ class DockerSandbox(Sandbox):
         pid = await transport.host_pid()
         if pid is None or not Path(f"/proc/{pid}").exists():
             return  # the process is gone already
-        await asyncio.to_thread(_procs.kill_below, pid, keep, everything)
+        await _blocking(_procs.kill_below, pid, keep, everything)
 
     async def exec(self, cmd: str | list[str], timeout: float | None = None,
                    env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -232,7 +246,7 @@ class DockerSandbox(Sandbox):
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
         """Create or replace `path` (missing parents are created by the daemon)."""
         raw = data.encode() if isinstance(data, str) else data
-        await asyncio.to_thread(docker_client().api.put_archive, self.id, "/",
+        await _blocking(docker_client().api.put_archive, self.id, "/",
                                 _tar({path: raw}, mode))
 
     async def read_file(self, path: str) -> bytes:
@@ -253,7 +267,7 @@ class DockerSandbox(Sandbox):
                     raise FileNotFoundError(path)
                 return fobj.read()
 
-        return await asyncio.to_thread(fetch)
+        return await _blocking(fetch)
 
     # --- lifecycle ------------------------------------------------------------------------
     @property
@@ -273,7 +287,7 @@ class DockerSandbox(Sandbox):
         import docker
 
         try:
-            await asyncio.to_thread(docker_client().api.remove_container, self.id, force=True)
+            await _blocking(docker_client().api.remove_container, self.id, force=True)
         except docker.errors.NotFound:
             pass
 

@@ -45,7 +45,7 @@ def docker_client() -> Any:
     import docker
 
     try:
-        client = docker.from_env(timeout=120)
+        client = docker.from_env(timeout=120, max_pool_size=64)  # one per docker thread
         client.ping()
     except Exception as exc:  # docker raises several unrelated types here
         raise SandboxError(f"no Docker daemon answers ({exc}); start it with `dockerd &` or "
@@ -146,8 +146,9 @@ def ensure_base_image(tag: str = BASE_IMAGE, *, mirror: str | None = None,
             (root / junk).mkdir(parents=True, exist_ok=True)
         step(f"docker import {tag}")
         changes = ['CMD ["/bin/bash"]', "WORKDIR /root", "ENV LANG=C.UTF-8",
-                   "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                   f"LABEL {LABEL_MANAGED}=1"]
+                   "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+        # No corral.managed label on the image: containers inherit image labels, and the
+        # reaper treats labelled containers without an owner as orphans.
         cmd = ["docker", "import", *[a for c in changes for a in ("--change", c)], "-", tag]
         tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."],
                                stdout=subprocess.PIPE)

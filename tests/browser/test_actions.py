@@ -11,6 +11,7 @@ import corral as cr
 from corral.agents import play
 from corral.browser import BrowserSandbox
 from corral.errors import BrowserError
+from playwright.async_api import Error as PlaywrightError
 
 from .conftest import AWKWARD_ENV, elements
 
@@ -106,7 +107,7 @@ async def test_action_strings_and_screenshots(pool: Any) -> None:
         assert info["observation"]["screenshot"][:8] == b"\x89PNG\r\n\x1a\n"
         bids = elements(env)
         text = f'Let me do it.\n```\nfill("{bids["Name"]}", "Bo")\nclick("{bids["Go"]}")\n```'
-        observation, reward, terminated, _, info = await env.astep(text)
+        observation, _, _, _, info = await env.astep(text)
         assert "filled" in observation and "clicked" in observation
         assert info["observation"]["screenshot"][:4] == b"\x89PNG"
         *_, info = await env.astep("done")
@@ -142,7 +143,7 @@ async def test_browser_crash_is_replaced_by_the_pool() -> None:
         env = AWKWARD_ENV(pool=own)
         await env.areset(seed=0)
         cdp = await own._slots[0].browser.new_browser_cdp_session()
-        with pytest.raises(Exception):
+        with pytest.raises(PlaywrightError):  # the browser dies before it can answer
             await cdp.send("Browser.crash")
         with pytest.raises(BrowserError, match="browser process went away"):
             await env.astep(cr.ToolCall.of("scroll", dx=0, dy=1))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import corral as cr
 from corral.agents import play
 from corral.browser import BrowserPool, BrowserSandbox, html_page, task_server
@@ -13,6 +15,7 @@ N = 32
 SPEC = cr.Browser(navigation_timeout=90, action_timeout=30)
 
 
+@pytest.mark.slow  # 32 renderer processes start at once: a minute or two on a loaded 2-core box
 async def test_contexts_share_no_cookies_or_storage(pool: BrowserPool) -> None:
     # every sandbox visits the same origin, so only context isolation can keep them apart
     site = task_server().open({"/": html_page("Shared", "<h1>Shared origin</h1>")})
@@ -51,7 +54,7 @@ async def test_contexts_share_no_cookies_or_storage(pool: BrowserPool) -> None:
 
 
 async def test_concurrent_env_episodes_on_one_browser_all_pass(pool: BrowserPool) -> None:
-    n = N // 2  # full episodes (reset, observe, act, verify); the test above runs all 32
+    n = N // 4  # full episodes (reset, observe, act, verify); the test above runs all 32
     results = await asyncio.gather(*(
         play(cr.make("corral/web-click-button-v0", pool=pool, sandbox=SPEC), "oracle", seed=i)
         for i in range(n)))
