@@ -104,6 +104,7 @@ class ContextLease:
     hook: RouteHook
     slot: BrowserSlot
     pool: "BrowserPool"
+    viewport: Viewport = (1280, 720)
     released: bool = False
 
     @property
@@ -174,6 +175,9 @@ class BrowserPool:
         async with self._lock:
             while len(self._slots) < self.size:
                 self._slots.append(await self._launch())
+        for slot in self._slots:
+            for _ in range(self.warm_contexts):
+                self._refill(slot, (1280, 720))
         return self
 
     async def acquire(self, viewport: Viewport = (1280, 720)) -> ContextLease:
@@ -189,8 +193,7 @@ class BrowserPool:
         except BaseException:
             slot.contexts -= 1
             raise
-        self._refill(slot, viewport)
-        return ContextLease(context, page, hook, slot, self)
+        return ContextLease(context, page, hook, slot, self, viewport=viewport)
 
     async def _new_context(self, slot: BrowserSlot, viewport: Viewport,
                            warm: bool = False) -> Warm:
@@ -220,7 +223,7 @@ class BrowserPool:
         if self.warm_contexts == 0 or self._closed:
             return
         ready = slot.warm.setdefault(viewport, [])
-        if len(ready) + sum(1 for t in self._refills if not t.done()) >= self.warm_contexts:
+        if len(ready) + len(self._refills) >= self.warm_contexts:
             return
 
         async def refill() -> None:
@@ -244,6 +247,9 @@ class BrowserPool:
         lease.slot.contexts -= 1
         if not lease.slot.dead:
             await _quietly(lease.context.close())
+            # refill when an episode ends, not when one starts: a context made during a reset
+            # would compete with it for the CPU
+            self._refill(lease.slot, lease.viewport)
 
     async def wait_warm(self) -> None:
         """Wait until the warm contexts being prepared are ready (benchmarks, tests)."""
