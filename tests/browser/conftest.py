@@ -3,9 +3,6 @@ every awkward element, and (slow tests) the containerized-mode image built once.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
 from typing import Any
 
 import pytest
@@ -69,21 +66,9 @@ async def awkward(pool: BrowserPool) -> Any:
     await env.aclose()
 
 
-def _docker_up() -> bool:
-    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-
-
 @pytest.fixture(scope="session")
-def chromium_image() -> str:
-    """corral/chromium:bookworm, built once (minutes) when missing; starts dockerd if needed."""
-    if not _docker_up():
-        assert shutil.which("dockerd"), "dockerd is not installed (apt-get install docker.io)"
-        log = open("/var/log/dockerd.log", "ab")
-        subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while not _docker_up():
-            assert time.monotonic() < deadline, "dockerd did not answer within 60 s"
-            time.sleep(0.2)
+def chromium_image(dockerd: None) -> str:
+    """corral/chromium:bookworm, built once (minutes) when missing."""
     from corral.browser.image import ensure_chromium_image
 
     return ensure_chromium_image()

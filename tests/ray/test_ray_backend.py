@@ -121,8 +121,8 @@ def files_agent(call: ScriptedCall) -> str:
 
 
 @pytest.mark.docker
-async def test_docker_terminal_env_same_trajectories(run_label: str) -> None:
-    kwargs = dict(sandbox_capacity=2, sandbox_backend="docker", run_id=run_label)
+async def test_docker_terminal_env_same_trajectories(base_image: str, run_id: str) -> None:
+    kwargs = dict(sandbox_capacity=2, sandbox_backend="docker", run_id=run_id)
     local, _ = await collect("asyncio", [Files], files_agent, 4, 2, **kwargs)
     remote, stats = await collect("ray", [Files], files_agent, 4, 2, **kwargs)
     assert all(t.status is Status.COMPLETE for t in remote), [t.error for t in remote]
