@@ -67,10 +67,10 @@ class Settings:
     sft_steps: int = 100
     sft_batch: int = 32
     sft_lr: float = 2e-3
-    rl_steps: int = 40
+    rl_steps: int = 250
     rl_batch: int = 64
     group: int = 8
-    rl_lr: float = 3e-4
+    rl_lr: float = 5e-4
     eval_every: int = 4
     eval_tasks: int = 48             # held-out tasks evaluated (all of them when fewer)
     eval_samples: int = 2            # samples per task for the sampled held-out reward
