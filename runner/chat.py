@@ -13,6 +13,7 @@ Hermes/Qwen format `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -72,8 +73,22 @@ def encode_turn(tokenizer: Tokenizer, message: dict[str, Any], *,
 
 def generation_prompt_ids(tokenizer: Tokenizer) -> list[int]:
     """The ids that open an assistant turn (`<|im_start|>assistant\\n` in ChatML)."""
+    return list(_generation_prompt_ids(tokenizer))
+
+
+# The two strings below are constants of a tokenizer's template; every turn of every episode
+# needs them, and rendering a Jinja template costs milliseconds of the runner's CPU.
+@functools.lru_cache(maxsize=32)
+def _generation_prompt_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
     text = _suffix(tokenizer, _DEFAULT_CONTEXT, _DEFAULT_CONTEXT, generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+@functools.lru_cache(maxsize=32)
+def _turn_closing(tokenizer: Tokenizer) -> str:
+    sentinel_turn = [*_DEFAULT_CONTEXT[:2], {"role": "assistant", "content": _SENTINEL}]
+    rendered = render(tokenizer, sentinel_turn)
+    return rendered[rendered.index(_SENTINEL) + len(_SENTINEL):]
 
 
 def turn_end_ids(tokenizer: Tokenizer, generated_ids: Sequence[int]) -> list[int]:
@@ -82,9 +97,7 @@ def turn_end_ids(tokenizer: Tokenizer, generated_ids: Sequence[int]) -> list[int
     The template ends an assistant message with a closing string (`<|im_end|>\\n` in ChatML);
     the part of it the model already produced (usually its stop token) is not repeated.
     """
-    sentinel_turn = [*_DEFAULT_CONTEXT[:2], {"role": "assistant", "content": _SENTINEL}]
-    rendered = render(tokenizer, sentinel_turn)
-    closing = rendered[rendered.index(_SENTINEL) + len(_SENTINEL):]
+    closing = _turn_closing(tokenizer)
     generated = tokenizer.decode(list(generated_ids), skip_special_tokens=False)
     done = max((k for k in range(len(closing) + 1) if generated.endswith(closing[:k])), default=0)
     rest = closing[done:]

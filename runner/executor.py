@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from corral.errors import CorralError
 from corral.runner.episode import EpisodeLimits, WorkItem, run_episode
 from corral.runner.policy import Policy
-from corral.runner.pool import SandboxPool
+from corral.runner.pool import SandboxPool, spec_key
 from corral.runner.trajectory import Span, Trajectory
 
 EnvFactory = Callable[[], Any]
@@ -78,7 +79,10 @@ class LocalExecutor:
                  sandbox_capacity: int) -> None:
         self.sources, self.policy, self.limits = sources, policy, limits
         self.inference, self.pool = inference, pool
+        self.capacity = sandbox_capacity
         self.admission = asyncio.Semaphore(sandbox_capacity)
+        self._waiting: Counter[str] = Counter()  # pooled items waiting for admission, per spec
+        self._arrived = False  # has any work item come yet?
         self._free: list[list[Any]] = [[self._attach(env)] for env in probes]
         self.made = len(probes)
 
@@ -101,12 +105,28 @@ class LocalExecutor:
                 return await run_episode(env, self.policy, item, self.limits, self.inference,
                                          attempt=attempt)
             wall = time.time()
-            async with self.admission:
+            key = spec_key(self.sources[item.env_index].spec)
+            self._arrived = True
+            self._waiting[key] += 1
+            try:
+                await self.admission.acquire()
+            finally:
+                self._waiting[key] -= 1
+            try:
                 waited = [Span("sandbox_wait", wall, time.time())]
                 return await run_episode(env, self.policy, item, self.limits, self.inference,
                                          attempt=attempt, spans=waited)
+            finally:
+                self.admission.release()
         finally:
             self._free[item.env_index].append(env)
+
+    def demand(self, spec: Any) -> Callable[[], int]:
+        """How many work items needing `spec` wait for admission: caps the pool's pre-warming,
+        so the end of a run starts no sandbox nobody takes. Before the first work item arrives
+        a full load is expected (pre-warming while the caller gets ready is the point)."""
+        key = spec_key(spec)
+        return lambda: self._waiting[key] if self._arrived else self.capacity
 
     def stats(self) -> dict[str, Any]:
         return {"backend": "asyncio", "env_instances": self.made, "pool": self.pool.snapshot()}

@@ -4,12 +4,16 @@ The pool is an env `SandboxProvider` (`acquire(spec, env)` / `release(sandbox, e
 so an env made with `sandbox_provider=pool` takes its sandboxes from here instead of starting
 its own. What it does for a run:
 
-- **capacity**: at most `capacity` sandboxes exist at once (in use, warm, starting or being
-  reset). An `acquire` beyond it waits until one is released, or evicts a warm sandbox of
-  another spec.
-- **pre-warming**: `prewarm(spec, n)` sets a target of `n` idle sandboxes of that spec; a
-  background task starts them ahead of demand and refills the target as they are taken, so
-  container start overlaps with inference instead of adding to it.
+- **capacity**: at most `capacity` sandboxes are usable at once (in use, warm, starting or
+  being reset). A sandbox being removed no longer counts: its processes are SIGKILLed at once
+  and only the daemon's bookkeeping remains, so the next episode need not wait for it. An
+  `acquire` beyond capacity waits until one is released, or evicts a warm sandbox of another
+  spec.
+- **pre-warming**: `prewarm(spec, n, demand=f)` sets a target of `n` idle sandboxes of that
+  spec; a background task starts them ahead of demand and refills the target as they are
+  taken, so container start overlaps with inference instead of adding to it. With `demand`,
+  the target is capped by `f()` (work still waiting for a sandbox) plus the acquires waiting
+  here, so the end of a run does not start sandboxes nobody will use.
 - **reuse**: a sandbox released with `reusable=True` (the env declares `reusable_sandbox` and
   the episode had no infrastructure error) is reset in the background by the env's optional
   `reset_sandbox(sandbox)` coroutine and goes back to the warm set.
@@ -27,7 +31,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, NamedTuple
 
 from corral.errors import InfraError, SandboxError
 from corral.runner.trajectory import Span
@@ -75,6 +79,13 @@ class _Entry:
     uses: int = 0
 
 
+class _Target(NamedTuple):
+    spec: SandboxSpec
+    env_id: str
+    count: int
+    demand: Callable[[], int] | None
+
+
 def spec_key(spec: SandboxSpec) -> str:
     """Sandboxes are interchangeable exactly when their specs are equal."""
     return spec.model_dump_json()
@@ -95,8 +106,9 @@ class SandboxPool:
         self._opener = opener or self._open
         self.stats = PoolStats()
         self._warm: dict[str, deque[_Entry]] = {}
-        self._targets: dict[str, tuple[SandboxSpec, str, int]] = {}
+        self._targets: dict[str, _Target] = {}
         self._starting: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}  # acquires blocked on capacity, per spec
         self._in_use: dict[int, _Entry] = {}
         self._live = 0  # every sandbox counted against capacity (any state)
         self._cond = asyncio.Condition()
@@ -158,21 +170,24 @@ class SandboxPool:
         if reusable and sandbox.alive and not self._closed:
             self._spawn(self._reset_and_keep(entry, env))
         else:
-            self._spawn(self._retire(entry))
+            await self._give_back_unit()  # removal does not hold capacity (module docstring)
+            self._spawn(self._close_entry(entry, give_back=False))
+            self._refill(entry.key)
 
     # --- pre-warming ---------------------------------------------------------------------------
     async def prewarm(self, spec: SandboxSpec, count: int, *, env_id: str = "",
-                      wait: bool = False) -> None:
-        """Keep `count` idle sandboxes of `spec` ready; `wait=True` returns once they are
-        (or once capacity allows no more)."""
+                      wait: bool = False, demand: Callable[[], int] | None = None) -> None:
+        """Keep `count` idle sandboxes of `spec` ready (at most `demand()` plus the acquires
+        waiting, when `demand` is given); `wait=True` returns once they are (or once capacity
+        allows no more)."""
         self._check_open()
         key = spec_key(spec)
-        self._targets[key] = (spec, env_id, max(0, count))
+        self._targets[key] = _Target(spec, env_id, max(0, count), demand)
         self._refill(key)
         if wait:
             async with self._cond:
                 await self._cond.wait_for(
-                    lambda: self._closed or self.warm_count(spec) >= min(count, self.capacity)
+                    lambda: self._closed or self.warm_count(spec) >= self._wanted(key)
                     or (self._live >= self.capacity and not self._starting.get(key)))
 
     # --- internals -----------------------------------------------------------------------------
@@ -189,7 +204,8 @@ class SandboxPool:
                     log.warning("a warm %s sandbox died while idle; replacing it", entry.env_id)
                     self.stats.failures += 1
                     self.stats.replaced += 1
-                    self._spawn(self._retire(entry))
+                    self._live -= 1  # we hold the lock; the loop below may take the unit
+                    self._spawn(self._close_entry(entry, give_back=False))
                 if self._live < self.capacity:
                     self._live += 1
                     self._starting[key] = self._starting.get(key, 0) + 1
@@ -200,7 +216,11 @@ class SandboxPool:
                     self._starting[key] = self._starting.get(key, 0) + 1
                     self._spawn(self._close_entry(victim, give_back=False))
                     return None
-                await self._cond.wait()
+                self._waiting[key] = self._waiting.get(key, 0) + 1
+                try:
+                    await self._cond.wait()
+                finally:
+                    self._waiting[key] -= 1
 
     def _evictable(self, key: str) -> _Entry | None:
         for other, queue in self._warm.items():
@@ -235,16 +255,25 @@ class SandboxPool:
 
         return await open_sandbox(spec, self.backend, run_id=self.run_id, env_id=env_id)
 
+    def _wanted(self, key: str) -> int:
+        """Idle sandboxes of `key` to keep: the target, capped by demand and capacity."""
+        target = self._targets.get(key)
+        if target is None:
+            return 0
+        count = target.count
+        if target.demand is not None:
+            count = min(count, max(0, target.demand()) + self._waiting.get(key, 0))
+        return min(count, self.capacity)
+
     def _refill(self, key: str) -> None:
         target = self._targets.get(key)
         if target is None or self._closed:
             return
-        spec, env_id, count = target
-        missing = count - len(self._warm.get(key, ())) - self._starting.get(key, 0)
+        missing = self._wanted(key) - len(self._warm.get(key, ())) - self._starting.get(key, 0)
         for _ in range(max(0, min(missing, self.capacity - self._live))):
             self._live += 1
             self._starting[key] = self._starting.get(key, 0) + 1
-            self._spawn(self._warm_one(key, spec, env_id))
+            self._spawn(self._warm_one(key, target.spec, target.env_id))
 
     async def _warm_one(self, key: str, spec: SandboxSpec, env_id: str) -> None:
         try:
@@ -277,10 +306,6 @@ class SandboxPool:
         async with self._cond:
             self._warm.setdefault(entry.key, deque()).append(entry)
             self._cond.notify_all()
-
-    async def _retire(self, entry: _Entry) -> None:
-        await self._close_entry(entry)
-        self._refill(entry.key)
 
     async def _close_entry(self, entry: _Entry, give_back: bool = True) -> None:
         try:

@@ -7,8 +7,12 @@
 
 How work flows: the runner plans groups deterministically from `seed` (group `g` is task
 `task_index` of env `env_index`, drawn from `Random(f"corral:{seed}:{g}")`; its `group`
-samples get their own sampling seeds) and keeps up to `ceil(groups_per_batch * (1 +
-overprovision))` groups launched ahead of the consumer. Each sample is a task on the event loop
+samples get their own sampling seeds) and keeps at least `ceil(groups_per_batch * (1 +
+overprovision))` groups launched ahead of the consumer. Beyond that it keeps the executor
+saturated: when its envs run in pooled sandboxes and fewer work items are in flight than
+sandbox capacity plus one group, it launches the next group, also while the consumer is busy
+training, until a whole batch of ready groups waits to be taken. Without this, sandboxes idle
+at every batch cut while the last groups finish. Each sample is a task on the event loop
 that runs one episode at a time through the `Executor`, retrying infrastructure failures up to
 `retries` times, writes the finished trajectory to the store, then to the `BatchAssembler`.
 A batch is cut as soon as enough whole groups are ready (the straggler cut-off); everything
@@ -115,6 +119,8 @@ class Runner:
         self._consumed_set: set[str] = set()
         self._collect_groups: set[int] = set()
         self._next_group = 0
+        self._stream: tuple[int, int, int] | None = None  # batches(): group, needed, ahead
+        self._topping_up = False
         self._dropped_streak = 0
         self._changed: asyncio.Event | None = None
         self._crash: BaseException | None = None
@@ -190,8 +196,10 @@ class Runner:
             return
         each = self.prewarm if self.prewarm is not None else \
             max(1, self.sandbox_capacity // len(pooled))
+        demand = getattr(self.executor, "demand", None)
         for source in pooled.values():  # sets targets; the starts run in the background
-            await self.pool.prewarm(source.spec, each, env_id=source.label)
+            await self.pool.prewarm(source.spec, each, env_id=source.label,
+                                    demand=demand(source.spec) if demand else None)
 
     async def close(self) -> None:
         """Cancel in-flight episodes (their sandboxes are released), close the pool and the
@@ -290,7 +298,29 @@ class Runner:
                 self._dropped_streak += 1
         for listener in self._listeners:
             listener(traj)
+        self._top_up()
         self._notify()
+
+    def _saturation(self) -> int:
+        """Work items in flight that keep the sandboxes busy (see module docstring); 0 for
+        runs without sandboxes, which only keep the look-ahead."""
+        if not any(source.pooled for source in self.sources):
+            return 0
+        return self.sandbox_capacity + (self._stream[0] if self._stream else 1)
+
+    def _top_up(self) -> None:
+        """Launch groups for the active `batches()` stream: the look-ahead, then saturation."""
+        if self._stream is None or self._closing or self._topping_up:
+            return
+        group, needed, ahead = self._stream
+        self._topping_up = True  # resumed groups finish inside _launch_group: no recursion
+        try:
+            while (len(self.assembler.groups) < ahead
+                   or (len(self.assembler.ready) < needed
+                       and len(self._flights) < self._saturation())):
+                self._launch_group(self._next_free_group(), group)
+        finally:
+            self._topping_up = False
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -345,31 +375,35 @@ class Runner:
         ahead = max(needed, math.ceil(needed * (1 + self.overprovision)))
         give_up = 20 * ahead + 100
         produced = 0
-        while max_batches is None or produced < max_batches:
-            asked = time.perf_counter()
-            while True:
-                while len(self.assembler.groups) < ahead:
-                    self._launch_group(self._next_free_group(), group)
-                batch = self.assembler.take(needed, self.policy.version)
-                if batch is not None:
-                    break
-                if self._dropped_streak > give_up:
-                    raise CorralError(f"{self._dropped_streak} groups in a row were filtered or "
-                                      "discarded (equal rewards or infrastructure failures); "
-                                      "check the env and policy, or pass "
-                                      "filter_zero_variance=False")
-                await self._wait_change()
-            batch.stats.update(self._batch_stats(batch, time.perf_counter() - asked))
-            self.metrics.record_batch(batch.stats)
-            for group_id in self.assembler.group_ids(batch):
-                self._consumed.append(group_id)
-                self._consumed_set.add(group_id)
-            self.counts["batches"] += 1
-            if self.store is not None:
-                await asyncio.to_thread(self.store.update_cursor, self.counts["batches"],
-                                        list(self._consumed))
-            produced += 1
-            yield batch
+        self._stream = (group, needed, ahead)
+        try:
+            while max_batches is None or produced < max_batches:
+                asked = time.perf_counter()
+                while True:
+                    self._top_up()
+                    batch = self.assembler.take(needed, self.policy.version)
+                    if batch is not None:
+                        break
+                    if self._dropped_streak > give_up:
+                        raise CorralError(
+                            f"{self._dropped_streak} groups in a row were filtered or discarded "
+                            "(equal rewards or infrastructure failures); check the env and "
+                            "policy, or pass filter_zero_variance=False")
+                    await self._wait_change()
+                batch.stats.update(self._batch_stats(batch, time.perf_counter() - asked))
+                self.metrics.record_batch(batch.stats)
+                for group_id in self.assembler.group_ids(batch):
+                    self._consumed.append(group_id)
+                    self._consumed_set.add(group_id)
+                self.counts["batches"] += 1
+                if self.store is not None:
+                    await asyncio.to_thread(self.store.update_cursor, self.counts["batches"],
+                                            list(self._consumed))
+                produced += 1
+                self._top_up()  # refill for the next batch while the consumer trains
+                yield batch
+        finally:
+            self._stream = None
 
     def _batch_stats(self, batch: Batch, waited: float) -> dict[str, Any]:
         return {"index": self.counts["batches"], "time_to_batch": waited,

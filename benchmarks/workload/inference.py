@@ -11,7 +11,8 @@ tools, rendered with the same chat template) with the *scripted* turn of the tra
   to `cache_tokens`; a prompt hits the longest cached prefix of whole blocks. After a request
   its prompt and output are cached. So routing a trajectory's turns to one replica matters;
 - decode: `decode_ms` per output token at concurrency 1, times `(1 + alpha * (c - 1))` where c
-  is the number of sequences decoding on the replica, re-evaluated every 8 tokens.
+  is the number of sequences decoding on the replica, re-evaluated every 8 tokens. The replica
+  sleeps to an absolute schedule, so timer overshoot on a busy host does not add up.
 
 Which plan a request belongs to: the task index comes from the `[bench-task N]` marker in the
 instruction; the sample index k is the order in which that task's trajectories first reached
@@ -129,11 +130,14 @@ class Replica:
                 if prefill > 0:
                     await asyncio.sleep(prefill)
                 t2 = time.perf_counter()
-                remaining = len(output)
+                remaining, due = len(output), t2
                 while remaining > 0:
                     step = min(8, remaining)
                     load = 1.0 + self.cost.alpha * (self.active - 1)
-                    await asyncio.sleep(step * self.cost.decode_ms / 1000.0 * load)
+                    # sleep to an absolute schedule: the event loop's timer overshoot (1-20 ms
+                    # per sleep on a busy host) must not accumulate into a slower engine
+                    due += step * self.cost.decode_ms / 1000.0 * load
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
                     remaining -= step
                 t3 = time.perf_counter()
                 self._insert(self._blocks(prompt + output))

@@ -39,6 +39,7 @@ class DirSandbox(Sandbox):
         self.closed = False
         self.killed = False
         self.resets = 0
+        self.close_gate: asyncio.Event | None = None  # set: close() waits for it (slow removal)
 
     @property
     def alive(self) -> bool:
@@ -92,6 +93,8 @@ class DirSandbox(Sandbox):
         shutil.rmtree(self.root, ignore_errors=True)
 
     async def close(self) -> None:
+        if self.close_gate is not None:
+            await self.close_gate.wait()
         self.closed = True
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import re
 
-from corral.runner import BatchAssembler, Runner, ScriptedPolicy, Status, Trajectory
+from corral.runner import BatchAssembler, Runner, SandboxPool, ScriptedPolicy, Status, Trajectory
 from corral.runner.scripted import ScriptedCall
 
-from runner_helpers import arithmetic_solver
+from runner_helpers import DirOpener, FileEnv, arithmetic_solver, file_solver
 
 
 def _variance(group: list[Trajectory]) -> float:
@@ -119,3 +119,31 @@ def test_infra_failed_members_are_never_trained_on() -> None:
     assert all(t.status is not Status.INFRA_ERROR for t in batch.trajectories)
     assert batch.stats["discarded_groups"] == 1 and batch.stats["infra_failed"] == 3
     assert batch.stats["retried_attempts"] == 6
+
+
+async def test_sandboxes_stay_busy_past_a_straggler_and_while_the_consumer_trains(
+        opener: DirOpener) -> None:
+    release = asyncio.Event()
+
+    async def respond(call: ScriptedCall) -> str:
+        if (call.request.session_id or "").startswith("g000001"):  # the straggler group
+            await release.wait()
+        return file_solver(call)
+
+    pool = SandboxPool(4, opener=opener)
+    async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=4,
+                      overprovision=0.0, filter_zero_variance=False) as runner:
+        batches = runner.batches(size=4, group=2)
+        # the look-ahead alone (2 groups) would wait on the straggler; saturation launched more
+        first = await asyncio.wait_for(batches.__anext__(), 60)
+        assert "g000001" not in {t.group_id for t in first.trajectories}
+        # while the consumer "trains" (does not ask), work keeps flowing into free sandboxes
+        # until one whole batch waits to be taken
+        while len(runner.assembler.ready) < 2:
+            await runner._wait_change()
+        assert runner.counts["launched"] > 8 and runner.inflight <= 4 + 2
+        second = await asyncio.wait_for(batches.__anext__(), 60)  # ready before it was asked
+        assert "g000001" not in {t.group_id for t in second.trajectories}
+        release.set()
+        await batches.aclose()
+    await pool.close()

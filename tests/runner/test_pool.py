@@ -79,6 +79,38 @@ async def test_capacity_admission_blocks_until_release(opener: DirOpener) -> Non
         assert len(pool.stats.wait_seconds) == 3 and max(pool.stats.wait_seconds) > 0.2
 
 
+async def test_a_sandbox_being_removed_holds_no_capacity(opener: DirOpener) -> None:
+    env = FileEnv()
+    async with SandboxPool(1, opener=opener) as pool:
+        first = await pool.acquire(SPEC, env)
+        first.close_gate = asyncio.Event()  # its removal hangs until we say so
+        await pool.release(first, env, reusable=False)
+        second = await asyncio.wait_for(pool.acquire(SPEC, env), 10)
+        assert second is not first and not first.closed  # did not wait for the removal
+        assert pool.live == 1 and pool.in_use == 1
+        first.close_gate.set()
+        await pool.drain()
+        assert first.closed and pool.live == 1 and pool.stats.closes == 1
+
+
+async def test_prewarming_follows_demand(opener: DirOpener) -> None:
+    waiting = [0]
+    async with SandboxPool(4, opener=opener) as pool:
+        await pool.prewarm(SPEC, 3, wait=True, demand=lambda: waiting[0])
+        assert pool.warm_count(SPEC) == 0 and pool.stats.starts == 0  # nobody waits: none
+        waiting[0] = 2
+        await pool.prewarm(SPEC, 3, wait=True, demand=lambda: waiting[0])
+        assert pool.warm_count(SPEC) == 2  # capped by the work waiting, not the target
+        env = FileEnv()
+        waiting[0] = 0  # both waiting items are admitted and take the warm ones
+        taken = [await pool.acquire(SPEC, env) for _ in range(2)]
+        assert pool.stats.warm_hits == 2
+        for sandbox in taken:  # the run ends: releases start no replacements
+            await pool.release(sandbox, env, reusable=False)
+        await pool.drain()
+        assert pool.stats.starts == 2 and pool.warm_count(SPEC) == 0 and pool.live == 0
+
+
 async def test_warm_sandbox_of_another_spec_is_evicted(opener: DirOpener) -> None:
     other = Terminal(image="corral-test/other:0")
     async with SandboxPool(1, opener=opener) as pool:
