@@ -13,7 +13,9 @@ Measured side by side in one run:
    No pre-observation sleep (BrowserGym's default sleeps 0.5 s before each observation).
 2. BrowserGym itself (`browsergym-core` in a throwaway venv, `--browsergym-python`), default
    settings and `pre_observation_delay=0`, on the same page served locally.
-3. Corral: N episodes at a time on one warm browser (one context each).
+3. bare async Playwright: one browser, a context per episode, goto, click, read, close (the
+   floor PEERS.md measures: no observation, no origin policy, no action checks).
+4. Corral: N episodes at a time on one warm browser (one context each).
 Plus warm/cold reset latency and the cost of one observation (Corral's single-evaluate walker
 vs CDP's full AX tree vs Playwright's aria snapshot).
 """
@@ -93,6 +95,35 @@ def sync_loop(episodes: list[dict]) -> tuple[float, int]:
             browser.close()
             server.close(site)
     return time.perf_counter() - started, ok
+
+
+# --- 1b. bare async Playwright: the floor PEERS.md measures ---------------------------------------
+async def bare_async_loop(episodes: list[dict]) -> tuple[float, int]:
+    """Plain async Playwright, one browser, a fresh context per episode, no observation, no
+    origin policy, no checks: (seconds, successes). The cost floor of an isolated episode."""
+    from playwright.async_api import async_playwright
+
+    from corral.browser.pool import CHROMIUM, LAUNCH_ARGS
+    from corral.browser.site import SITE_HEADER, TaskServer
+
+    server = TaskServer()
+    ok = 0
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                           args=list(LAUNCH_ARGS))
+        started = time.perf_counter()
+        for task in episodes:
+            site = server.open({"/": click_page(task)})
+            context = await browser.new_context(extra_http_headers={SITE_HEADER: site.token})
+            page = await context.new_page()
+            await page.goto(site.url("/"))
+            await page.get_by_role("button", name=task["target"], exact=True).click()
+            ok += await page.evaluate("document.body.dataset.clicked || ''") == task["target"]
+            await context.close()
+            server.close(site)
+        seconds = time.perf_counter() - started
+        await browser.close()
+    return seconds, ok
 
 
 # --- 2. BrowserGym itself ---------------------------------------------------------------------------
@@ -247,6 +278,11 @@ async def observation_costs(pool: Any) -> dict[str, float]:
     return costs
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (latency figures mean little without them)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=48, help="episodes per Corral setting")
@@ -259,11 +295,15 @@ def main() -> None:
     episodes = tasks(args.sync_episodes)
 
     print(f"task {ENV_ID}; machine: {__import__('os').cpu_count()} cores, load "
-          f"{open('/proc/loadavg').read().split()[0]}")
+          f"{load_average()}")
     sync_s, sync_ok = sync_loop(episodes)
     sync_rate = len(episodes) / sync_s
     print(f"sync BrowserGym-style loop : {sync_rate:6.2f} episodes/s  "
           f"({len(episodes)} episodes, {sync_ok} solved, {sync_s / len(episodes):.2f} s each)")
+    bare_s, bare_ok = asyncio.run(bare_async_loop(tasks(args.episodes)))
+    bare_rate = args.episodes / bare_s
+    print(f"bare async Playwright loop : {bare_rate:6.2f} episodes/s  "
+          f"({args.episodes} episodes, {bare_ok} solved; no observation, no origin policy)")
     peers = browsergym(args.browsergym_python, episodes) if args.browsergym_python else []
     for peer in peers:
         rate = len(episodes) / peer["seconds"]
@@ -288,8 +328,11 @@ def main() -> None:
     for peer in peers:
         print(f"ratio corral best / BrowserGym (delay {peer['delay']:.1f} s): "
               f"{best / (len(episodes) / peer['seconds']):.1f}x")
+    print(f"ratio corral concurrency 1 / bare async Playwright: "
+          f"{args.episodes / results[concurrencies[0]][0] / bare_rate:.2f}x")
     print(f"ratio corral concurrency 1 / sync loop: "
           f"{args.episodes / results[concurrencies[0]][0] / sync_rate:.1f}x")
+    print(f"load at the end: {load_average()}")
     sys.stdout.flush()
 
 

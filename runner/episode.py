@@ -8,6 +8,8 @@ version) and the encoded environment turn (`loss_mask` 0), using `corral.runner.
 Sandbox start and task setup overlap with the first inference call: the first prompt needs
 only the instruction, so `env.areset` runs concurrently with the first `generate` (if the
 env's messages after reset differ from the predicted ones, that generation is discarded).
+Envs whose first message needs setup's result (`instruction_is_first_message = False`, e.g.
+browser envs: the page is in it) skip that early call.
 
 Failures are classified, never raised (except cancellation): `InfraError` (sandbox, browser,
 `PolicyError` from a server) and unexpected exceptions from env code end the attempt as
@@ -152,17 +154,22 @@ class _Episode:
         predicted = ([{"role": "system", "content": env.system_prompt}] if env.system_prompt
                      else []) + [{"role": "user", "content": env.instruction(task)}]
         tools = env.tool_schemas() or None
-        transcript = ChatTranscript(self.policy.tokenizer, predicted, tools=tools)
-        first = asyncio.ensure_future(self.generate(transcript))  # overlaps sandbox + setup
+        transcript: ChatTranscript | None = None
+        first: asyncio.Future[Generation | None] | None = None
+        if getattr(env, "instruction_is_first_message", True):
+            transcript = ChatTranscript(self.policy.tokenizer, predicted, tools=tools)
+            first = asyncio.ensure_future(self.generate(transcript))  # overlaps sandbox + setup
         try:
             await self.reset()
         except BaseException:
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
+            if first is not None:
+                first.cancel()
+                await asyncio.gather(first, return_exceptions=True)
             raise
-        if env.episode.messages != predicted:  # the instruction depended on setup
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
+        if transcript is None or env.episode.messages != predicted:
+            if first is not None:  # the instruction depended on setup after all
+                first.cancel()
+                await asyncio.gather(first, return_exceptions=True)
             transcript = ChatTranscript(self.policy.tokenizer, env.episode.messages, tools=tools)
             first = asyncio.ensure_future(self.generate(transcript))
         traj.append(list(transcript.ids), generated=False)

@@ -90,6 +90,10 @@ class Env(gymnasium.Env[str, str]):
     sandbox_spec: ClassVar[SandboxSpec | None] = None
     system_prompt: ClassVar[str | None] = None
     reusable_sandbox: ClassVar[bool] = False  # may the runner reuse a sandbox after reset?
+    # Is the first user message `instruction(task)` alone? The runner then starts the first
+    # model call while the sandbox starts; envs whose first message shows setup's result (a
+    # page observation) set it False, so that call is not made and thrown away.
+    instruction_is_first_message: ClassVar[bool] = True
     metadata: dict[str, Any] = {"render_modes": ["ansi"]}
 
     def __init__(self, *, tasks: Any = None, max_turns: int | None = None,

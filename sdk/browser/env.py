@@ -44,7 +44,7 @@ from .actions import ActionError, looks_like_actions, parse_actions, require_bro
 from .observe import Observation
 from .pool import BrowserPool
 from .sandbox import BrowserSandbox
-from .site import Page, task_server
+from .site import Page
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class BrowserEnv(Env):
     `sandbox`), and `solution(task)` (ToolCalls; `Ref(role, name)` for bids)."""
 
     kind: ClassVar[str] = "browser"
+    instruction_is_first_message: ClassVar[bool] = False  # the first message holds the page
     sandbox_spec = Browser()
     max_turns = 10
     system_prompt: ClassVar[str | None] = (
@@ -91,15 +92,17 @@ class BrowserEnv(Env):
         return "/"
 
     async def setup(self, sandbox: BrowserSandbox, task: Task) -> None:
-        """Serve the task's site under a fresh origin and open its start page."""
+        """Serve the task's site to this episode and open its start page. It returns once the
+        page's response has committed; the first observation waits in the page for the rest of
+        the parse, which saves reset a round trip (an override that reads the page itself
+        first awaits `sandbox.page.wait_for_load_state("domcontentloaded")`)."""
         pages = self.site(task)
         if not pages:
             return
-        session = task_server().open(pages)
-        await sandbox.attach_site(session)
+        session = await sandbox.open_site(pages)
         url = session.url(self.start_path(task))
         try:
-            await sandbox.page.goto(url, wait_until="domcontentloaded")
+            await sandbox.page.goto(url, wait_until="commit")
         except PlaywrightError as exc:  # the task's own site failed: not the agent's doing
             sandbox.check()
             raise BrowserError(f"the task's start page {url} did not load: "

@@ -5,7 +5,8 @@ A small script walks the DOM of the active page once: it gives every element it 
 counter so a bid is never reused within an episode, even across pages), and returns each node's
 role, accessible name, value and states. An element keeps its bid for as long as it lives, so
 bids are stable between observations. It is one `page.evaluate` round trip that both marks
-the elements and reads them (CDP's accessibility tree alone has no ids to act on; BrowserGym
+the elements and reads them (and, right after a navigation commits, first waits in the page for
+the document to finish parsing) (CDP's accessibility tree alone has no ids to act on; BrowserGym
 pairs it with a DOM snapshot and a marking pass); `benchmarks/browser.py` prints its cost.
 
 Hidden subtrees (display:none, visibility:hidden, `hidden`, aria-hidden) are left out, so an
@@ -23,7 +24,11 @@ BID_ATTR = "data-corral-bid"
 BID_PATTERN = re.compile(r"^a\d+$")
 
 WALK_JS = r"""
-([start, maxText]) => {
+async ([start, maxText]) => {
+  // called as soon as a navigation commits (reset does not wait for the DOMContentLoaded event
+  // to reach Python first): let the parser finish here
+  if (document.readyState === 'loading')
+    await new Promise(r => document.addEventListener('DOMContentLoaded', r, {once: true}));
   const ATTR = 'data-corral-bid';
   let next = Math.max(window.__corralNext || 0, start);
   const SKIP = new Set(['SCRIPT','STYLE','NOSCRIPT','TEMPLATE','HEAD','META','LINK','svg']);

@@ -4,8 +4,12 @@ One browser process serves many contexts (each with its own cookies, storage and
 episode costs a context, not a browser launch. The pool keeps `size` browsers running, hands out
 contexts from the least loaded one, keeps a few contexts pre-created so a reset does not wait for
 a renderer process to start, and replaces a browser that crashed or disconnected on the next
-acquire. Playwright objects belong to the event loop that made them, so pools are per loop:
-`get_pool()` returns the running loop's pool for a mode (host, or a container image).
+acquire. A warm context is made whole ahead of time (its route, its init script, a page already
+on the task sites' origin, and in host mode the site token it will send), so a reset costs one
+navigation and one observation; a released context is closed in the background, so the episode
+that gave it back does not wait for Chromium to tear it down. Playwright objects belong to the
+event loop that made them, so pools are per loop: `get_pool()` returns the running loop's pool
+for a mode (host, or a container image).
 
 Launchers say how a browser comes to exist: `HostLauncher` starts Debian's Chromium here;
 `corral.browser.container.ContainerLauncher` starts it in a container and connects over CDP.
@@ -15,22 +19,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import secrets
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
+from urllib.parse import urlsplit
 
 from playwright.async_api import Browser, BrowserContext, Page, Playwright, Route, async_playwright
 
 from ..errors import BrowserError
 from .observe import POPUP_JS
+from .site import SITE_HEADER
 
 log = logging.getLogger(__name__)
 
 CHROMIUM = "/usr/bin/chromium"
+# Chromium keeps only the last --disable-features switch, and Playwright passes its own list
+# first: ours repeats Playwright's (1.65: PaintHolding, ThirdPartyStoragePartitioning, the
+# redirect fix for Fetch interception, ...) so that adding Translate does not drop them.
+PLAYWRIGHT_DISABLED = ("AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose",
+                       "HttpsUpgrades", "HttpsFirstBalancedModeAutoEnable", "LensOverlay",
+                       "MediaRouter", "PaintHolding", "ThirdPartyStoragePartitioning",
+                       "AvoidCorsURLLoaderRestartOnRedirect", "OptimizationHints",
+                       "NetworkTimeServiceQuerying", "AimEnabled", "PreconnectToSearch")
 LAUNCH_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking",
                "--disable-component-update", "--disable-sync", "--disable-quic",
                "--no-first-run",
-               "--disable-features=Translate,MediaRouter,OptimizationHints,HttpsUpgrades",
+               "--disable-features=" + ",".join(("Translate",) + PLAYWRIGHT_DISABLED),
                "--disable-extensions", "--mute-audio", "--disable-breakpad")
 Viewport = tuple[int, int]
 
@@ -69,7 +85,9 @@ class HostLauncher:
 
 class RouteHook:
     """The context's one route: registered when the context is made (so a reset pays no round
-    trip for it) and pointed at the episode's handler when the context is lent."""
+    trip for it) and pointed at the episode's handler when the context is lent. Before that, a
+    request (none is expected: warm pages wait on the task server, which the route skips) is
+    refused."""
 
     def __init__(self) -> None:
         self.handler: Callable[[Route], Awaitable[None]] | None = None
@@ -78,10 +96,17 @@ class RouteHook:
         if self.handler is not None:
             await self.handler(route)
         else:
-            await route.continue_()
+            await route.abort("blockedbyclient")
 
 
-Warm = tuple[BrowserContext, Page, RouteHook]
+@dataclass(eq=False)
+class Prepared:
+    """A context made ahead of an episode: its first page, its route and its site token."""
+
+    context: BrowserContext
+    page: Page
+    hook: RouteHook
+    token: str | None = None
 
 
 @dataclass(eq=False)
@@ -92,7 +117,7 @@ class BrowserSlot:
     closer: Callable[[], Awaitable[None]]
     contexts: int = 0
     dead: bool = False
-    warm: dict[Viewport, list[Warm]] = field(default_factory=dict)
+    warm: dict[Viewport, list[Prepared]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -105,6 +130,7 @@ class ContextLease:
     slot: BrowserSlot
     pool: "BrowserPool"
     viewport: Viewport = (1280, 720)
+    token: str | None = None  # the site token the context already sends (host mode)
     released: bool = False
 
     @property
@@ -120,20 +146,35 @@ class ContextLease:
 
 class BrowserPool:
     """Warm browsers on one event loop. Use `lease = await pool.acquire(viewport)`, then
-    `await lease.release()`; `await pool.close()` at the end."""
+    `await lease.release()`; `await pool.close()` at the end.
+
+    `warm_url` is where warm pages wait (the host task server's blank page). `site_origin`
+    (default: the origin of `warm_url`) is the host task server's origin: its requests go
+    straight to that server, which serves a context nothing but its own site (by the token the
+    context sends), instead of pausing in the Python route handler; every other request still
+    goes through the episode's origin policy. Containerized pools leave both unset."""
 
     def __init__(self, launcher: Launcher | None = None, *, size: int = 1,
-                 warm_contexts: int = 2, warm_url: str | None = None) -> None:
+                 warm_contexts: int = 2, warm_url: str | None = None,
+                 site_origin: str | None = None) -> None:
         self.launcher = launcher or HostLauncher()
         self.size = max(1, size)
         self.warm_contexts = max(0, warm_contexts)
-        self.warm_url = warm_url  # where warm pages wait (the task server's blank page)
+        self.warm_url = warm_url
+        if site_origin is None and warm_url:
+            parts = urlsplit(warm_url)
+            site_origin = f"{parts.scheme}://{parts.netloc}"
+        self.site_origin = site_origin
+        # what the context's route intercepts: everything, or everything but the task server
+        self._route_match: str | re.Pattern[str] = (
+            re.compile(f"^(?!{re.escape(site_origin)}/)") if site_origin else "**/*")
         self.launches = 0
         self.replaced = 0
         self._playwright: Playwright | None = None
         self._slots: list[BrowserSlot] = []
         self._lock = asyncio.Lock()
         self._refills: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
 
     async def _ensure_playwright(self) -> Playwright:
@@ -186,25 +227,27 @@ class BrowserPool:
         slot.contexts += 1
         try:
             ready = slot.warm.get(viewport)
-            if ready:
-                context, page, hook = ready.pop()
-            else:
-                context, page, hook = await self._new_context(slot, viewport)
+            made = ready.pop() if ready else await self._new_context(slot, viewport)
         except BaseException:
             slot.contexts -= 1
             raise
-        return ContextLease(context, page, hook, slot, self, viewport=viewport)
+        return ContextLease(made.context, made.page, made.hook, slot, self, viewport=viewport,
+                            token=made.token)
 
     async def _new_context(self, slot: BrowserSlot, viewport: Viewport,
-                           warm: bool = False) -> Warm:
+                           warm: bool = False) -> Prepared:
         hook = RouteHook()
+        # host mode: the context sends its site token from the start, so attaching the
+        # episode's site later needs no round trip to the browser
+        token = secrets.token_hex(8) if self.site_origin else None
         try:
             context = await slot.browser.new_context(
                 viewport={"width": viewport[0], "height": viewport[1]},
-                service_workers="block", accept_downloads=False)
+                service_workers="block", accept_downloads=False,
+                extra_http_headers={SITE_HEADER: token} if token else None)
             try:
-                await context.route("**/*", hook)
-                await context.add_init_script(POPUP_JS)
+                await asyncio.gather(context.route(self._route_match, hook),
+                                     context.add_init_script(POPUP_JS))
                 page = await context.new_page()
                 if warm and self.warm_url:  # start its renderer on the task sites' origin
                     await page.goto(self.warm_url, wait_until="domcontentloaded")
@@ -217,7 +260,7 @@ class BrowserPool:
                 raise BrowserError(f"the browser went away while opening a context ({exc}); "
                                    "it will be replaced, retry the episode") from exc
             raise BrowserError(f"could not open a browser context: {exc}") from exc
-        return context, page, hook
+        return Prepared(context, page, hook, token)
 
     def _refill(self, slot: BrowserSlot, viewport: Viewport) -> None:
         if self.warm_contexts == 0 or self._closed:
@@ -235,7 +278,7 @@ class BrowserPool:
                 log.debug("warm context not made: %s", exc)
                 return
             if slot.dead or self._closed:
-                await _quietly(made[0].close())
+                await _quietly(made.context.close())
             else:
                 ready.append(made)
 
@@ -244,17 +287,30 @@ class BrowserPool:
         task.add_done_callback(self._refills.discard)
 
     async def _give_back(self, lease: ContextLease) -> None:
-        lease.slot.contexts -= 1
-        if not lease.slot.dead:
+        """Close the context in the background: nothing reads it any more (its route handler
+        still applies the episode's origin policy), and the episode need not wait for
+        Chromium's teardown."""
+        if lease.slot.dead:
+            lease.slot.contexts -= 1
+            return
+        task = asyncio.ensure_future(self._retire(lease))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _retire(self, lease: ContextLease) -> None:
+        try:
             await _quietly(lease.context.close())
-            # refill when an episode ends, not when one starts: a context made during a reset
-            # would compete with it for the CPU
-            self._refill(lease.slot, lease.viewport)
+        finally:
+            lease.slot.contexts -= 1
+        # refill when an episode ends, not when one starts: a context made during a reset
+        # would compete with it for the CPU
+        self._refill(lease.slot, lease.viewport)
 
     async def wait_warm(self) -> None:
-        """Wait until the warm contexts being prepared are ready (benchmarks, tests)."""
-        while self._refills:
-            await asyncio.gather(*list(self._refills), return_exceptions=True)
+        """Wait until released contexts are closed and the warm contexts being prepared are
+        ready (benchmarks, tests)."""
+        while self._closing or self._refills:
+            await asyncio.gather(*self._closing, *self._refills, return_exceptions=True)
 
     @property
     def browsers(self) -> int:
@@ -266,12 +322,14 @@ class BrowserPool:
         self._closed = True
         for task in list(self._refills):
             task.cancel()
+        if self._closing:  # let released contexts finish closing before their browser goes
+            await asyncio.gather(*self._closing, return_exceptions=True)
         async with self._lock:
             slots, self._slots = self._slots, []
         for slot in slots:
             for ready in slot.warm.values():
-                for context, _, _ in ready:
-                    await _quietly(context.close())
+                for made in ready:
+                    await _quietly(made.context.close())
             await _quietly(slot.closer())
         if self._playwright is not None:
             await _quietly(self._playwright.stop())

@@ -2,7 +2,7 @@
 
     sb = await BrowserSandbox.create(cr.Browser())          # a context from the warm pool
     try:
-        await sb.attach_site(task_server().open(pages))     # allow and serve the task's origin
+        await sb.open_site(pages)                           # allow and serve the task's site
         await sb.page.goto(sb.sites[0].url("/"))
         obs = await sb.observe()                            # Observation (tree, tabs, error)
     finally:
@@ -11,8 +11,10 @@
 Every request goes through one route handler: requests to an attached site's origin are
 served (by the local task server, or fulfilled from the host in containerized mode where the
 browser has no network), `about:`/`data:` pass, and anything else is aborted and reported as
-the last action error. A crashed page or a browser that went away raises `BrowserError` on
-the next use: the episode ends as an infrastructure error and the pool replaces the browser.
+the last action error. In host mode the pool's route skips the task server's own origin (its
+requests go straight to it, and it serves a context only the site whose token it sends). A
+crashed page or a browser that went away raises `BrowserError` on the next use: the episode
+ends as an infrastructure error and the pool replaces the browser.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from playwright.async_api import Error as PlaywrightError
@@ -31,6 +33,7 @@ from ..sandbox.base import SandboxStats
 from ..sandbox.spec import Browser
 from .observe import SETTLE_JS, WALK_JS, Observation, parse_nodes
 from .pool import BrowserPool, ContextLease, get_pool
+from .site import Page as SitePage
 from .site import SiteSession, task_server
 
 log = logging.getLogger(__name__)
@@ -121,7 +124,8 @@ class BrowserSandbox:
         page.on("domcontentloaded", lambda p: self._navigating[p].set())
 
     async def close(self) -> None:
-        """Close the context and stop serving its sites. Idempotent."""
+        """Stop serving its sites and give the context back (the pool closes it in the
+        background). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -200,6 +204,13 @@ class BrowserSandbox:
         return page
 
     # --- sites and the origin policy --------------------------------------------------------
+    async def open_site(self, pages: Mapping[str, SitePage]) -> SiteSession:
+        """Serve `pages` to this episode on the task server and allow their origin; the
+        session takes the token the pooled context already sends (no browser round trip)."""
+        site = task_server().open(pages, token=self.lease.token)
+        await self.attach_site(site)
+        return site
+
     async def attach_site(self, site: SiteSession) -> None:
         """Allow `site`'s origin for this episode and send its token with every request (in
         containerized mode its requests are fulfilled from here instead)."""
@@ -207,8 +218,9 @@ class BrowserSandbox:
 
         self.sites.append(site)
         self.allowed.add(origin_of(site.origin))
-        if not self._container_mode:
+        if not self._container_mode and site.token != self.lease.token:
             await self.context.set_extra_http_headers({SITE_HEADER: site.token})
+            self.lease.token = site.token
 
     def allows(self, url: str) -> bool:
         """Whether the origin policy lets the browser load `url`."""

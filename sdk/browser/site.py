@@ -7,8 +7,10 @@ same origin, `http://127.0.0.1:<port>`; the server tells episodes apart by the `
 header that the episode's browser context sends with every request (its token). Episodes stay
 apart because each has its own browser context (cookies, storage, cache), and one shared origin
 lets the pool keep warm pages already on it, so a reset is a same-site navigation with no new
-renderer process. Every POST (and every request to a path the site does not define) is
-recorded in `session.submissions`, which rewards read after the episode.
+renderer process. A pooled context sends its token from the moment it is made (the session is
+opened with that token at reset), and its requests to this origin skip Playwright's routing.
+Every POST (and every request to a path the site does not define) is recorded in
+`session.submissions`, which rewards read after the episode.
 
 The same `TaskServer.handle` answers both real HTTP requests (host mode) and requests fulfilled
 through Playwright routing (containerized mode, where the browser has no network at all).
@@ -145,9 +147,10 @@ class TaskServer:
         log.info("task site server on http://%s:%d", HOST, self.port)
 
     # --- sessions -------------------------------------------------------------------------
-    def open(self, pages: Mapping[str, Page]) -> SiteSession:
-        """Serve `pages` to one episode (the context that sends this session's token)."""
-        token = secrets.token_hex(8)
+    def open(self, pages: Mapping[str, Page], token: str | None = None) -> SiteSession:
+        """Serve `pages` to one episode (the context that sends this session's token: `token`,
+        the one a pooled context already sends, or a new one)."""
+        token = token or secrets.token_hex(8)
         session = SiteSession(token, self.origin, {_norm(p): page for p, page in pages.items()})
         with self._lock:
             self._sessions[token] = session
