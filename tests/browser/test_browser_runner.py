@@ -53,7 +53,10 @@ async def test_runner_collects_browser_episodes_concurrently() -> None:
         async with Runner([ENV_ID], ScriptedPolicy(wrong_clicker), seed=4,
                           max_tokens=128) as runner:
             wrong = await runner.collect(2)
-        browsers = get_pool("host").browsers
+            runner_pool = get_pool("host")
+            browsers = get_pool("host").browsers
+        # the last Runner that ran browser envs closed the loop's browser pool
+        assert runner_pool._closed
     finally:
         await close_pools()
     assert [t.status for t in trajs] == [Status.COMPLETE] * 6, [t.error for t in trajs]
