@@ -1,20 +1,26 @@
 """Learning is real: held-out reward of a tiny model rises under GRPO, on CPU, in minutes.
 
-    python benchmarks/learning.py --out runs/learning            # default run (< 10 min, CPU)
-    python benchmarks/learning.py --out runs/learning --quick    # 1-2 minute smoke run
+    python benchmarks/learning.py --out runs/learning                 # text env (< 10 min, CPU)
+    python benchmarks/learning.py --out runs/learning-term --env terminal   # sandboxed terminal
+    python benchmarks/learning.py --out runs/learning --quick         # 1-2 minute smoke run
 
 What it does, all seeded:
 
-1. builds a tiny Llama-style model from scratch (`build_tiny_model`, random weights, local BPE);
+1. builds a tiny Llama-style model from scratch (`build_tiny_model`, random weights, local BPE;
+   for an env with tools the BPE also sees the env's rendered tool schemas, as a real LLM's
+   tokenizer has seen JSON schemas: the terminal prompt is then ~350 tokens instead of ~750);
 2. takes a documented slice of a built-in env (`--set slice=NAME`, see `SLICES`; default
-   `corral/word-sort-v0` restricted to 'reverse' tasks with exactly 3 words, the env class
-   itself constructed with `tasks=`) and splits it with the SDK's `Dataset.split` into train
-   tasks and held-out test tasks (distinct word lists: a test task is never trained on);
+   `corral/word-sort-v0` restricted to 'reverse' tasks with exactly 3 words; `--env terminal`:
+   `corral/term-text-v0` restricted to its 'count-lines' template, one turn, every episode in
+   a real bubblewrap sandbox; the env class itself constructed with `tasks=`) and splits it
+   with the SDK's `Dataset.split` into train tasks and held-out test tasks (a test task is
+   never trained on);
 3. evaluates held-out reward (greedy, and sampled at temperature 1 with several samples per
    task) before anything is trained;
-4. warm start: `supervised_warmup` on oracle solutions (`env.solution`) of train tasks, encoded
-   exactly as the runner encodes prompts, for a fixed number of steps; evaluates again: this is
-   the starting checkpoint of RL, reported separately;
+4. warm start: `supervised_warmup` on oracle solutions (`env.solution`: a text answer, or one
+   tool call written in the Hermes format the env parses) of train tasks, encoded exactly as
+   the runner encodes prompts, for a fixed number of steps; evaluates again: this is the
+   starting checkpoint of RL, reported separately;
 5. RL: `Runner.batches(size, group)` over the train tasks with `LocalPolicy` sampling at
    temperature 1 → `Trainer.step` (GRPO) → publish to the policy → `runner.on_policy_update`;
    held-out evaluation every few steps;
@@ -29,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import logging
+import os
 import random
 import sys
 import time
@@ -44,10 +52,11 @@ import torch
 
 import corral as cr
 from corral.runner import LocalPolicy, Runner
-from corral.runner.chat import ChatTranscript
-from corral.runner.models import build_tiny_model, load_model
+from corral.runner.chat import ChatTranscript, render
+from corral.runner.models import build_tiny_model, build_tokenizer, load_model
 from corral.runner.policy import GenerationRequest
 from corral.runner.trajectory import Trajectory
+from corral.toolcalls import format_tool_call
 from corral.trainer import Trainer, TrainerConfig, supervised_warmup
 
 log = logging.getLogger("learning")
@@ -78,6 +87,11 @@ class Settings:
     filter_zero_variance: bool = True  # False: all-equal groups reach the trainer (a logged skip)
 
 
+# `--env terminal`: the count-lines slice of corral/term-text-v0 in bubblewrap sandboxes.
+# Prompts are ~440 tokens (the tool schemas), so steps are smaller than the text run's.
+TERMINAL = dict(slice="count", sft_steps=60, sft_batch=16, rl_steps=80, rl_batch=32, group=8,
+                rl_lr=5e-4, eval_every=10, eval_tasks=32, eval_samples=2, budget_s=540.0)
+
 QUICK = dict(hidden=64, sft_steps=10, rl_steps=2, rl_batch=16, eval_every=1, eval_tasks=8,
              eval_samples=1, budget_s=60.0,
              filter_zero_variance=False)  # an untrained model may score 0 everywhere
@@ -92,6 +106,9 @@ class Slice:
     description: str
     keep: Callable[[cr.Task], bool]
     max_tokens: int
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. backend, max_turns
+    sandbox_backend: str = "auto"  # the runner's pool backend (terminal envs)
+    sandbox_capacity: int = 128
 
     def env_class(self) -> type[cr.Env]:
         from corral.registry import make
@@ -114,6 +131,20 @@ SLICES = {
                         lambda t: t.level == 1, 8),
     "reverse3": Slice("corral/word-sort-v0", "operation 'reverse' with exactly 3 words",
                       lambda t: t.operation == "reverse" and len(t.words) == 3, 28),
+    # One turn, one `bash` call: `grep -c ' LEVEL ' /var/log/app.log > /root/count.txt` with
+    # LEVEL one of 4 read from the instruction; the log file differs per task. The episode
+    # ends after the call and the env's own verifier compares /root/count.txt with the true
+    # count in the same bubblewrap sandbox.
+    "count": Slice("corral/term-text-v0", "template 'count-lines' (one bash call), 1 turn, "
+                   "bwrap", lambda t: t.template == "count-lines", 60,
+                   env_kwargs={"backend": "bwrap", "max_turns": 1}, sandbox_backend="bwrap",
+                   sandbox_capacity=16),
+    # Harder: `chmod MODE FILE` must copy a random 6-letter file name; 120 warm-up steps
+    # learn the call's shape but not the copy (held-out reward stays 0), so RL has no signal.
+    "chmod": Slice("corral/term-files-v0", "template 'chmod' (one bash call), 1 turn, bwrap",
+                   lambda t: t.template == "chmod", 48,
+                   env_kwargs={"backend": "bwrap", "max_turns": 1}, sandbox_backend="bwrap",
+                   sandbox_capacity=16),
 }
 
 
@@ -126,7 +157,30 @@ def split_tasks(sl: Slice, tasks: list[cr.Task], fraction: float
 
 def make_env(sl: Slice, tasks: cr.Dataset) -> cr.Env:
     """The built-in env class itself, restricted to `tasks`."""
-    return sl.env_class()(tasks=tasks)
+    return sl.env_class()(tasks=tasks, **sl.env_kwargs)
+
+
+def schema_text(env: cr.Env) -> list[str]:
+    """Training text for the tokenizer: the env's tools as the chat template renders them
+    (twice: BPE merges need a pair to appear at least twice). No task text is included."""
+    if not env.tool_schemas():
+        return []
+    text = render(build_tokenizer(), [{"role": "user", "content": "x"}],
+                  tools=env.tool_schemas())
+    return [text, text]
+
+
+def oracle_text(env: cr.Env, task: cr.Task) -> str:
+    """The oracle's answer as the model must write it: a text answer as is, a single tool call
+    in the Hermes `<tool_call>` format the env parses."""
+    answer = env.solution(task)
+    if isinstance(answer, str):
+        return answer
+    calls = list(answer)
+    if len(calls) != 1:
+        raise ValueError(f"{env.env_id}: oracle of task {task.id} has {len(calls)} tool calls; "
+                         "slices for this benchmark need a one-call oracle")
+    return format_tool_call(calls[0])
 
 
 def prompt_ids(tokenizer: Any, env: cr.Env, task: cr.Task) -> list[int]:
@@ -141,7 +195,7 @@ def oracle_examples(tokenizer: Any, env: cr.Env, tasks: cr.Dataset) -> list[Traj
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     examples = []
     for i, task in enumerate(tasks):
-        answer = tokenizer.encode(str(env.solution(task)), add_special_tokens=False) + [end]
+        answer = tokenizer.encode(oracle_text(env, task), add_special_tokens=False) + [end]
         traj = Trajectory(id=f"oracle-{i}", env_id=str(env.env_id), task_id=task.id,
                           group_id=f"oracle-{i}")
         traj.append(prompt_ids(tokenizer, env, task), generated=False)
@@ -151,25 +205,45 @@ def oracle_examples(tokenizer: Any, env: cr.Env, tasks: cr.Dataset) -> list[Traj
 
 
 # --- held-out evaluation --------------------------------------------------------------------
-async def evaluate(policy: LocalPolicy, env: cr.Env, tasks: list[cr.Task], *, samples: int,
-                   max_tokens: int, seed: int) -> dict[str, float]:
-    """Mean held-out reward: greedy (one decode per task) and sampled (temperature 1)."""
-    tok = policy.tokenizer
+async def evaluate(policy: LocalPolicy, make: Callable[[], cr.Env], tasks: list[cr.Task], *,
+                   samples: int, max_tokens: int, seed: int, concurrency: int = 8
+                   ) -> dict[str, float]:
+    """Mean held-out reward: greedy (one decode per task) and sampled (temperature 1).
 
-    async def one(task: cr.Task, temperature: float, k: int) -> tuple[float, str]:
+    Each answer is scored by a fresh episode of the env (`make()`): for a terminal env that is
+    a real sandbox where the answer's tool call runs and the env's verifier checks the result.
+    """
+    tok = policy.tokenizer
+    env = make()
+
+    async def one(task: cr.Task, temperature: float, k: int) -> tuple[str, cr.Task]:
         gen = await policy.generate(GenerationRequest(
             prompt_ids=prompt_ids(tok, env, task), max_tokens=max_tokens,
             temperature=temperature, seed=seed * 7919 + k))
         return gen.text, task
 
-    jobs = [one(t, 0.0, 0) for t in tasks] + [one(t, 1.0, k + 1) for t in tasks
+    # A seed per (task, sample): one shared seed would draw the same random numbers for every
+    # task, so all samples would tend to succeed or fail together.
+    jobs = [one(t, 0.0, 0) for t in tasks] + [one(t, 1.0, 1 + i * samples + k)
+                                             for i, t in enumerate(tasks)
                                              for k in range(samples)]
     outputs = await asyncio.gather(*jobs)
-    rewards = []
-    for text, task in outputs:  # scored by the env itself, one episode each
-        await env.areset(options={"task": task})
-        _, reward, *_ = await env.astep(text)
-        rewards.append(reward)
+    slots = asyncio.Semaphore(concurrency)
+
+    async def score(text: str, task: cr.Task) -> float:
+        async with slots:  # one env instance (one sandbox at a time) per episode
+            scorer = make()
+            try:
+                await scorer.areset(options={"task": task})
+                _, reward, done, truncated, _ = await scorer.astep(text)
+                if not (done or truncated):  # a multi-turn env: end here, run the verifiers
+                    await scorer.afinish()
+                    reward = scorer.episode.reward
+                return float(reward)
+            finally:
+                await scorer.aclose()
+
+    rewards = await asyncio.gather(*(score(text, task) for text, task in outputs))
     n = len(tasks)
     return {"greedy": sum(rewards[:n]) / n, "sampled": sum(rewards[n:]) / (n * samples)}
 
@@ -192,27 +266,29 @@ class Curves:
 
 async def run(s: Settings, out: Path) -> dict[str, Any]:
     started = time.perf_counter()
+    load_start = os.getloadavg()[0]
     random.seed(s.seed)
     torch.manual_seed(s.seed)
+    sl = SLICES[s.slice]
     path = build_tiny_model(out / "model", hidden=s.hidden, layers=s.layers, heads=s.heads,
-                            seed=s.seed)
+                            seed=s.seed, extra_text=schema_text(sl.env_class()()))
     model, tokenizer = load_model(path, device="cpu")
     build_s = time.perf_counter() - started
 
-    sl = SLICES[s.slice]
     train, test = split_tasks(sl, sl.tasks(s.scan), s.test_fraction)
     held_out = list(test)[: s.eval_tasks]
-    env = make_env(sl, test)
     figures: dict[str, Any] = {"env": sl.env_id, "slice": sl.description,
                                "train_tasks": len(train), "test_tasks": len(held_out),
-                               "params": sum(p.numel() for p in model.parameters())}
+                               "params": sum(p.numel() for p in model.parameters()),
+                               "prompt_tokens": len(prompt_ids(tokenizer, make_env(sl, test),
+                                                               held_out[0]))}
     curves = Curves()
 
     # The policy holds its own copy of the weights: the trainer publishes into it.
     policy = LocalPolicy(copy.deepcopy(model), tokenizer, max_batch=64, seed=s.seed)
     trainer = Trainer(model, tokenizer, TrainerConfig(lr=s.rl_lr, micro_batch_size=64),
                       publish=lambda m, v: policy.load_weights(m.state_dict(), v))
-    ev = partial(evaluate, policy, env, held_out, samples=s.eval_samples,
+    ev = partial(evaluate, policy, partial(make_env, sl, test), held_out, samples=s.eval_samples,
                  max_tokens=sl.max_tokens, seed=s.seed)
 
     before = await ev()
@@ -229,26 +305,30 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
     rl_steps = 0
     async with Runner(envs=[partial(make_env, sl, train)], policy=policy, seed=s.seed,
                       temperature=1.0, max_tokens=sl.max_tokens, inference_concurrency=128,
-                      sandbox_capacity=128,
+                      sandbox_capacity=sl.sandbox_capacity,
+                      sandbox_backend=sl.sandbox_backend,
+                      max_turns=sl.env_kwargs.get("max_turns"),
                       filter_zero_variance=s.filter_zero_variance) as runner:
-        async for batch in runner.batches(size=s.rl_batch, group=s.group,
-                                          max_batches=s.rl_steps):
-            result = await asyncio.to_thread(_one_thread, trainer.step, batch)
-            runner.on_policy_update(trainer.version)
-            rl_steps += 1
-            curves.train_reward.append({
-                "rl_step": rl_steps, "reward": float(batch.stats["mean_reward"]),
-                "applied": float(result.applied), "version": result.version,
-                "filtered_groups": float(batch.stats["filtered_groups"]),
-                "loss": float(result.metrics.get("loss", float("nan")))})
-            if rl_steps % s.eval_every == 0 or rl_steps == s.rl_steps:
-                curves.eval_reward.append({"rl_step": rl_steps, **await ev()})
-                log.info("rl step %d: %s", rl_steps, curves.eval_reward[-1])
-            if time.perf_counter() - started > s.budget_s:
-                log.warning("time budget reached after %d RL steps", rl_steps)
-                break
-    if curves.eval_reward[-1]["rl_step"] != rl_steps:
-        curves.eval_reward.append({"rl_step": rl_steps, **await ev()})
+        # aclosing: leaving the loop early (time budget) must close the batch stream before
+        # the runner shuts down, or its in-flight episodes are never cancelled.
+        async with contextlib.aclosing(runner.batches(size=s.rl_batch, group=s.group,
+                                                      max_batches=s.rl_steps)) as batches:
+            async for batch in batches:
+                result = await asyncio.to_thread(_one_thread, trainer.step, batch)
+                runner.on_policy_update(trainer.version)
+                rl_steps += 1
+                curves.train_reward.append({
+                    "rl_step": rl_steps, "reward": float(batch.stats["mean_reward"]),
+                    "applied": float(result.applied), "version": result.version,
+                    "filtered_groups": float(batch.stats["filtered_groups"]),
+                    "loss": float(result.metrics.get("loss", float("nan")))})
+                over = time.perf_counter() - started > s.budget_s
+                if rl_steps % s.eval_every == 0 or rl_steps == s.rl_steps or over:
+                    curves.eval_reward.append({"rl_step": rl_steps, **await ev()})
+                    log.info("rl step %d: %s", rl_steps, curves.eval_reward[-1])
+                if over:
+                    log.warning("time budget reached after %d RL steps", rl_steps)
+                    break
     rl_s = time.perf_counter() - t0
     after_rl = curves.eval_reward[-1]
     await policy.close()
@@ -261,7 +341,8 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
         "rl_delta_sampled": after_rl["sampled"] - after_sft["sampled"],
         "sft_steps": s.sft_steps, "rl_steps": rl_steps, "rl_batch": s.rl_batch, "group": s.group,
         "build_s": build_s, "sft_s": sft_s, "rl_s": rl_s,
-        "wall_s": time.perf_counter() - started})
+        "wall_s": time.perf_counter() - started,
+        "load_avg_1min_start": load_start, "load_avg_1min_end": os.getloadavg()[0]})
     return {"settings": s.__dict__, "figures": figures, "curves": curves.__dict__}
 
 
@@ -292,6 +373,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/learning", help="output directory")
+    parser.add_argument("--env", choices=["text", "terminal"], default="text",
+                        help="text: word-sort reverse3; terminal: term-text count-lines in bwrap")
     parser.add_argument("--quick", action="store_true", help="1-2 minute smoke run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -301,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("corral", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     torch.set_num_threads(1)  # tiny matmuls: thread hand-offs cost more than they save
-    settings = Settings(seed=args.seed, **(QUICK if args.quick else {}))
+    preset = {**(TERMINAL if args.env == "terminal" else {}), **(QUICK if args.quick else {})}
+    settings = Settings(seed=args.seed, **preset)
     for item in args.set:
         name, _, value = item.partition("=")
         if not hasattr(settings, name):

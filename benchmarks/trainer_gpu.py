@@ -8,6 +8,7 @@ over micro-batches in bf16 autocast with fp32 master weights, grad clip, AdamW.
 
     python benchmarks/trainer_gpu.py              # on a GPU: 0.5B config, bf16
     python benchmarks/trainer_gpu.py --tiny       # anywhere: small config, float32, 2 steps
+    python benchmarks/trainer_gpu.py --tiny --dtype bfloat16   # CPU smoke of the bf16 path
 
 MFU counts 6·N FLOPs per trained token (forward + backward) over the step time, N = the
 parameters that take part in matmuls (the input embedding lookup excluded; a tied embedding is
@@ -93,6 +94,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=None, help="prompt tokens per sample")
     parser.add_argument("--completion", type=int, default=None, help="generated tokens")
     parser.add_argument("--micro-batch", type=int, default=None)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                        help="compute dtype (default: bfloat16 on a GPU, float32 with --tiny "
+                        "or on CPU)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak dense bf16 TFLOP/s of the device (default: from its name)")
     args = parser.parse_args()
@@ -106,7 +110,7 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    dtype = "bfloat16" if device.type == "cuda" and not tiny else "float32"
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" and not tiny else "float32")
     peak = args.peak_tflops or next((v for k, v in PEAKS_TFLOPS.items() if k in name), None)
 
     model = build_model(tiny, device)

@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from corral.errors import ModelError
 
@@ -84,8 +84,11 @@ def default_dtype(device: str | None = None) -> "torch.dtype":
     return torch.bfloat16 if str(device or default_device()).startswith("cuda") else torch.float32
 
 
-def build_tokenizer(vocab: int = 1024) -> "PreTrainedTokenizerBase":
-    """A byte-level BPE tokenizer trained on the built-in text; deterministic for a given `vocab`.
+def build_tokenizer(vocab: int = 1024, extra_text: Sequence[str] = ()
+                    ) -> "PreTrainedTokenizerBase":
+    """A byte-level BPE tokenizer trained on the built-in text (plus `extra_text` documents, e.g.
+    an env's rendered tool schemas, so its prompts take fewer tokens); deterministic for given
+    arguments.
 
     Digits are split one per token (arithmetic stays learnable); every byte is encodable.
     """
@@ -103,7 +106,7 @@ def build_tokenizer(vocab: int = 1024) -> "PreTrainedTokenizerBase":
     trainer = trainers.BpeTrainer(
         vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.train_from_iterator([*corpus(), *extra_text], trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
@@ -114,11 +117,12 @@ def build_tokenizer(vocab: int = 1024) -> "PreTrainedTokenizerBase":
 
 def build_tiny_model(path: str | os.PathLike[str], *, vocab: int = 1024, hidden: int = 64,
                      layers: int = 2, heads: int = 4, seed: int = 0,
-                     max_positions: int = 4096) -> Path:
+                     max_positions: int = 4096, extra_text: Sequence[str] = ()) -> Path:
     """Build a randomly initialised Llama-style causal LM and its tokenizer into `path`.
 
     Both are written with `save_pretrained` and load back with `from_pretrained`. The same
-    arguments give the same files. Generation stops at `</s>` or `<|im_end|>`.
+    arguments give the same files. Generation stops at `</s>` or `<|im_end|>`. `extra_text`
+    goes to the tokenizer's training text (see `build_tokenizer`).
     """
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -126,7 +130,7 @@ def build_tiny_model(path: str | os.PathLike[str], *, vocab: int = 1024, hidden:
     if hidden % heads:
         raise ModelError(f"hidden={hidden} is not divisible by heads={heads}; pick sizes that divide")
     out = Path(path)
-    tokenizer = build_tokenizer(vocab)
+    tokenizer = build_tokenizer(vocab, extra_text)
     stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("</s>", "<|im_end|>")]
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 4,

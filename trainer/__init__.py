@@ -7,7 +7,8 @@ The pieces, each usable on its own:
 * `loss`: token logprobs, truncated/masked importance weights, the clipped surrogate;
 * `staleness`: per-sample divergence and age, drop/down-weight decisions, the throttle signal;
 * `numerics`: trainer vs rollout-engine logprob alignment report;
-* `Trainer`: the step loop with weight publishing, NaN safety and atomic checkpoints.
+* `Trainer`: the step loop with weight publishing, NaN safety and atomic checkpoints;
+* `TaskSlice`: train on a subset of each env's tasks, evaluate on its held-out part.
 """
 
 from .batching import TensorBatch, build_tensor_batch, group_advantages
@@ -18,11 +19,12 @@ from .numerics import AlignmentStats, NumericsReport, numerics_report
 from .sft import SFTExample, supervised_warmup
 from .staleness import (StalenessReport, ThrottleController, ThrottleSignal, assess_staleness,
                         sample_age, sample_divergence)
+from .tasks import TaskSlice
 from .trainer import Publisher, StepResult, Trainer, resolve_dtype
 
 __all__ = [
     "AlignmentStats", "ISWeights", "NumericsReport", "Publisher", "SFTExample",
-    "StalenessReport", "StepResult", "TensorBatch", "ThrottleController", "ThrottleSignal",
+    "StalenessReport", "StepResult", "TaskSlice", "TensorBatch", "ThrottleController", "ThrottleSignal",
     "Trainer", "TrainerConfig", "aggregate", "assess_staleness", "build_tensor_batch",
     "group_advantages", "importance_weights", "k3", "numerics_report", "policy_loss",
     "resolve_dtype", "sample_age", "sample_divergence", "sft_loss", "supervised_warmup",

@@ -10,10 +10,16 @@ throttle signal says divergence is rising, in-flight rollouts are cut.
 
 Files in `run_dir`: the runner's store (`trajectories.jsonl`, `manifest.json`,
 `metrics.json`), `train.jsonl` (one JSON line per step), `sft.jsonl` (warm-up steps),
-`eval.jsonl` (held-out evaluations) and `checkpoint/` (every `checkpoint_every` steps and at
+`eval.jsonl` (held-out evaluations; with a warm-up, the first is taken before it, marked
+`"stage": "before_sft"`) and `checkpoint/` (every `checkpoint_every` steps and at
 the end). A checkpoint carries the runner cursor of its batch and the byte length of
 `train.jsonl`; `train(config, resume=True)` restores both, so a killed run continues with no
 gap or duplicate in the step log, and re-collects nothing it already stored.
+
+`TrainConfig.tasks` (a `TaskSlice`) restricts every env to a documented subset of its tasks
+and holds part of it out: rollouts and the warm-up use the train part, evaluations the test
+part. Without it, evaluations draw tasks with a different seed from the whole dataset.
+`time_budget_s` ends the RL loop early (logged) once the call has run that long.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -37,6 +43,7 @@ from corral.runner.trajectory import Batch, Trajectory
 from .config import TrainerConfig
 from .publish import LocalPublisher
 from .sft import supervised_warmup
+from .tasks import TaskSlice
 from .trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -69,8 +76,14 @@ class TrainConfig(BaseModel):
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps on oracle solutions")
     sft_examples: int = Field(64, ge=1, description="oracle episodes for the warm-up")
     sft_lr: float | None = Field(None, description="warm-up lr (default: lr)")
+    sft_batch: int = Field(8, ge=1, description="oracle episodes per warm-up step")
     eval_every: int = Field(0, ge=0, description="evaluate on held-out tasks every k steps")
     eval_tasks: int = Field(16, ge=1)
+    tasks: TaskSlice | None = Field(None, description="train on a slice of each env's tasks "
+                                    "and evaluate on its held-out part (see TaskSlice)")
+    time_budget_s: float | None = Field(None, gt=0, description="stop taking RL steps once "
+                                        "this call has run this many seconds (logged; the run "
+                                        "can be resumed)")
     filter_zero_variance: bool = Field(True, description="drop groups with equal rewards in "
                                        "the runner (False: the trainer logs them as skips)")
     torch_threads: int | None = Field(1, description="torch CPU threads (1 suits tiny models)")
@@ -121,21 +134,31 @@ def check_envs(env_ids: list[str]) -> None:
         spec(env_id)
 
 
-async def oracle_examples(env_ids: list[str], tokenizer: Any, n: int, seed: int
+EnvEntry = Union[str, Callable[[], Any]]
+
+
+def _make(entry: EnvEntry) -> Any:
+    import corral as cr
+
+    return cr.make(entry) if isinstance(entry, str) else entry()
+
+
+async def oracle_examples(envs: list[EnvEntry], tokenizer: Any, n: int, seed: int
                           ) -> list[Trajectory]:
     """Up to `n` supervised examples: each env's prompt (the same chat rendering the runner
-    uses) followed by its oracle's final answer. Envs whose oracle is not a single text
-    answer (multi-turn, tool calls) are skipped with a log line."""
-    import corral as cr
+    uses) followed by its oracle's final answer. `envs` are env ids or factories (a task
+    slice's train envs). Envs whose oracle is not a single text answer (multi-turn, tool
+    calls) are skipped with a log line."""
     from corral.runner.chat import ChatTranscript
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>") if hasattr(
         tokenizer, "convert_tokens_to_ids") else None
     end = end if isinstance(end, int) and end >= 0 else tokenizer.eos_token_id
     examples: list[Trajectory] = []
-    per_env = math.ceil(n / len(env_ids))
-    for env_id in env_ids:
-        env = cr.make(env_id)
+    per_env = math.ceil(n / len(envs))
+    for entry in envs:
+        env = _make(entry)
+        env_id = str(env.env_id or entry)
         try:
             for i in range(per_env):
                 await env.areset(seed=seed * 100_003 + i)
@@ -224,18 +247,20 @@ def _jsonable(value: Any) -> Any:
     return asdict(value) if is_dataclass(value) else str(value)
 
 
-async def _evaluate(config: TrainConfig, policy: Any, step: int) -> dict[str, Any]:
-    """Mean reward on held-out tasks: a separate seed's task plan, one sample per task."""
+async def _evaluate(config: TrainConfig, policy: Any, step: int, envs: list[EnvEntry],
+                    stage: str = "rl") -> dict[str, Any]:
+    """Mean reward on held-out tasks (a task slice's test part, else a separate seed's task
+    plan over the whole dataset), one sample per task."""
     from corral.runner import Runner
 
-    async with Runner(config.env_ids(), policy, sandbox_capacity=config.sandbox_capacity,
+    async with Runner(envs, policy, sandbox_capacity=config.sandbox_capacity,
                       inference_concurrency=config.inference_concurrency,
                       seed=config.seed + 1_000_003, max_tokens=config.max_tokens,
                       temperature=config.temperature,
                       env_weights=list(config.mix.values()) if config.mix else None) as ev:
         trajs = await ev.collect(config.eval_tasks, group=1)
     rewards = [t.reward for t in trajs]
-    return {"step": step, "version": policy.version, "tasks": len(rewards),
+    return {"step": step, "stage": stage, "version": policy.version, "tasks": len(rewards),
             "reward_mean": sum(rewards) / max(1, len(rewards))}
 
 
@@ -250,6 +275,11 @@ async def train(config: TrainConfig, *, resume: bool = False,
         torch.set_num_threads(config.torch_threads)
     env_ids = config.env_ids()
     await asyncio.to_thread(check_envs, env_ids)
+    train_envs: list[EnvEntry] = list(env_ids)
+    eval_envs: list[EnvEntry] = list(env_ids)
+    if config.tasks is not None:
+        train_envs, eval_envs = await asyncio.to_thread(config.tasks.factories, env_ids)
+        log.info("task slice %s: training and held-out envs built", config.tasks.describe())
     run_dir = config.run_dir
     ckpt_dir = run_dir / CHECKPOINT
     step_log, sft_log, eval_log = (_Log(run_dir / n) for n in
@@ -276,15 +306,18 @@ async def train(config: TrainConfig, *, resume: bool = False,
         if resume:
             log.info("no checkpoint in %s: starting from scratch", run_dir)
         trainer = Trainer(model, tokenizer, config.trainer_config(), publish)
+        if config.sft_steps and config.eval_every:  # the warm-up's own gain, reported apart
+            result.evals.append(await _evaluate(config, policy, 0, eval_envs, "before_sft"))
+            eval_log.append(result.evals[-1])
         if config.sft_steps:
-            examples = await oracle_examples(env_ids, tokenizer, config.sft_examples,
+            examples = await oracle_examples(train_envs, tokenizer, config.sft_examples,
                                              config.seed)
             if not examples:
                 raise CorralError(f"no oracle text answers for a warm-up in {env_ids}; "
                                   "pass --sft-steps 0")
             steps = await asyncio.to_thread(
                 supervised_warmup, trainer, examples, config.sft_steps,
-                batch_size=min(8, len(examples)), lr=config.sft_lr or config.lr)
+                batch_size=min(config.sft_batch, len(examples)), lr=config.sft_lr or config.lr)
             for r in steps:
                 rec = {"step": r.step, "sft_loss": r.metrics.get("sft_loss"),
                        "applied": r.applied}
@@ -293,17 +326,18 @@ async def train(config: TrainConfig, *, resume: bool = False,
             trainer.step_count = 0  # RL steps are counted from 0; warm-up has its own log
     ev_every = config.eval_every
     if ev_every and result.resumed_from is None:
-        result.evals.append(await _evaluate(config, policy, 0))
+        result.evals.append(await _evaluate(config, policy, 0, eval_envs))
         eval_log.append(result.evals[-1])
 
-    runner = Runner(env_ids, policy, sandbox_capacity=config.sandbox_capacity,
+    runner = Runner(train_envs, policy, sandbox_capacity=config.sandbox_capacity,
                     inference_concurrency=config.inference_concurrency, run_dir=run_dir,
                     seed=config.seed, max_tokens=config.max_tokens,
                     temperature=config.temperature,
                     filter_zero_variance=config.filter_zero_variance,
                     env_weights=list(config.mix.values()) if config.mix else None)
     async with runner:
-        await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step)
+        await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step,
+                     eval_envs, started)
         await asyncio.to_thread(trainer.save_checkpoint, ckpt_dir, trainer.extra)
     result.steps, result.version = trainer.step_count, trainer.version
     result.wall_s = time.perf_counter() - started
@@ -312,7 +346,8 @@ async def train(config: TrainConfig, *, resume: bool = False,
 
 async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _Log,
                  eval_log: _Log, policy: Any, result: TrainResult,
-                 on_step: StepCallback | None) -> None:
+                 on_step: StepCallback | None, eval_envs: list[EnvEntry],
+                 started: float) -> None:
     """Feed batches to the trainer with `async_level` batches of look-ahead."""
     remaining = config.steps - trainer.step_count
     if remaining <= 0:
@@ -379,9 +414,16 @@ async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _
             if trainer.step_count % config.checkpoint_every == 0:
                 await asyncio.to_thread(trainer.save_checkpoint, config.run_dir / CHECKPOINT,
                                         trainer.extra)
-            if config.eval_every and trainer.step_count % config.eval_every == 0:
-                result.evals.append(await _evaluate(config, policy, trainer.step_count))
+            over = (config.time_budget_s is not None
+                    and time.perf_counter() - started > config.time_budget_s)
+            if config.eval_every and (trainer.step_count % config.eval_every == 0 or over):
+                result.evals.append(await _evaluate(config, policy, trainer.step_count,
+                                                    eval_envs))
                 eval_log.append(result.evals[-1])
+            if over:
+                log.warning("time budget of %.0f s reached after step %d; stopping here",
+                            config.time_budget_s, trainer.step_count)
+                break
     finally:
         if collector is not None:
             collector.cancel()

@@ -51,9 +51,14 @@ def plot_training(steps: list[dict[str, Any]], evals: list[dict[str, Any]],
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     ax.plot([r["step"] for r in steps], [r["reward_mean"] for r in steps], "o-",
             label="batch reward (rollouts)")
+    before = [e for e in evals if e.get("stage") == "before_sft"]
+    evals = [e for e in evals if e.get("stage") != "before_sft"]
     if evals:
         ax.plot([e["step"] for e in evals], [e["reward_mean"] for e in evals], "s--",
                 label="held-out reward")
+    if before:  # drawn at step 0, below the post-warm-up point: the warm-up's own gain
+        ax.plot([e["step"] for e in before], [e["reward_mean"] for e in before], "v",
+                color="gray", markersize=9, label="held-out reward before warm-up")
     ax.set_xlabel("RL step")
     ax.set_ylabel("mean reward")
     ax.legend()
@@ -108,8 +113,9 @@ def write_training_report(run_dir: str | os.PathLike[str]) -> Path:
              r.get("time/data_wait_s", 0.0), r.get("time/sync_s", 0.0)) for r in steps]
     section = f"""<h1>Training</h1>
 <h2>Reward and loss</h2><img src="report/reward_curve.png" alt="reward curve">
-{_table([(e["step"], e["version"], e["tasks"], e["reward_mean"]) for e in evals],
-        ["step", "version", "held-out tasks", "held-out reward"]) if evals else ""}
+{_table([(e["step"], e.get("stage", "rl"), e["version"], e["tasks"], e["reward_mean"])
+         for e in evals],
+        ["step", "stage", "version", "held-out tasks", "held-out reward"]) if evals else ""}
 <h2>Staleness and divergence (all steps)</h2><img src="report/train_hists.png" alt="histograms">
 <h2>Numerics and staleness at the last step ({html.escape(str(last["step"]))})</h2>
 {_table(numerics, ["metric", "value"])}

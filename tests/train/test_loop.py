@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+from transformers import ViTConfig
 
 from corral.errors import CorralError, ModelError, RegistryError
 from corral.trainer.loop import TrainConfig, train
@@ -45,6 +47,12 @@ async def test_bad_input_is_a_clear_error(tmp_path):
     with pytest.raises(ModelError, match="does not exist"):
         await train(TrainConfig(envs=["traintest/digits-v0"], model=str(tmp_path / "nope"),
                                 run_dir=tmp_path / "b"))
+    not_causal = tmp_path / "vit"
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+              intermediate_size=64).save_pretrained(not_causal)
+    with pytest.raises(ModelError, match="not a causal LM"):
+        await train(TrainConfig(envs=["traintest/digits-v0"], model=str(not_causal),
+                                run_dir=tmp_path / "c"))
     with pytest.raises(ValueError, match="multiple of the group"):
         TrainConfig(envs=["traintest/digits-v0"], batch_size=6, group=4)
     with pytest.raises(ValueError, match="at least one env"):
@@ -65,3 +73,20 @@ async def test_existing_run_needs_resume(tmp_path):
     await train(config)
     with pytest.raises(CorralError, match="--resume"):
         await train(config)
+
+
+async def test_nan_rewards_stop_their_step_and_the_run_goes_on(tmp_path, caplog):
+    config = TrainConfig(envs=["traintest/nan-v0"], steps=6, batch_size=2, group=2, lr=1e-3,
+                         run_dir=tmp_path, max_tokens=6, async_level=0,
+                         filter_zero_variance=False)
+    result = await train(config)
+    lines = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(6)) and result.steps == 6
+    bad = [r for r in lines if r["metrics"].get("nonfinite")]
+    good = [r for r in lines if r["applied"]]
+    assert bad and good, [(r["applied"], r["skipped_reason"]) for r in lines]
+    assert all(not r["applied"] and "non-finite" in r["skipped_reason"] for r in bad)
+    assert "non-finite values" in caplog.text  # reported, never a silent NaN
+    # Weights and versions come only from the good steps: the bad ones changed nothing.
+    assert result.version == len(good)
+    assert all(math.isfinite(r["metrics"]["loss"]) for r in good)

@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx
 import torch
 import pytest
-from conftest import ENVS_FILE
 
 from corral.runner import LocalPolicy
 from corral.runner.models import load_model
@@ -21,6 +20,8 @@ from corral.runner.serve import PolicyServer
 from corral.trainer import Trainer, TrainerConfig
 from corral.trainer.publish import ServePolicyPublisher
 
+# Not imported from conftest: with tests/trainer collected too, `conftest` names that one.
+ENVS_FILE = str(Path(__file__).parent / "train_envs.py")
 CLI = [sys.executable, "-m", "corral.cli", "-i", ENVS_FILE, "train", "-e", "traintest/digits-v0",
        "--batch", "8", "--group", "4", "--lr", "1e-3", "--max-tokens", "8",
        "--checkpoint-every", "2"]
@@ -44,9 +45,19 @@ def test_kill_and_resume_continues_the_step_log(tmp_path):
     done = subprocess.run([*CLI, "--steps", str(saved + 3), "--run-dir", str(run), "--resume"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    steps = [json.loads(x)["step"] for x in (run / "train.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run / "train.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records]
     assert steps == list(range(saved + 3)), steps  # no gap, no duplicate
     assert json.loads(state.read_text())["step"] == saved + 3
+    # The reward curve continues: one reward per step on both sides of the kill, versions
+    # carried over from the checkpoint, and the report draws the whole curve.
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in records)
+    versions = [r["version"] for r in records]
+    assert versions == sorted(versions) and versions[-1] > versions[saved - 1]
+    from corral.trainer.report import read_jsonl, write_training_report
+
+    assert len(read_jsonl(run / "train.jsonl")) == saved + 3
+    assert "reward_curve.png" in write_training_report(run).read_text()
 
 
 def test_cli_errors_are_one_line(tmp_path):
