@@ -28,6 +28,27 @@ def parse_mix(text: str) -> dict[str, float]:
     return mix
 
 
+def parse_slice(where: list[str], length: list[str]) -> Any:
+    """`--where FIELD=VALUE` / `--length FIELD=N` options -> a `TaskSlice` (None when unset)."""
+    from corral.trainer.tasks import TaskSlice
+
+    if not where and not length:
+        return None
+    equal: dict[str, Any] = {}
+    sizes: dict[str, int] = {}
+    for option, text in [("--where", w) for w in where] + [("--length", n) for n in length]:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip():
+            raise CorralError(f"{option} {text!r}: write FIELD=VALUE")
+        if option == "--where":
+            equal[name.strip()] = value
+        elif value.strip().isdigit():
+            sizes[name.strip()] = int(value)
+        else:
+            raise CorralError(f"--length {text!r}: the length must be a whole number")
+    return TaskSlice(where=equal, lengths=sizes)
+
+
 def run_training(config: Any, *, resume: bool) -> Any:
     """Run `train` with a progress bar of steps; returns the `TrainResult`."""
     from corral.trainer.loop import train
@@ -69,12 +90,24 @@ def train_command(
     keep_zero_variance: bool = typer.Option(
         False, "--keep-zero-variance",
         help="Hand groups with equal rewards to the trainer (logged as skips)."),
+    where: list[str] = typer.Option(
+        [], "--where", help="Train on tasks whose FIELD equals VALUE (FIELD=VALUE, repeatable); "
+        "a share is held out for evaluation."),
+    length: list[str] = typer.Option(
+        [], "--length", help="Train on tasks whose FIELD has N items (FIELD=N, repeatable)."),
+    sft_batch: int = typer.Option(8, "--sft-batch", min=1,
+                                  help="Oracle episodes per warm-up step."),
+    time_budget: float = typer.Option(0.0, "--time-budget", min=0.0,
+                                      help="Stop taking RL steps after this many seconds "
+                                      "(0: no limit; --resume continues)."),
 ) -> None:
     """Train a policy with GRPO against registered envs (async collection, checkpoints)."""
     from corral.trainer.loop import TrainConfig
 
     try:
         config = TrainConfig(envs=env, mix=parse_mix(mix) or None, model=model, steps=steps,
+                             tasks=parse_slice(where, length), sft_batch=sft_batch,
+                             time_budget_s=time_budget or None,
                              batch_size=batch, group=group, lr=lr, async_level=async_level,
                              run_dir=run_dir, sft_steps=sft_steps,
                              checkpoint_every=checkpoint_every, max_tokens=max_tokens,
