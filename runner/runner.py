@@ -124,7 +124,8 @@ class Runner:
         self._consumed_set: set[str] = set()
         self._collect_groups: set[int] = set()
         self._next_group = 0
-        self._stream: tuple[int, int, int] | None = None  # batches(): group, needed, ahead
+        # batches(): group size, groups per batch, look-ahead, saturation (items in flight)
+        self._stream: tuple[int, int, int, int] | None = None
         self._topping_up = False
         self._dropped_streak = 0
         self._changed: asyncio.Event | None = None
@@ -326,23 +327,16 @@ class Runner:
         self._top_up()
         self._notify()
 
-    def _saturation(self) -> int:
-        """Work items in flight that keep the sandboxes busy (see module docstring); 0 for
-        runs without sandboxes, which only keep the look-ahead."""
-        if not any(source.pooled for source in self.sources):
-            return 0
-        return self.sandbox_capacity + (self._stream[0] if self._stream else 1)
-
     def _top_up(self) -> None:
         """Launch groups for the active `batches()` stream: the look-ahead, then saturation."""
         if self._stream is None or self._closing or self._topping_up:
             return
-        group, needed, ahead = self._stream
+        group, needed, ahead, saturation = self._stream
         self._topping_up = True  # resumed groups finish inside _launch_group: no recursion
         try:
             while (len(self.assembler.groups) < ahead
                    or (len(self.assembler.ready) < needed
-                       and len(self._flights) < self._saturation())):
+                       and len(self._flights) < saturation)):
                 self._launch_group(self._next_free_group(), group)
         finally:
             self._topping_up = False
@@ -400,7 +394,9 @@ class Runner:
         ahead = max(needed, math.ceil(needed * (1 + self.overprovision)))
         give_up = 20 * ahead + 100
         produced = 0
-        self._stream = (group, needed, ahead)
+        # runs without sandboxes keep only the look-ahead (see module docstring)
+        pooled = any(source.pooled for source in self.sources)
+        self._stream = (group, needed, ahead, self.sandbox_capacity + group if pooled else 0)
         try:
             while max_batches is None or produced < max_batches:
                 asked = time.perf_counter()

@@ -10,7 +10,7 @@ import asyncio
 
 import typer
 
-from .common import console, fail
+from .common import build_image, console, fail
 
 browser_app = typer.Typer(help="Browser environments: images and observations.",
                           no_args_is_help=True)
@@ -20,14 +20,8 @@ browser_app = typer.Typer(help="Browser environments: images and observations.",
 def image(tag: str = typer.Option("corral/chromium:bookworm", help="tag to create")) -> None:
     """Build the containerized-mode Chromium image (cached: no-op if present; minutes if not)."""
     from corral.browser.image import ensure_chromium_image
-    from corral.errors import CorralError
 
-    try:
-        with console.status(f"building {tag}") as status:
-            ensure_chromium_image(tag, on_step=lambda msg: status.update(msg))
-    except CorralError as exc:
-        fail(str(exc))
-    console.print(f"[green]{tag}[/green] is ready")
+    build_image(tag, ensure_chromium_image)
 
 
 @browser_app.command("observe")

@@ -6,7 +6,7 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 from rich.console import Console
 
@@ -20,6 +20,16 @@ def fail(message: str, code: int = 1) -> NoReturn:
     """Print one clear error line on stderr and exit with `code`."""
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def build_image(tag: str, ensure: Callable[..., object]) -> None:
+    """Run an image builder (`ensure(tag, on_step=...)`) behind a status line; one-line error."""
+    try:
+        with console.status(f"building {tag}") as status:
+            ensure(tag, on_step=lambda msg: status.update(msg))
+    except CorralError as exc:
+        fail(str(exc))
+    console.print(f"[green]{tag}[/green] is ready")
 
 
 def import_user_modules(names: list[str]) -> None:

@@ -9,21 +9,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from ..errors import CorralError
-
-console = Console()
-err_console = Console(stderr=True)
+from .common import build_image, console, fail
 
 sandbox_app = typer.Typer(help="Manage running sandboxes.", no_args_is_help=True)
 image_app = typer.Typer(help="Build sandbox images locally (no registry is needed).",
                         no_args_is_help=True)
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-    return typer.Exit(1)
 
 
 @sandbox_app.command("gc")
@@ -36,7 +28,7 @@ def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sand
     try:
         report = gc(run, everything=all_)
     except CorralError as exc:
-        raise _fail(exc) from None
+        fail(str(exc))
     console.print(f"removed {report.containers} containers, {report.bwrap_dirs} bwrap "
                   f"sandboxes, {report.cgroups} cgroups")
 
@@ -46,12 +38,7 @@ def image_base(tag: str = typer.Option("corral/base:bookworm", help="tag to crea
     """Create the base image with debootstrap + docker import (cached: no-op if present)."""
     from ..sandbox.images import ensure_base_image
 
-    try:
-        with console.status(f"building {tag}") as status:
-            ensure_base_image(tag, on_step=lambda msg: status.update(msg))
-    except CorralError as exc:
-        raise _fail(exc) from None
-    console.print(f"[green]{tag}[/green] is ready")
+    build_image(tag, ensure_base_image)
 
 
 @image_app.command("build")
@@ -67,7 +54,7 @@ def image_build(
     from ..terminal import build_env_images
 
     if (env_id is None) == (dockerfile is None):
-        raise _fail(CorralError("give an environment id or --dockerfile PATH (one of them)"))
+        fail("give an environment id or --dockerfile PATH (one of them)")
     try:
         with console.status(f"building {env_id or dockerfile}") as status:
             def show(line: str) -> None:
@@ -76,7 +63,7 @@ def image_build(
             tags = (build_env_images(env_id, on_line=show) if env_id is not None
                     else [build_image(dockerfile, context, name, on_line=show)])
     except CorralError as exc:
-        raise _fail(exc) from None
+        fail(str(exc))
     for tag in tags:
         console.print(tag, highlight=False)
 

@@ -246,10 +246,16 @@ class DockerSandbox(Sandbox):
     async def shell(self) -> Shell:
         """The persistent bash session of this sandbox (started on first use)."""
         if self._shell is None:
-            self._shell = ShellSession(
-                lambda: self._spawn(["bash", "--noprofile", "--norc"], stdin=True), self._kill,
-                self.spec.output_limit, self.spec.command_timeout, self.workdir)
+            self._shell = self._bash_session(None, self.spec.output_limit,
+                                             self.spec.command_timeout, self.workdir)
         return self._shell
+
+    def _bash_session(self, user: str | None, limit: int, timeout: float,
+                      cwd: str) -> ShellSession:
+        """A persistent bash (as `user`, default the sandbox's), started on first command."""
+        return ShellSession(
+            lambda: self._spawn(["bash", "--noprofile", "--norc"], stdin=True, user=user),
+            self._kill, limit, timeout, cwd)
 
     # --- files ----------------------------------------------------------------------------
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
@@ -264,9 +270,7 @@ class DockerSandbox(Sandbox):
         """Write through the control shell; False when that did not work (no `base64` in the
         image, a path the shell cannot create): the archive API then does it or says why."""
         if self._control is None:
-            self._control = ShellSession(
-                lambda: self._spawn(["bash", "--noprofile", "--norc"], stdin=True, user="0"),
-                self._kill, 4096, 60.0, "/")
+            self._control = self._bash_session("0", 4096, 60.0, "/")
         quoted = shlex.quote(path)
         command = (f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} && "
                    f"printf %s '{base64.b64encode(raw).decode()}' | base64 -d > {quoted} && "
