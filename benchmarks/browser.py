@@ -17,7 +17,9 @@ Measured side by side in one run:
    floor PEERS.md measures: no observation, no origin policy, no action checks).
 4. Corral: N episodes at a time on one warm browser (one context each).
 Plus warm/cold reset latency and the cost of one observation (Corral's single-evaluate walker
-vs CDP's full AX tree vs Playwright's aria snapshot).
+vs CDP's full AX tree vs Playwright's aria snapshot). Every browser, the peers' included, runs
+the binary Corral's pool runs (`corral.browser.pool.CHROMIUM`: Debian's headless shell when
+installed, as Playwright itself uses for headless runs), so the rows differ only in the loop.
 """
 
 from __future__ import annotations
@@ -131,16 +133,16 @@ PEER = textwrap.dedent('''
     import json, sys, threading, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import playwright.sync_api
+    spec = json.load(sys.stdin)
     _launch = playwright.sync_api.BrowserType.launch
     def launch(self, *a, **kw):  # Debian's Chromium: playwright install cannot download here
-        kw["executable_path"] = "/usr/bin/chromium"
+        kw["executable_path"] = spec["chromium"]  # the binary Corral runs
         kw["args"] = list(kw.get("args") or []) + ["--no-sandbox", "--disable-gpu"]
         return _launch(self, *a, **kw)
     playwright.sync_api.BrowserType.launch = launch
     from browsergym.core.env import BrowserEnv
     from browsergym.core.task import AbstractBrowserTask
 
-    spec = json.load(sys.stdin)
     PAGES = spec["pages"]
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
@@ -187,8 +189,10 @@ PEER = textwrap.dedent('''
 
 def browsergym(python: str, episodes: list[dict]) -> list[dict]:
     """Run BrowserGym on the same pages in its own venv; one result per delay setting."""
+    from corral.browser.pool import CHROMIUM
+
     spec = {"pages": [click_page(t) for t in episodes], "targets": [t["target"] for t in episodes],
-            "delays": [0.5, 0.0]}
+            "delays": [0.5, 0.0], "chromium": CHROMIUM}
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
         fh.write(PEER)
     proc = subprocess.run([python, fh.name], input=json.dumps(spec), capture_output=True,
@@ -294,8 +298,10 @@ def main() -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     episodes = tasks(args.sync_episodes)
 
+    from corral.browser.pool import CHROMIUM
+
     print(f"task {ENV_ID}; machine: {__import__('os').cpu_count()} cores, load "
-          f"{load_average()}")
+          f"{load_average()}; every browser here runs {CHROMIUM}")
     sync_s, sync_ok = sync_loop(episodes)
     sync_rate = len(episodes) / sync_s
     print(f"sync BrowserGym-style loop : {sync_rate:6.2f} episodes/s  "

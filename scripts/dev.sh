@@ -21,7 +21,7 @@ need_root() {
 }
 
 apt_packages() {
-  local want=(docker.io bubblewrap chromium debootstrap python3-venv ca-certificates) missing=()
+  local want=(docker.io bubblewrap chromium chromium-headless-shell debootstrap python3-venv ca-certificates) missing=()
   for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
   done

@@ -23,6 +23,7 @@ from ..toolcalls import ToolCallParseError
 from ..types import ToolCall
 from .observe import ACT_JS, BID_PATTERN
 from .sandbox import BrowserSandbox, origin_of
+from .site import BLANK_PATH
 
 
 class ActionError(AgentError):
@@ -154,9 +155,20 @@ async def goto(sb: BrowserSandbox, url: str) -> str:
     return f"opened {url}"
 
 
+# Whether the tab can go back to a page of the episode: a warm pooled page waited on the task
+# server's blank page before the episode's start page, and that entry is not the episode's.
+CAN_GO_BACK_JS = f"""() => {{
+  const nav = window.navigation;
+  if (!nav) return history.length > 1;
+  if (!nav.canGoBack) return false;
+  const i = nav.currentEntry.index;  // among this origin's adjacent entries
+  return i < 1 || new URL(nav.entries()[i - 1].url).pathname !== {BLANK_PATH!r};
+}}"""
+
+
 async def go_back(sb: BrowserSandbox) -> str:
     page = sb.page
-    if not await page.evaluate("() => history.length > 1"):
+    if not await page.evaluate(CAN_GO_BACK_JS):
         raise ActionError("there is no previous page in this tab's history")
     try:
         await page.go_back(wait_until="domcontentloaded",

@@ -100,6 +100,13 @@ async def test_bids_stay_unique_across_pages_and_old_ones_are_stale(awkward: Any
     assert back.startswith("went back") and "Awkward page" in awkward.last_observation.text
 
 
+async def test_go_back_on_the_start_page_has_no_previous_page(awkward: Any) -> None:
+    # the warm page waited on the task server's blank page: that entry is not the episode's
+    out = await act(awkward, "go_back")
+    assert "Last action error: there is no previous page in this tab's history" in out
+    assert "Awkward page" in awkward.last_observation.text
+
+
 async def test_action_strings_and_screenshots(pool: Any) -> None:
     env = AWKWARD_ENV(pool=pool, sandbox=cr.Browser(screenshot=True))
     try:
