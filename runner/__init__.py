@@ -1,7 +1,7 @@
 """`corral.runner`: async rollouts, sandbox pool, policy clients and router, batches (DESIGN §6).
 
 Names are imported on first use, so `import corral.runner` stays light (torch, transformers,
-FastAPI and httpx load only when a policy needs them).
+FastAPI and aiohttp load only when a policy needs them).
 """
 
 from __future__ import annotations

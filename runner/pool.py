@@ -245,6 +245,7 @@ class SandboxPool:
                 raise
             raise SandboxError(f"could not start a sandbox for {env_id}: "
                                f"{type(exc).__name__}: {exc}") from exc
+        await sandbox.prepare()  # its shells start here too, not on the episode's clock
         self._starting[key] -= 1
         self.stats.starts += 1
         self.stats.start_seconds.append(time.perf_counter() - t0)

@@ -240,6 +240,17 @@ class ShellSession(Shell):
             raise SandboxError(f"the sandbox shell did not start: {ready.err.text()[0].strip()}")
         return transport
 
+    async def start(self) -> None:
+        """Start the shell now unless it runs (see `Shell.start`)."""
+        async with self._lock:
+            if self._transport is None:
+                self._transport = await self._start()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a command is running (or waiting) in this session now."""
+        return self._lock.locked()
+
     async def run(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run `command` in the session; see `Shell.run`."""
         async with self._lock:

@@ -8,9 +8,16 @@ is async: a backend never blocks the event loop (synchronous SDKs run in threads
 from __future__ import annotations
 
 import abc
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+
+from ..errors import InfraError
+
+log = logging.getLogger(__name__)
+# what starting a shell ahead of use may raise; its first real use raises it again
+PREPARE_ERRORS = (InfraError, TimeoutError, OSError)
 
 DEFAULT_OUTPUT_LIMIT = 1 << 20  # bytes kept per stream; the rest is dropped with a marker
 TRUNCATION_MARKER = "\n[... output truncated by corral: {dropped} bytes dropped ...]\n"
@@ -54,6 +61,10 @@ class Shell(abc.ABC):
     """A persistent shell session: commands share cwd and environment like a terminal."""
 
     @abc.abstractmethod
+    async def start(self) -> None:
+        """Start the session now if it is not running (otherwise the first command does)."""
+
+    @abc.abstractmethod
     async def run(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run one command in the session; on timeout its process group is killed within 1 s
         of the deadline and the session stays usable."""
@@ -86,6 +97,15 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def shell(self) -> Shell:
         """The sandbox's persistent shell session (created on first use, then reused)."""
+
+    async def prepare(self) -> None:
+        """Start what the first commands will need (the persistent shell), so a sandbox
+        started ahead of demand is ready to use; a failure here is left for that use to
+        report (an image may have no shell and never need one)."""
+        try:
+            await (await self.shell()).start()
+        except PREPARE_ERRORS as exc:
+            log.debug("preparing a %s sandbox: %s", self.backend, exc)
 
     @abc.abstractmethod
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:

@@ -23,6 +23,8 @@ from .bwrap import CGROUP_ROOT, sandboxes_dir
 from .docker import LABEL_OWNER, LABEL_RUN
 from .images import LABEL_MANAGED, docker_client
 
+OWNERLESS_GRACE_S = 60.0  # a sandbox dir without owner.json younger than this is being made
+
 log = logging.getLogger(__name__)
 
 
@@ -73,24 +75,23 @@ def gc_bwrap(run: str | None = None) -> tuple[int, int]:
     sandboxes without a live dir (killing what still runs in them)."""
     dirs = cgroups = 0
     root = sandboxes_dir()
-    live = set()
     for d in sorted(root.iterdir()) if root.is_dir() else []:
-        try:
-            owner = json.loads((d / "owner.json").read_text())
-        except (OSError, ValueError):
-            owner = {"pid": 0, "run": None}
-        stale = owner.get("run") == run if run is not None else not (
-            owner.get("pid") and _pid_alive(int(owner["pid"])))
-        if not stale:
-            live.add(d.name)
-            continue
-        shutil.rmtree(d, ignore_errors=True)
-        dirs += 1
+        if _stale(d, run):
+            shutil.rmtree(d, ignore_errors=True)
+            dirs += 1
     parents = [CGROUP_ROOT / "corral", *CGROUP_ROOT.glob("*/corral")]
     for cg in [c for p in parents if p.is_dir() for c in p.iterdir() if c.is_dir()]:
-        if cg.name in live or (run is not None and not cg.name.startswith(f"{run}-")):
+        if run is not None and not cg.name.startswith(f"{run}-"):
             continue
-        for pid in (cg / "cgroup.procs").read_text().split():
+        # decided now, not from the listing above: a sandbox created since then has its dir
+        # (made before its cgroup) and a sandbox closing drops its cgroup before its dir
+        if (root / cg.name).is_dir() and not _stale(root / cg.name, run):
+            continue
+        try:
+            pids = (cg / "cgroup.procs").read_text().split()
+        except FileNotFoundError:
+            continue  # its sandbox closed meanwhile
+        for pid in pids:
             try:  # an orphaned sandbox still running: its owner is gone
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
@@ -99,15 +100,39 @@ def gc_bwrap(run: str | None = None) -> tuple[int, int]:
         try:
             cg.rmdir()
             cgroups += 1
+        except FileNotFoundError:
+            pass
         except OSError as exc:
             log.warning("cgroup %s still has processes: %s", cg, exc)
     return dirs, cgroups
 
 
+def _stale(sandbox_dir: Path, run: str | None) -> bool:
+    """Whether a bwrap sandbox dir belongs to `run` (given) or to an owner that died."""
+    try:
+        owner = json.loads((sandbox_dir / "owner.json").read_text())
+    except (OSError, ValueError):
+        # no owner yet: a sandbox being created writes it just after making its dir
+        return _age(sandbox_dir) > OWNERLESS_GRACE_S
+    if run is not None:
+        return owner.get("run") == run
+    return not (owner.get("pid") and _pid_alive(int(owner["pid"])))
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def _wait_drained(procs: Path, limit: float = 5.0) -> None:
     deadline = time.monotonic() + limit
-    while procs.read_text().strip() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    try:
+        while procs.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except FileNotFoundError:
+        pass  # removed meanwhile: nothing left to drain
 
 
 def gc(run: str | None = None, everything: bool = False, docker: bool = True) -> GcReport:

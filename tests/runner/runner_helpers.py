@@ -71,6 +71,9 @@ class DirSandbox(Sandbox):
         sandbox = self
 
         class _Shell(Shell):
+            async def start(self) -> None:
+                return None  # every command is its own process: nothing runs between them
+
             async def run(self, command: str, timeout: float | None = None) -> ExecResult:
                 return await sandbox.exec(command, timeout)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -113,3 +114,37 @@ async def test_closed_defaults(sandbox):
     assert bounding & (1 << 21) == 0  # CAP_SYS_ADMIN is not in the bounding set
     r = await sandbox.exec("mount -t tmpfs none /mnt")
     assert r.exit_code != 0
+
+
+async def test_docker_root_commands_reuse_the_control_shell(make_sandbox):
+    """A prepared sandbox's shells are running before first use; root one-shot commands run
+    in the sandbox's idle control shell (no Docker exec each);
+    concurrent ones overflow to Docker execs; another user's command always gets its own."""
+    import docker
+
+    sb = await make_sandbox("docker")
+    await sb.prepare()  # starts the agent's shell and the control shell, as the pool does
+
+    client = docker.from_env()
+    since = int(time.time()) - 5  # before the sandbox made any exec (it is this test's own)
+
+    def exec_count() -> int:  # Docker execs created in this container so far (daemon events)
+        until = int(time.time()) + 1
+        return sum(1 for _ in client.events(since=since, until=until, decode=True, filters={
+            "container": sb.id, "event": "exec_create"}))
+
+    before = exec_count()
+    assert before == 2
+    await sb.write_file("/work/f.txt", "x")
+    assert (await (await sb.shell()).run("cat /work/f.txt")).stdout == "x"
+    for i in range(5):
+        r = await sb.exec(["sh", "-c", 'echo "$0 $X $(pwd) $(id -u)"; exit 4', str(i)],
+                          env={"X": "y"}, cwd="/work")
+        assert (r.exit_code, r.stdout) == (4, f"{i} y /work 0\n")
+    assert exec_count() == before
+    assert (await sb.exec(["exit", "0"])).exit_code == 127  # a builtin is not a program
+    results = await asyncio.gather(*(sb.exec(f"sleep 0.3; echo {i}") for i in range(3)))
+    assert [r.stdout for r in results] == ["0\n", "1\n", "2\n"]
+    assert exec_count() == before + 2  # the two that found the control shell busy
+    r = await sb.exec("id -un", user="nobody")
+    assert r.stdout == "nobody\n"

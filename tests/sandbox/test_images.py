@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import typer
@@ -118,6 +121,7 @@ async def test_gc_removes_a_runs_orphans(base_image, run_id):
 
 
 async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id):
+    from corral.sandbox.bwrap import sandboxes_dir
     from corral.sandbox.reaper import gc
 
     dead_run = f"{run_id}-dead"
@@ -130,12 +134,23 @@ async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id
               "asyncio.run(main())\n")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     live = await open_sandbox(Terminal(image=base_image), "docker", run_id=run_id)
+    live_bwrap = await open_sandbox(Terminal(image=base_image), "bwrap", run_id=run_id)
+    # dirs without an owner file: one being created right now (spared), one long abandoned
+    being_made = sandboxes_dir() / f"{run_id}-being-made"
+    abandoned = sandboxes_dir() / f"{run_id}-abandoned"
+    for d in (being_made, abandoned):
+        d.mkdir(parents=True)
+    os.utime(abandoned, (time.time() - 600, time.time() - 600))
     try:
         report = gc()
-        assert report.containers >= 1 and report.bwrap_dirs >= 1
+        assert report.containers >= 1 and report.bwrap_dirs >= 2
         left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=corral.run={dead_run}"],
                               capture_output=True, text=True).stdout
         assert left.strip() == ""
-        assert (await live.exec("echo alive")).stdout == "alive\n"  # ours was spared
+        assert (await live.exec("echo alive")).stdout == "alive\n"  # ours were spared
+        assert (await live_bwrap.exec("echo alive")).stdout == "alive\n"
+        assert being_made.is_dir() and not abandoned.exists()
     finally:
         await live.close()
+        await live_bwrap.close()
+        shutil.rmtree(being_made, ignore_errors=True)
