@@ -315,8 +315,9 @@ class Runner:
         self._accept(traj, item)
 
     def _accept(self, traj: Trajectory, item: WorkItem) -> None:
-        self._results[traj.id] = traj
-        if item.group not in self._collect_groups:
+        if item.group in self._collect_groups:
+            self._results[traj.id] = traj  # until collect() hands it over
+        else:
             fate = self.assembler.add(traj, item.group)
             if fate == "ready":
                 self._dropped_streak = 0
@@ -379,7 +380,8 @@ class Runner:
         ids = ids[:n]
         while not all(i in self._results for i in ids):
             await self._wait_change()
-        return [self._results[i] for i in ids]
+        # handed over: the runner keeps no trajectory it returned (long runs stay bounded)
+        return [self._results.pop(i) for i in ids]
 
     async def batches(self, size: int = 256, group: int = 8, *,
                       max_batches: int | None = None) -> AsyncIterator[Batch]:

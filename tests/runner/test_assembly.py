@@ -21,6 +21,8 @@ async def test_batches_are_groups_of_one_task_with_distinct_samples() -> None:
     async with Runner(["corral/arithmetic-v0", "corral/countdown-v0"], policy,
                       filter_zero_variance=False, seed=11) as runner:
         seen: set[str] = set()
+        envs: set[str] = set()  # of every finished trajectory (countdown ones fail: no solver)
+        runner.add_listener(lambda t: envs.add(t.env_id))
         async for batch in runner.batches(size=12, group=4, max_batches=2):
             assert len(batch) == 12 and len(batch.groups) == 3
             for group in batch.groups:
@@ -31,7 +33,9 @@ async def test_batches_are_groups_of_one_task_with_distinct_samples() -> None:
             assert not seen & set(ids)
             seen |= set(ids)
             assert batch.stats["time_to_batch"] >= 0 and batch.stats["staleness"] == [0] * 12
-        envs = {t.env_id for t in runner._results.values()}
+        assert not runner._results  # batches and collect() hand trajectories over, keep none
+        collected = await runner.collect(3)
+        assert len(collected) == 3 and not runner._results
     assert envs == {"corral/arithmetic-v0", "corral/countdown-v0"}
 
 
@@ -49,12 +53,14 @@ async def test_straggler_cut_off_carries_running_groups_into_the_next_batch() ->
     policy = ScriptedPolicy(respond)
     async with Runner(["corral/arithmetic-v0"], policy, filter_zero_variance=False,
                       overprovision=0.5) as runner:
+        finished: set[str] = set()
+        runner.add_listener(lambda t: finished.add(t.id))
         batches = runner.batches(size=4, group=2)
         first = await batches.__anext__()
         assert {t.group_id for t in first.trajectories} == {"g000000", "g000002"}
         assert first.stats["carried_over"] >= 2 and first.stats["inflight"] >= 2
         release.set()
-        while not {"g000001-s000", "g000001-s001"} <= set(runner._results):
+        while not {"g000001-s000", "g000001-s001"} <= finished:
             await runner._wait_change()
         second = await batches.__anext__()
         await batches.aclose()
