@@ -56,14 +56,16 @@ SHELL_INIT = (
 _UNSAFE = re.compile(rb"[^\x20-\x7e]|['\\]")
 
 
-def ansi_c_quote(text: str) -> str:
-    """Quote arbitrary text as a bash `$'...'` word (every byte survives, newlines included)."""
+def ansi_c_quote(text: str | bytes) -> str:
+    """Quote arbitrary text as a bash `$'...'` word (every byte survives, newlines included;
+    bash strings end at a NUL byte, so bytes with NUL need another route)."""
 
     def esc(m: re.Match[bytes]) -> bytes:
         b = m.group(0)
         return b"\\" + b if b in (b"'", b"\\") else b"\\x%02x" % b[0]
 
-    return "$'" + _UNSAFE.sub(esc, text.encode()).decode("ascii") + "'"
+    data = text.encode() if isinstance(text, str) else text
+    return "$'" + _UNSAFE.sub(esc, data).decode("ascii") + "'"
 
 
 class Transport(abc.ABC):

@@ -95,6 +95,18 @@ async def test_files_roundtrip(sandbox, tmp_path):
     assert (tmp_path / "out.bin").read_bytes() == bytes(range(256))
 
 
+async def test_written_bytes_and_modes_are_exact(sandbox):
+    tricky = bytes(range(1, 256)) + b"'\\$(x)`y`\n%s%%\\x41"  # every byte but NUL, quoting traps
+    await sandbox.write_file("/work/tricky.bin", tricky)
+    assert await sandbox.read_file("/work/tricky.bin") == tricky
+    await sandbox.write_file("/work/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+    assert (await sandbox.exec("/work/run.sh")).stdout == "ran\n"
+    await sandbox.write_file("/work/run.sh", "replaced\n")  # an existing file gets the new mode
+    await sandbox.write_file("/work/empty", b"")
+    r = await sandbox.exec("stat -c '%a %s' /work/tricky.bin /work/run.sh /work/empty")
+    assert r.stdout == f"644 {len(tricky)}\n644 9\n644 0\n"
+
+
 async def test_setup_files_persist_across_exec_calls(sandbox):
     await sandbox.exec("mkdir -p /etc/app && echo 1 > /etc/app/conf && echo x > /root/y")
     assert (await sandbox.exec("cat /etc/app/conf /root/y")).stdout == "1\nx\n"
