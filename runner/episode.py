@@ -6,8 +6,9 @@ turn appends the ids the policy generated (`loss_mask` 1, tagged with the `Gener
 version) and the encoded environment turn (`loss_mask` 0), using `corral.runner.chat`.
 
 Sandbox start and task setup overlap with the first inference call: the first prompt needs
-only the instruction, so `env.areset` runs concurrently with the first `generate` (if the
-env's messages after reset differ from the predicted ones, that generation is discarded).
+only the instruction, so the first `generate` starts before the episode is even admitted to
+a sandbox slot and runs while it waits and while `env.areset` sets up (if the env's messages
+after reset differ from the predicted ones, that generation is discarded).
 Envs whose first message needs setup's result (`instruction_is_first_message = False`, e.g.
 browser envs: the page is in it) skip that early call.
 
@@ -105,6 +106,9 @@ class _Episode:
         self.session = f"{item.id}{restart}#a{attempt}"  # one router session per episode
         self.turn = 0
         self.max_context = limits.max_context or getattr(policy, "max_positions", None)
+        self.predicted: list[dict[str, Any]] | None = None
+        self.transcript: ChatTranscript | None = None
+        self.first: asyncio.Future[Generation | None] | None = None  # see start_first_generation
 
     # --- phases --------------------------------------------------------------------------------
     async def reset(self) -> None:
@@ -147,31 +151,41 @@ class _Episode:
         return terminated, truncated
 
     # --- the loop ------------------------------------------------------------------------------
+    def start_first_generation(self) -> None:
+        """Predict the first messages from the task and start generating the first turn now,
+        before a sandbox is assigned (envs whose first message needs setup skip this)."""
+        env = self.env
+        task = env.pick_task({"task_index": self.item.task_index})
+        self.traj.task_id = task.id
+        self.predicted = ([{"role": "system", "content": env.system_prompt}]
+                          if env.system_prompt else []) + [
+            {"role": "user", "content": env.instruction(task)}]
+        if getattr(env, "instruction_is_first_message", True):
+            self.transcript = ChatTranscript(self.policy.tokenizer, self.predicted,
+                                             tools=env.tool_schemas() or None)
+            self.first = asyncio.ensure_future(self.generate(self.transcript))
+
+    async def drop_first_generation(self) -> None:
+        """Cancel the early first generation (unused, or the episode ends before using it)."""
+        first, self.first = self.first, None
+        if first is not None and not first.done():
+            first.cancel()
+        if first is not None:
+            await asyncio.gather(first, return_exceptions=True)
+
     async def play(self) -> None:
         env, traj = self.env, self.traj
-        task = env.pick_task({"task_index": self.item.task_index})
-        traj.task_id = task.id
-        predicted = ([{"role": "system", "content": env.system_prompt}] if env.system_prompt
-                     else []) + [{"role": "user", "content": env.instruction(task)}]
+        if self.predicted is None:
+            self.start_first_generation()
+        assert self.predicted is not None
         tools = env.tool_schemas() or None
-        transcript: ChatTranscript | None = None
-        first: asyncio.Future[Generation | None] | None = None
-        if getattr(env, "instruction_is_first_message", True):
-            transcript = ChatTranscript(self.policy.tokenizer, predicted, tools=tools)
-            first = asyncio.ensure_future(self.generate(transcript))  # overlaps sandbox + setup
-        try:
-            await self.reset()
-        except BaseException:
-            if first is not None:
-                first.cancel()
-                await asyncio.gather(first, return_exceptions=True)
-            raise
-        if transcript is None or env.episode.messages != predicted:
-            if first is not None:  # the instruction depended on setup after all
-                first.cancel()
-                await asyncio.gather(first, return_exceptions=True)
+        await self.reset()
+        transcript, first = self.transcript, self.first
+        if transcript is None or env.episode.messages != self.predicted:
+            await self.drop_first_generation()  # the instruction depended on setup after all
             transcript = ChatTranscript(self.policy.tokenizer, env.episode.messages, tools=tools)
             first = asyncio.ensure_future(self.generate(transcript))
+        self.first = None
         traj.append(list(transcript.ids), generated=False)
         pending: asyncio.Future[Generation | None] | None = first
         while True:
@@ -208,9 +222,13 @@ class _Episode:
 
 async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeLimits,
                       inference: asyncio.Semaphore, *, attempt: int = 1,
-                      spans: list[Span] | None = None) -> Trajectory:
+                      spans: list[Span] | None = None,
+                      admission: contextlib.AbstractAsyncContextManager[Any] | None = None,
+                      ) -> Trajectory:
     """One attempt at `item` with `env` (an instance the caller does not share meanwhile);
-    `spans` are phases already spent on it (e.g. waiting for admission)."""
+    `spans` are phases already spent on it. `admission`, when given, is entered after the
+    first generation has started and held while the episode uses its sandbox (a slot of the
+    executor's sandbox capacity): the first turn decodes while the episode waits for it."""
     traj = Trajectory(id=item.id, env_id=item.env_id, task_id="", group_id=item.group_id,
                       attempts=attempt,
                       metadata={"task_index": item.task_index, "sample": item.sample,
@@ -221,11 +239,13 @@ async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeL
     run = _Episode(env, policy, item, limits, inference, traj, attempt)
     token = span_sink.set(traj.spans)
     try:
-        try:
-            async with _deadline(limits.episode_deadline, "episode"):
-                await run.play()
-        except _Deadline as exc:
-            await run.truncate(exc.which)
+        run.start_first_generation()
+        async with admission if admission is not None else contextlib.nullcontext():
+            try:
+                async with _deadline(limits.episode_deadline, "episode"):
+                    await run.play()
+            except _Deadline as exc:
+                await run.truncate(exc.which)
     except (InfraError, _Deadline) as exc:  # _Deadline here: the verifier itself timed out
         _fail(traj, env, Status.INFRA_ERROR, exc)
     except AgentError as exc:
@@ -239,6 +259,7 @@ async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeL
         raise
     finally:
         span_sink.reset(token)
+        await run.drop_first_generation()
         _collect_outcome(traj, env)
         await _close(env, traj)
     return traj

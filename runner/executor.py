@@ -10,15 +10,16 @@ protocol in `corral.runner.ray_backend` with a `make_executor(runner)` function.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from corral.errors import CorralError
 from corral.runner.episode import EpisodeLimits, WorkItem, run_episode
 from corral.runner.policy import Policy
-from corral.runner.pool import SandboxPool, spec_key
+from corral.runner.pool import SandboxPool, span_sink, spec_key
 from corral.runner.trajectory import Span, Trajectory
 
 EnvFactory = Callable[[], Any]
@@ -104,22 +105,29 @@ class LocalExecutor:
             if not self.sources[item.env_index].pooled:
                 return await run_episode(env, self.policy, item, self.limits, self.inference,
                                          attempt=attempt)
-            wall = time.time()
             key = spec_key(self.sources[item.env_index].spec)
-            self._arrived = True
-            self._waiting[key] += 1
-            try:
-                await self.admission.acquire()
-            finally:
-                self._waiting[key] -= 1
-            try:
-                waited = [Span("sandbox_wait", wall, time.time())]
-                return await run_episode(env, self.policy, item, self.limits, self.inference,
-                                         attempt=attempt, spans=waited)
-            finally:
-                self.admission.release()
+            return await run_episode(env, self.policy, item, self.limits, self.inference,
+                                     attempt=attempt, admission=self._admitted(key))
         finally:
             self._free[item.env_index].append(env)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, key: str) -> AsyncIterator[None]:
+        """A slot of the sandbox capacity for one episode; the wait is its "sandbox_wait"."""
+        wall = time.time()
+        self._arrived = True
+        self._waiting[key] += 1
+        try:
+            await self.admission.acquire()
+        finally:
+            self._waiting[key] -= 1
+        try:
+            sink = span_sink.get()
+            if sink is not None:
+                sink.append(Span("sandbox_wait", wall, time.time()))
+            yield
+        finally:
+            self.admission.release()
 
     def demand(self, spec: Any) -> Callable[[], int]:
         """How many work items needing `spec` wait for admission: caps the pool's pre-warming,

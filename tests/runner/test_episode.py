@@ -233,3 +233,36 @@ async def test_max_staleness_cuts_and_restarts_old_episodes() -> None:
         gate.set()
     assert all(t.min_version() == 1 and t.turns == 2 for t in trajs)
     assert {s.split("#")[1] for s in started} == {"a1", "r1"}
+
+
+async def test_first_turn_decodes_while_the_episode_waits_for_a_sandbox(
+        opener: DirOpener) -> None:
+    """With one sandbox slot, the second episode's first turn is generated while the first
+    episode still holds the slot: the first episode's next turn waits for it, so without the
+    early first turn this would only end by the timeout."""
+    first_turns: set[str] = set()
+    both_started = asyncio.Event()
+    timed_out: list[str] = []
+
+    async def respond(call: ScriptedCall) -> str:
+        session = call.request.session_id or ""
+        if call.turn == 0:
+            first_turns.add(session.split("#")[0])
+            if len(first_turns) == 2:
+                both_started.set()
+        else:
+            try:
+                await asyncio.wait_for(both_started.wait(), 30)
+            except TimeoutError:
+                timed_out.append(session)
+        return file_solver(call)
+
+    pool = SandboxPool(1, opener=opener)
+    async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=1) as runner:
+        trajs = await runner.collect(2, group=2)
+    await pool.close()
+    assert not timed_out and [t.status for t in trajs] == [Status.COMPLETE] * 2
+    later = max(trajs, key=lambda t: next(s.end for s in t.spans if s.phase == "sandbox_wait"))
+    waited = next(s for s in later.spans if s.phase == "sandbox_wait")
+    first_decode = next(s for s in later.spans if s.phase == "decode")
+    assert waited.end - waited.start > 0 and first_decode.end <= waited.end
