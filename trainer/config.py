@@ -29,6 +29,11 @@ class TrainerConfig(BaseModel):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    lr_warmup_steps: int = Field(0, ge=0, description="RL updates over which the learning rate "
+                                 "rises linearly to `lr`, counted from the optimizer's creation "
+                                 "or last `reset_optimizer` (a fresh AdamW's first updates are "
+                                 "about lr * sign(grad) for every weight, which can wreck a "
+                                 "small warm-started model); 0: full `lr` from the start.")
     grad_clip: float = Field(1.0, ge=0, description="Max global grad norm; 0 disables clipping "
                              "(the norm is still measured and checked for NaN/inf).")
 
@@ -86,6 +91,12 @@ class TrainerConfig(BaseModel):
     # --- execution ----------------------------------------------------------------------------
     micro_batch_size: int = Field(4, ge=1, description="Samples per forward/backward; "
                                   "gradients accumulate over micro-batches of one step.")
+    share_prefix_min: int = Field(32, ge=0, description="When every sample of a micro-batch "
+                                  "starts with the same prompt tokens (an env's system prompt "
+                                  "and tool schemas, a group's prompt) and there are at least "
+                                  "this many of them, they run once and their key/value cache "
+                                  "is shared by the rows (same logprobs and gradients up to "
+                                  "float rounding, far fewer token passes); 0 disables.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Compute dtype (autocast); 'auto' is bfloat16 on a CUDA device that "
         "supports it, float32 elsewhere. Master weights keep the model's own dtype.")

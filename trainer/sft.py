@@ -46,6 +46,11 @@ def supervised_warmup(trainer: "Trainer", examples: Sequence[SFTExample], steps:
                       batch_size: int = 8, lr: float | None = None) -> list["StepResult"]:
     """Run `steps` supervised steps cycling through `examples`; publish once at the end.
 
+    The optimizer's momentum is zeroed afterwards: AdamW would otherwise keep applying the
+    supervised gradient during the first RL steps (about 1 / (1 - beta1) of them), which would
+    count as RL progress. The second moments (per-weight gradient scale) are kept: with fresh
+    ones every weight of a small model moves by about lr per early RL update, noise-driven
+    weights included, which measurably wrecks a warm-started tiny model.
     Returns one `StepResult` per step (metrics: `sft_loss`, `grad_norm`, ...).
     """
     if not examples:
@@ -58,5 +63,6 @@ def supervised_warmup(trainer: "Trainer", examples: Sequence[SFTExample], steps:
     log.info("supervised warm start: %d steps, loss %.4f -> %.4f", steps,
              results[0].metrics.get("sft_loss", float("nan")) if results else float("nan"),
              results[-1].metrics.get("sft_loss", float("nan")) if results else float("nan"))
+    trainer.reset_optimizer(keep_second_moments=True)
     trainer.publish_weights()
     return results

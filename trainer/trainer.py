@@ -5,7 +5,9 @@ A step, in order:
 1. pad the batch (`build_tensor_batch`); samples with zero advantage carry no gradient and are
    left out (counted);
 2. recompute the logprobs of every generated token without gradient: this is the proximal
-   policy of decoupled PPO and the "current policy" of the staleness filter;
+   policy of decoupled PPO and the "current policy" of the staleness filter (a prompt prefix
+   that every sample of a micro-batch shares runs once, here and in the loss pass: see
+   `corral.trainer.prefix`);
 3. staleness filter (age backstop, divergence threshold), importance weights, numerics report;
 4. loss over micro-batches with gradient accumulation (normalised by whole-step counts), grad
    clipping, one optimizer step;
@@ -39,6 +41,7 @@ from .batching import TensorBatch, build_tensor_batch
 from .config import TrainerConfig
 from .loss import importance_weights, policy_loss, sft_loss, token_logprobs
 from .numerics import NumericsReport, numerics_report
+from .prefix import cache_keyword, shared_prefix_length, suffix_logits
 from .sft import SFTExample, encode_example
 from .staleness import StalenessReport, ThrottleController, ThrottleSignal, assess_staleness
 
@@ -99,6 +102,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas,
                                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         self.throttle = ThrottleController.from_config(cfg)
+        self.fresh_updates = 0  # updates since the optimizer was created or reset (warm-up)
+        self._cache_keyword = cache_keyword(model)
         self.model.eval()
 
     # --- the RL step --------------------------------------------------------------------------
@@ -167,6 +172,8 @@ class Trainer:
                 clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
                 agg=cfg.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs)
 
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.rl_lr()
         # Same chunks as the recompute (bitwise ratio 1 on-policy), minus dropped samples.
         train_chunks = [c[keep[c]] for c in chunks]
         train_chunks = [c for c in train_chunks if c.numel()]
@@ -223,6 +230,28 @@ class Trainer:
         log.info("published weights version %d in %.3f s", self.version, seconds)
         return seconds
 
+    def reset_optimizer(self, *, keep_second_moments: bool = False) -> None:
+        """Forget the optimizer's moments (AdamW's running gradient averages), keeping the
+        weights, version and config: the next update starts like a fresh run's first one.
+
+        `keep_second_moments=True` zeroes only the momentum (the running gradient direction)
+        and keeps the per-weight gradient scale, so no update of the past is replayed while
+        the next ones stay scaled by the gradients seen so far (a fresh AdamW moves every
+        weight by about lr on its first updates, noise-dominated ones included).
+        """
+        if keep_second_moments:
+            for state in self.optimizer.state.values():
+                if "exp_avg" in state:
+                    state["exp_avg"].zero_()
+        else:
+            self.optimizer.state.clear()
+        self.fresh_updates = 0
+
+    def rl_lr(self) -> float:
+        """The learning rate of the next RL update (`lr` after `lr_warmup_steps`)."""
+        warmup = self.config.lr_warmup_steps
+        return self.config.lr * (min(1.0, (self.fresh_updates + 1) / warmup) if warmup else 1.0)
+
     def throttle_signal(self) -> ThrottleSignal:
         """Whether the runner should cut in-flight work now (polled after each step)."""
         return self.throttle.signal()
@@ -234,6 +263,7 @@ class Trainer:
             self.extra = dict(extra)
         dtype = next(self.model.parameters()).dtype
         state = {"step": self.step_count, "updates": self.updates, "version": self.version,
+                 "fresh_updates": self.fresh_updates,
                  "config": self.config.model_dump(mode="json"), "extra": self.extra,
                  "throttle": self.throttle.state_dict(),
                  "model_dtype": str(dtype).removeprefix("torch.")}
@@ -277,6 +307,7 @@ class Trainer:
                          eps=trainer.config.adam_eps, weight_decay=trainer.config.weight_decay)
         trainer.step_count = state["step"]
         trainer.updates = state["updates"]
+        trainer.fresh_updates = state.get("fresh_updates", state["updates"])
         trainer.extra = state.get("extra", {})
         trainer.throttle.load_state_dict(state.get("throttle", {}))
         ckpt.restore_rng(saved.rng)
@@ -288,10 +319,24 @@ class Trainer:
     def _forward_logprobs(self, mb: TensorBatch) -> torch.Tensor:
         autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                     if self.compute_dtype == torch.bfloat16 else nullcontext())
+        prefix = self._shared_prefix(mb)
         with autocast:
-            logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                use_cache=False).logits
-        return token_logprobs(logits, mb.input_ids, self.config.temperature)
+            if prefix:
+                logits = suffix_logits(self.model, mb.input_ids, mb.attention_mask, prefix,
+                                       str(self._cache_keyword))
+            else:
+                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                    use_cache=False).logits
+        logp = token_logprobs(logits, mb.input_ids[:, prefix:], self.config.temperature)
+        return torch.nn.functional.pad(logp, (prefix, 0), value=0.0)
+
+    def _shared_prefix(self, mb: TensorBatch) -> int:
+        """Length of the prompt prefix to run once for the whole micro-batch (0: none)."""
+        least = self.config.share_prefix_min
+        if not least or mb.size < 2 or self._cache_keyword is None:
+            return 0
+        prefix = shared_prefix_length(mb.input_ids, mb.attention_mask, mb.loss_mask)
+        return prefix if prefix >= least else 0
 
     @torch.no_grad()
     def _recompute(self, tb: TensorBatch, chunks: list[torch.Tensor]) -> torch.Tensor:
@@ -339,6 +384,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         self.updates += 1
+        self.fresh_updates += 1
         metrics["time/train_s"] = time.perf_counter() - t0
         metrics["time/sync_s"] = self.publish_weights() if publish else 0.0
         weight = max(metrics.get("loss_tokens", 0.0), 1.0)

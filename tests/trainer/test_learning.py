@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 from trainer_helpers import sample_group, tiny_model
 
@@ -74,3 +77,47 @@ def test_supervised_warmup_imitates_oracle_completions():
     assert all(r.applied for r in results)
     assert published == [25] and trainer.version == 25  # one publish, at the end
     assert trainer.optimizer.param_groups[0]["lr"] == trainer.config.lr  # lr restored
+    moments = list(trainer.optimizer.state.values())
+    assert moments and all(not bool(m["exp_avg"].any()) for m in moments)  # no SFT momentum
+    assert any(bool(m["exp_avg_sq"].any()) for m in moments)  # gradient scale kept
+
+
+def test_reset_optimizer_makes_the_next_step_a_fresh_first_step():
+    """After `reset_optimizer` an update equals a new trainer's first update on the same
+    weights (AdamW's moments from earlier steps no longer push the weights)."""
+    model = tiny_model(seed=5)
+    config = TrainerConfig(lr=1e-2, micro_batch_size=4, dtype="float32")
+    trainer = Trainer(model, ByteTokenizer(), config)
+    examples = [("2+2=", "4"), ("3+3=", "6")]
+    for _ in range(3):
+        trainer.sft_step(examples)
+    fresh = Trainer(copy.deepcopy(model), ByteTokenizer(), config)
+    stale = Trainer(copy.deepcopy(model), ByteTokenizer(), config)
+    stale.optimizer.load_state_dict(trainer.optimizer.state_dict())
+    trainer.reset_optimizer()
+    for t in (trainer, fresh, stale):
+        t.sft_step([("1+1=", "2")])
+    for key, value in fresh.model.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[key], value), key
+    assert any(not torch.equal(stale.model.state_dict()[k], v)
+               for k, v in fresh.model.state_dict().items())  # the moments did matter
+
+
+def test_lr_warmup_rises_linearly_and_restarts_after_reset():
+    model = tiny_model(seed=6)
+    trainer = Trainer(model, None, TrainerConfig(lr=1e-3, lr_warmup_steps=4, micro_batch_size=8,
+                                                 dtype="float32"))
+    gen = torch.Generator().manual_seed(1)
+    seen = []
+    for step in range(6):
+        if step == 5:
+            trainer.reset_optimizer()
+        while True:  # a batch whose groups all agree is a skip and does not count
+            groups = [sample_group(model, prompt, 8, 4, good_share, group=f"w{step}p{p}",
+                                   version=trainer.version, generator=gen)
+                      for p, prompt in enumerate(PROMPTS)]
+            result = trainer.step(Batch(groups=groups, policy_version=trainer.version))
+            if result.applied:
+                break
+        seen.append(result.metrics["lr"])
+    assert seen == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 2.5e-4])
