@@ -175,6 +175,16 @@ def phase_means(trajectories: list[Any]) -> dict[str, float]:
     return {k: round(statistics.fmean(v), 3) for k, v in sorted(totals.items())}
 
 
+def request_ms(server: dict[str, Any], client_seconds: float | None = None) -> dict[str, float]:
+    """Per model request: the modelled server's queue, prefill and decode time and, given the
+    harness's own total wait for answers, the rest (HTTP, event loops, scheduling)."""
+    n = max(1, server["requests"])
+    out = {k: round(1000 * server[f"{k}_s"] / n, 1) for k in ("queue", "prefill", "decode")}
+    if client_seconds is not None:
+        out["overhead"] = round(1000 * client_seconds / n - sum(out.values()), 1)
+    return out
+
+
 def runner_kwargs(args: argparse.Namespace, config: WorkloadConfig) -> dict[str, Any]:
     return dict(sandbox_capacity=args.capacity, inference_concurrency=args.inference_concurrency,
                 seed=config.seed, max_tokens=4096, sandbox_backend="docker",
@@ -291,6 +301,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         figures["corral_cold_pool"] = {k: v for k, v in cold["stats"]["executor"]["pool"].items()
                                        if not isinstance(v, list)}
         print(f"corral_cold_phase_means={json.dumps(figures['corral_cold_phases'])}")
+        figures["corral_cold_request_ms"] = request_ms(cold_server, sum(
+            t.phase_seconds().get("decode", 0.0) + t.phase_seconds().get("queue", 0.0)
+            for t in trajs))
+        print(f"corral_cold_request_ms={json.dumps(figures['corral_cold_request_ms'])}")
         print(f"corral_cold_pool={json.dumps(figures['corral_cold_pool'])}")
 
         # (a) cold batch, baseline(s), same tasks in group order
@@ -311,6 +325,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                       for k in ("start", "setup", "inference", "commands", "verify", "teardown")}
             figures[f"{prefix}_phases"] = phases
             print(f"{prefix}_phase_means={json.dumps(phases)}")
+            figures[f"{prefix}_request_ms"] = request_ms(
+                base_server, sum(r.phases.get("inference", 0.0) for r in results))
+            print(f"{prefix}_request_ms={json.dumps(figures[f'{prefix}_request_ms'])}")
             groups: dict[tuple[int, int], list[float]] = {}
             for i, r in enumerate(results):
                 groups.setdefault((i // config.group, r.task), []).append(r.reward)

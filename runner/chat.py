@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -67,8 +68,39 @@ def encode_turn(tokenizer: Tokenizer, message: dict[str, Any], *,
     results and user follow-ups in templates that render each message on its own.
     """
     context = list(previous) if previous else _DEFAULT_CONTEXT
-    text = _suffix(tokenizer, context, [*context, message])
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(_message_text(tokenizer, context, message), add_special_tokens=False)
+
+
+# Rendering the whole conversation twice for every new message costs O(turns) each time; a
+# 30-turn episode's transcript spent most of the runner's CPU there. Chat templates render a
+# message from itself, its neighbours and the conversation's first message (system prompt,
+# tools), so the new message's text is the same after [first, *last RECENT]. That is checked
+# against the full rendering on a tokenizer's first CHECKS messages; a template that disagrees
+# once (or fails on the shortened context) is always rendered in full.
+_RECENT, _CHECKS = 2, 8
+_bounded_checks: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def _message_text(tokenizer: Tokenizer, context: list[dict[str, Any]],
+                  message: dict[str, Any]) -> str:
+    if len(context) <= _RECENT + 1:
+        return _suffix(tokenizer, context, [*context, message])
+    recent = [context[0], *context[-_RECENT:]]
+    try:
+        checked = _bounded_checks.get(tokenizer, 0)
+    except TypeError:  # not weak-referenceable: no record to keep, render in full
+        checked = -1
+    if checked < 0:
+        return _suffix(tokenizer, context, [*context, message])
+    try:
+        short: str | None = _suffix(tokenizer, recent, [*recent, message])
+    except Exception:  # the template rejects the shortened conversation (role order rules)
+        short = None
+    if checked >= _CHECKS and short is not None:
+        return short
+    full = _suffix(tokenizer, context, [*context, message])
+    _bounded_checks[tokenizer] = checked + 1 if short == full else -1
+    return full
 
 
 def generation_prompt_ids(tokenizer: Tokenizer) -> list[int]:
@@ -98,7 +130,8 @@ def turn_end_ids(tokenizer: Tokenizer, generated_ids: Sequence[int]) -> list[int
     the part of it the model already produced (usually its stop token) is not repeated.
     """
     closing = _turn_closing(tokenizer)
-    generated = tokenizer.decode(list(generated_ids), skip_special_tokens=False)
+    # only the end matters: the closing string is a few tokens at most
+    generated = tokenizer.decode(list(generated_ids[-16:]), skip_special_tokens=False)
     done = max((k for k in range(len(closing) + 1) if generated.endswith(closing[:k])), default=0)
     rest = closing[done:]
     return tokenizer.encode(rest, add_special_tokens=False) if rest else []

@@ -25,7 +25,6 @@ part of the rollout cost, and httpx spends about six times aiohttp's CPU per req
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import aiohttp
+import orjson
 
 from corral.errors import PolicyError
 from corral.runner.policy import Generation, GenerationRequest, Policy, Tokenizer
@@ -104,7 +104,9 @@ class OpenAIPolicy(Policy):
     async def _request(self, method: str, url: str, body: Any = None,
                        headers: Mapping[str, str] | None = None) -> "_Answer":
         """One HTTP exchange, body read in full (aiohttp errors propagate)."""
-        data = json.dumps(body) if body is not None else None
+        # orjson: a 20k-token prompt is a 100 KB list of ints every turn; json.dumps of it was
+        # a tenth of the runner's CPU
+        data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) if body is not None else None
         send = {"Content-Type": "application/json", **(headers or {})} if data else headers
         async with self._http().request(method, url, data=data, headers=send) as response:
             return _Answer(response.status, response.reason or "", response.headers,
@@ -237,7 +239,7 @@ class _Answer:
         return self.body.decode("utf-8", "replace")
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        return orjson.loads(self.body)
 
 
 def _ids_from_tokens(tokens: list[str] | None) -> list[int] | None:

@@ -127,15 +127,17 @@ class Replica:
                 blocks = self._blocks(prompt)
                 cached = self._cached(blocks)
                 prefill = (len(prompt) - cached) * self.cost.prefill_ms / 1000.0
+                # one absolute schedule for prefill and decode: the event loop's timer
+                # overshoot (1-20 ms per sleep on a busy host, more under load) is not
+                # engine time and must not add up across a request's sleeps
+                due = t1 + prefill
                 if prefill > 0:
-                    await asyncio.sleep(prefill)
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 t2 = time.perf_counter()
-                remaining, due = len(output), t2
+                remaining = len(output)
                 while remaining > 0:
                     step = min(8, remaining)
                     load = 1.0 + self.cost.alpha * (self.active - 1)
-                    # sleep to an absolute schedule: the event loop's timer overshoot (1-20 ms
-                    # per sleep on a busy host) must not accumulate into a slower engine
                     due += step * self.cost.decode_ms / 1000.0 * load
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
                     remaining -= step

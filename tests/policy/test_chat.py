@@ -65,3 +65,42 @@ def test_openai_tool_calls() -> None:
     text_style = parse_assistant_message(
         {"role": "assistant", "content": '<tool_call>{"name": "x", "arguments": {}}</tool_call>'})
     assert [c.name for c in text_style.tool_calls] == ["x"]
+
+
+def _long_chat(tokenizer, turns: int) -> ChatTranscript:
+    chat = ChatTranscript(tokenizer, [{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Count the files."}], tools=TOOLS)
+    for turn in range(turns):
+        answer = f'<tool_call>\n{{"name": "bash", "arguments": {{"command": "ls {turn}"}}}}\n</tool_call><|im_end|>'
+        generated = tokenizer.encode(answer, add_special_tokens=False)
+        parsed = chat.add_generation(generated, tokenizer.decode(generated, skip_special_tokens=True))
+        chat.add_messages([{"role": "tool", "content": f"{turn} files",
+                            "tool_call_id": parsed.tool_calls[0].id}])
+    return chat
+
+
+def test_long_transcripts_match_a_full_render_with_shortened_context(tokenizer) -> None:
+    """Past the self-check (8 messages per tokenizer) new messages are rendered after the
+    first and the last two messages only; the ids must not change."""
+    chat = _long_chat(tokenizer, 14)
+    full = render(tokenizer, chat.messages, tools=TOOLS, add_generation_prompt=True)
+    assert chat.ids == tokenizer.encode(full, add_special_tokens=False)
+
+
+def test_templates_that_depend_on_distant_history_are_rendered_in_full(tiny_path) -> None:
+    from corral.runner.models import load_tokenizer
+
+    numbered = load_tokenizer(tiny_path)  # a template that numbers user messages by position
+    numbered.chat_template = (
+        "{%- for m in messages -%}{{- '<|im_start|>' + m.role -}}"
+        "{%- if m.role == 'user' -%}{{- ' #' + loop.index|string -}}{%- endif -%}"
+        "{{- '\\n' + (m.content or '') + '<|im_end|>\\n' -}}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    chat = ChatTranscript(numbered, [{"role": "user", "content": "Count."}])
+    for turn in range(12):
+        generated = numbered.encode(f"{turn}<|im_end|>", add_special_tokens=False)
+        chat.add_generation(generated, str(turn))
+        chat.add_messages([{"role": "user", "content": "More."}])
+    full = render(numbered, chat.messages, add_generation_prompt=True)
+    assert chat.ids == numbered.encode(full, add_special_tokens=False)
+    assert "user #25\n" in numbered.decode(chat.ids)
