@@ -90,11 +90,13 @@ class Baseline:
         self.concurrency, self.image, self.teardown = concurrency, image, teardown
         self.cpus, self.memory, self.run_label = cpus, memory, run_label
         self.on_done = on_done
-        self._docker = docker.from_env(timeout=120)
         self._round_robin = itertools.cycle(range(len(urls)))
-        # Blocking docker SDK calls get their own threads: a small default pool would throttle
-        # the baseline below what Harbor's subprocess-per-call does.
-        self._threads = ThreadPoolExecutor(max_workers=4 * concurrency + 8,
+        # Blocking docker SDK calls get their own threads (and as many pooled connections): a
+        # small default pool would throttle the baseline below what Harbor's
+        # subprocess-per-call does.
+        threads = 4 * concurrency + 8
+        self._docker = docker.from_env(timeout=120, max_pool_size=threads)
+        self._threads = ThreadPoolExecutor(max_workers=threads,
                                            thread_name_prefix="baseline-docker")
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
