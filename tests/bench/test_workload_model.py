@@ -1,0 +1,57 @@
+"""The time-to-batch benchmark's own parts: the modelled replica's timing and prefix cache,
+and the lower bound. The benchmark's figures are only as good as these."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from workload.bounds import lower_bound  # noqa: E402
+from workload.inference import BLOCK, CostModel, Replica  # noqa: E402
+from workload.plans import Command, Plan  # noqa: E402
+
+
+async def test_replica_spends_the_cost_model_and_caches_prefixes() -> None:
+    cost = CostModel(decode_ms=2.0, alpha=0.0, prefill_ms=0.5, cache_tokens=4096)
+    replica = Replica("r0", cost)
+    prompt = list(range(10 * BLOCK))
+    started = time.perf_counter()
+    first = await replica.run(prompt, list(range(40)))
+    elapsed = time.perf_counter() - started
+    modelled = len(prompt) * 0.5e-3 + 40 * 2e-3  # 80 ms prefill + 80 ms decode, nothing cached
+    assert first["cached_tokens"] == 0
+    assert elapsed >= modelled and first["prefill_s"] >= len(prompt) * 0.5e-3
+    # the next turn extends the conversation: every full block of prompt + output is cached
+    second = await replica.run(prompt + list(range(40)) + [7] * BLOCK, [1])
+    assert second["cached_tokens"] == (len(prompt) + 40) // BLOCK * BLOCK
+    assert second["prefill_s"] < first["prefill_s"]
+    assert replica.stats.requests == 2 and replica.stats.output_tokens == 41
+
+
+async def test_decode_slows_with_the_replicas_load() -> None:
+    cost = CostModel(decode_ms=2.0, alpha=0.5, prefill_ms=0.0)
+    alone, together = Replica("a", cost), Replica("b", cost)
+    one = (await alone.run([1] * BLOCK, [0] * 40))["decode_s"]
+    runs = await asyncio.gather(*(together.run([i] * BLOCK, [0] * 40) for i in range(3)))
+    assert min(r["decode_s"] for r in runs) > 1.5 * one  # 3 at once: each token up to 2x slower
+
+
+def _plan(seconds: float, tokens: int) -> Plan:
+    return Plan(task=0, sample=0, commands=(Command("wait", seconds, 0, "sleep"),),
+                tokens=(tokens,), correct=True)
+
+
+def test_lower_bound_terms() -> None:
+    cost = CostModel(decode_ms=10.0, alpha=0.0, max_seqs=2)
+    plans = [_plan(4.0, 100), _plan(1.0, 100), _plan(1.0, 100), _plan(1.0, 100)]
+    bound = lower_bound(plans, cost, capacity=2, replicas=1)
+    assert bound.critical_path == pytest.approx(5.0)  # 4 s of commands + 100 tokens x 10 ms
+    assert bound.occupancy == pytest.approx((5.0 + 2.0 * 3) / 2)
+    assert bound.decode == pytest.approx(4.0 / 2)  # 400 tokens x 10 ms, 2 sequences at once
+    assert bound.value == pytest.approx(5.5) and bound.binding == "sandbox_occupancy"
