@@ -40,8 +40,9 @@ async def test_decode_slows_with_the_replicas_load() -> None:
     assert all(r["decode_s"] >= 0.08 for r in runs)  # alone on their replicas: 40 x 2 ms
     shared = Replica("shared", cost)
     runs = await asyncio.gather(*(shared.run([i] * BLOCK, [0] * 40) for i in range(3)))
-    # three at once on one replica: every token costs 1 + 0.5 x 2 = 2x
-    assert all(r["decode_s"] >= 0.155 for r in runs) and shared.stats.max_active == 3
+    # three at once on one replica: a token costs 1 + 0.5 x 2 = 2x once all three are in
+    # (the load is read per 8-token step; the first request's first step ran alone): >= 144 ms
+    assert all(r["decode_s"] >= 0.14 for r in runs) and shared.stats.max_active == 3
 
 
 def _plan(seconds: float, tokens: int) -> Plan:
