@@ -51,6 +51,28 @@ class EnvSource:
         return self.spec is not None and getattr(self.spec, "kind", None) == "terminal"
 
 
+@contextlib.asynccontextmanager
+async def admission_slot(semaphore: asyncio.Semaphore, waiting: Counter[str] | None = None,
+                         key: str = "") -> AsyncIterator[None]:
+    """A slot of the sandbox capacity for one episode (`run_episode(admission=...)`); the wait
+    becomes the episode's "sandbox_wait" span and `waiting[key]` counts who waits now."""
+    wall = time.time()
+    if waiting is not None:
+        waiting[key] += 1
+    try:
+        await semaphore.acquire()
+    finally:
+        if waiting is not None:
+            waiting[key] -= 1
+    try:
+        sink = span_sink.get()
+        if sink is not None:
+            sink.append(Span("sandbox_wait", wall, time.time()))
+        yield
+    finally:
+        semaphore.release()
+
+
 def resolve_envs(envs: Sequence[str | EnvFactory]) -> tuple[list[EnvSource], list[Any]]:
     """Env ids (looked up with `corral.registry.make`) or factories → sources, plus one probe
     instance of each (reused as the first worker instance)."""
@@ -111,23 +133,9 @@ class LocalExecutor:
         finally:
             self._free[item.env_index].append(env)
 
-    @contextlib.asynccontextmanager
-    async def _admitted(self, key: str) -> AsyncIterator[None]:
-        """A slot of the sandbox capacity for one episode; the wait is its "sandbox_wait"."""
-        wall = time.time()
+    def _admitted(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
         self._arrived = True
-        self._waiting[key] += 1
-        try:
-            await self.admission.acquire()
-        finally:
-            self._waiting[key] -= 1
-        try:
-            sink = span_sink.get()
-            if sink is not None:
-                sink.append(Span("sandbox_wait", wall, time.time()))
-            yield
-        finally:
-            self.admission.release()
+        return admission_slot(self.admission, self._waiting, key)
 
     def demand(self, spec: Any) -> Callable[[], int]:
         """How many work items needing `spec` wait for admission: caps the pool's pre-warming,

@@ -31,12 +31,11 @@ import dataclasses
 import functools
 import itertools
 import logging
-import time
 from typing import Any, Callable, Sequence
 
 from corral.errors import CorralError, SandboxDied
 from corral.runner.episode import EpisodeLimits, WorkItem, run_episode
-from corral.runner.executor import EnvSource
+from corral.runner.executor import EnvSource, admission_slot
 from corral.runner.policy import Policy
 from corral.runner.pool import SandboxPool, span_sink
 from corral.runner.trajectory import Span, Trajectory
@@ -173,8 +172,9 @@ class RemoteEnv:
     instance of the same env; everything that touches the episode goes to the actor.
     """
 
-    def __init__(self, executor: "RayExecutor", worker: int, env_index: int, probe: Any) -> None:
-        self._executor, self._worker, self._index, self._probe = executor, worker, env_index, probe
+    def __init__(self, executor: "RayExecutor", env_index: int, probe: Any) -> None:
+        self._executor, self._index, self._probe = executor, env_index, probe
+        self._worker: int | None = None  # picked at the first remote call (after admission)
         self.env_id = probe.env_id
         self.system_prompt = probe.system_prompt
         self.sandbox_spec = probe.sandbox_spec
@@ -191,10 +191,18 @@ class RemoteEnv:
     def tool_schemas(self) -> list[dict[str, Any]]:
         return self._probe.tool_schemas()
 
+    @property
+    def worker(self) -> int:
+        """The actor this env's episode lives in (the least loaded one when first asked)."""
+        if self._worker is None:
+            self._worker = self._executor._pick()
+        return self._worker
+
     async def _remote(self, method: str, *args: Any) -> Any:
         import ray
 
-        actor = self._executor.actors[self._worker]
+        worker = self.worker
+        actor = self._executor.actors[worker]
         ref = getattr(actor, method).remote(*args)
         try:
             answer = await ref
@@ -203,8 +211,8 @@ class RemoteEnv:
             raise
         except ray.exceptions.RayError as exc:
             if isinstance(exc, ray.exceptions.RayActorError):
-                self._executor.replace(self._worker, actor)
-            raise SandboxDied(f"Ray sandbox worker {self._worker} failed during {method}: "
+                self._executor.replace(worker, actor)
+            raise SandboxDied(f"Ray sandbox worker {worker} failed during {method}: "
                               f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
         self._sync(answer.get("state"))
         sink = span_sink.get()
@@ -244,6 +252,8 @@ class RemoteEnv:
         return await self._remote("finish", self._key, since, truncated)
 
     async def aclose(self) -> None:
+        if self._worker is None:
+            return  # never reached an actor: nothing to close there
         infra_error = self.episode.infra_error if self.episode is not None else None
         try:
             await self._remote("close", self._key, infra_error)
@@ -330,19 +340,14 @@ class RayExecutor:
         if self._ready is None:  # every episode waits for the same start-up
             self._ready = asyncio.ensure_future(self._wait_started())
         await asyncio.shield(self._ready)
-        source = self.sources[item.env_index]
-        if not source.pooled:
-            env = RemoteEnv(self, self._pick(), item.env_index, self.probes[item.env_index])
+        env = RemoteEnv(self, item.env_index, self.probes[item.env_index])
+        pooled = self.sources[item.env_index].pooled
+        try:
             return await run_episode(env, self.policy, item, self.limits, self.inference,
-                                     attempt=attempt)
-        wall = time.time()
-        async with self.admission:
-            waited = [Span("sandbox_wait", wall, time.time())]
-            env = RemoteEnv(self, self._pick(), item.env_index, self.probes[item.env_index])
-            try:
-                return await run_episode(env, self.policy, item, self.limits, self.inference,
-                                         attempt=attempt, spans=waited)
-            finally:
+                                     attempt=attempt,
+                                     admission=admission_slot(self.admission) if pooled else None)
+        finally:
+            if pooled and env._worker is not None:
                 asyncio.ensure_future(self._refresh(env._worker))
 
     async def _refresh(self, worker: int) -> None:
