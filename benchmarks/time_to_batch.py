@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 import httpx  # noqa: E402
 
 from workload.baseline import Baseline, TrialResult  # noqa: E402
-from workload.bounds import Bound, lower_bound  # noqa: E402
+from workload.bounds import Bound, critical_path, lower_bound  # noqa: E402
 from workload.env import ENV_ID, define_env  # noqa: E402
 from workload.inference import CostModel  # noqa: E402
 from workload.plans import Plan, WorkloadConfig, plan  # noqa: E402
@@ -153,6 +153,10 @@ class Bounds:
     def tokens(self, p: Plan) -> int:
         return sum(len(self.scripter.turn(p, i)[1]) for i in range(p.turns))
 
+    def critical_path(self, p: Plan) -> float:
+        """One plan's commands plus its output tokens at base decode speed."""
+        return critical_path(p, self.cost, self.tokens(p))
+
     def of(self, plans: list[Plan]) -> Bound:
         return lower_bound(plans, self.cost, capacity=self.capacity, replicas=self.replicas,
                            tokens_of=self.tokens)
@@ -173,6 +177,13 @@ def phase_means(trajectories: list[Any]) -> dict[str, float]:
         for phase, seconds in traj.phase_seconds().items():
             totals.setdefault(phase, []).append(seconds)
     return {k: round(statistics.fmean(v), 3) for k, v in sorted(totals.items())}
+
+
+def sandbox_hold(traj: Any) -> float:
+    """Seconds from the trajectory's admission to a sandbox slot to its last phase's end."""
+    admitted = max((s.end for s in traj.spans if s.phase == "sandbox_wait"), default=None)
+    start = admitted if admitted is not None else min(s.start for s in traj.spans)
+    return max(s.end for s in traj.spans) - start
 
 
 def request_ms(server: dict[str, Any], client_seconds: float | None = None) -> dict[str, float]:
@@ -379,6 +390,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                   f"{statistics.fmean(b.critical_path for b in batch_bounds):.1f}; commands only: "
                   f"{statistics.fmean(b.sandbox_work for b in batch_bounds):.1f})")
             emit(figures, "ratio_to_lower_bound", per_batch / steady_bound)
+            steady_trajs = [t for b in steady["batches"][1:] for t in b.trajectories]
+            figures["corral_steady_phases"] = phase_means(steady_trajs)
+            print(f"corral_steady_phase_means={json.dumps(figures['corral_steady_phases'])}")
+            # where the rest goes: how long each trajectory held its sandbox against its plan's
+            # critical path, and how busy the slots were (held time / capacity x time)
+            holds = [sandbox_hold(t) for t in steady_trajs]
+            paths = [bounds.critical_path(p) for p in (plan_of_messages(config, t.messages)
+                                                       for t in steady_trajs) if p is not None]
+            emit(figures, "corral_steady_hold_per_trajectory", statistics.fmean(holds))
+            emit(figures, "critical_path_per_trajectory", statistics.fmean(paths))
+            emit(figures, "corral_steady_slot_use",
+                 sum(holds) / (args.capacity * per_batch * len(intervals)))
+            pool = steady["stats"]["executor"]["pool"]
+            for key in ("start_seconds", "wait_seconds"):  # a fresh container per trajectory
+                emit(figures, f"corral_steady_pool_{key}_mean", statistics.fmean(pool[key] or [0]))
             if "harbor" in base_seconds:
                 emit(figures, "speedup_vs_baseline", base_seconds["harbor"] / per_batch)
                 # what a harness running exactly at the lower bound would get: no runner can

@@ -44,6 +44,11 @@ class Bound:
         return max(terms, key=terms.__getitem__)
 
 
+def critical_path(plan: Plan, cost: CostModel, tokens: int) -> float:
+    """A trajectory's critical path: its commands plus its `tokens` at the base decode speed."""
+    return plan.command_seconds + tokens * cost.decode_ms / 1000.0
+
+
 def lower_bound(plans: Iterable[Plan], cost: CostModel, *, capacity: int, replicas: int,
                 tokens_of: Callable[[Plan], int] | None = None) -> Bound:
     """The lower bound for running `plans` to completion. `tokens_of(plan)` is the number
@@ -51,9 +56,8 @@ def lower_bound(plans: Iterable[Plan], cost: CostModel, *, capacity: int, replic
     plans = list(plans)
     count = tokens_of or (lambda p: p.output_tokens)
     tokens = [count(p) for p in plans]
-    decode_s = cost.decode_ms / 1000.0
-    paths = [p.command_seconds + n * decode_s for p, n in zip(plans, tokens)]
-    decode_work = sum(tokens) * decode_s
+    paths = [critical_path(p, cost, n) for p, n in zip(plans, tokens)]
+    decode_work = sum(tokens) * cost.decode_ms / 1000.0
     return Bound(critical_path=max(paths, default=0.0),
                  occupancy=sum(paths) / capacity,
                  decode=decode_work / (replicas * cost.decode_capacity()),

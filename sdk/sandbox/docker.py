@@ -162,22 +162,25 @@ class DockerSandbox(Sandbox):
         workdir = spec.workdir
         if user not in ("", "root", "0") and workdir == "/root":
             workdir = f"/home/{user}"  # /root is not readable by other users
-        kwargs: dict[str, Any] = dict(
-            image=image, command=["sleep", "infinity"], init=True, detach=True,
-            name=name or f"corral-{secrets.token_hex(6)}", hostname="sandbox",
-            labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id,
-                    LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
-            nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory, memswap_limit=spec.memory,
-            pids_limit=spec.pids, network_mode="host" if spec.network_mode == "host-loopback"
-            else spec.network_mode, cap_drop=["ALL"], cap_add=CAP_ADD,
-            security_opt=["no-new-privileges"], environment=dict(spec.env),
-            working_dir=workdir, user=user or None, stop_signal="SIGKILL")
-        if spec.disk:
-            kwargs["storage_opt"] = {"size": spec.disk}
         client = docker_client()
+        host_config = client.api.create_host_config(
+            init=True, nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory,
+            memswap_limit=spec.memory, pids_limit=spec.pids,
+            network_mode="host" if spec.network_mode == "host-loopback" else spec.network_mode,
+            cap_drop=["ALL"], cap_add=CAP_ADD, security_opt=["no-new-privileges"],
+            storage_opt={"size": spec.disk} if spec.disk else None)
         t0 = time.monotonic()
         try:
-            container = await _blocking(client.containers.create, **kwargs)
+            image_user = user or await _image_user(image)
+            # the low-level call: the high-level `containers.create` inspects the new container
+            # afterwards, one more daemon round trip per sandbox that nothing here needs
+            created = await _blocking(
+                client.api.create_container, image=image, command=["sleep", "infinity"],
+                detach=True, name=name or f"corral-{secrets.token_hex(6)}", hostname="sandbox",
+                labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id,
+                        LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
+                environment=dict(spec.env), working_dir=workdir, user=user or None,
+                stop_signal="SIGKILL", host_config=host_config)
         except docker.errors.ImageNotFound:
             raise missing_image(image, spec.dockerfile, env_id or None) from None
         except docker.errors.APIError as exc:
@@ -186,19 +189,19 @@ class DockerSandbox(Sandbox):
                                    f"{exc.explanation}") from exc
             raise SandboxError(f"cannot create a container from {image}: "
                                f"{exc.explanation}") from exc
-        sandbox = cls(container.id, spec, user, workdir)
-        sandbox._image_user_is_root = _is_root(container.attrs["Config"].get("User") or "")
+        sandbox = cls(created["Id"], spec, user, workdir)
+        sandbox._image_user_is_root = _is_root(image_user)
         try:
             if spec.files:
-                await _blocking(client.api.put_archive, container.id, "/",
-                                        _tar({p: c.encode() for p, c in spec.files.items()}))
-            await _blocking(client.api.start, container.id)
+                await _blocking(client.api.put_archive, sandbox.id, "/",
+                                _tar({p: c.encode() for p, c in spec.files.items()}))
+            await _blocking(client.api.start, sandbox.id)
         except BaseException:
             await sandbox.close()
             raise
         sandbox.stats.started_at = t0
         sandbox.stats.start_seconds = time.monotonic() - t0
-        log.debug("started %s (%s) in %.3fs", container.id[:12], image, sandbox.stats.start_seconds)
+        log.debug("started %s (%s) in %.3fs", sandbox.id[:12], image, sandbox.stats.start_seconds)
         return sandbox
 
     # --- processes ------------------------------------------------------------------------
@@ -367,6 +370,18 @@ class DockerSandbox(Sandbox):
             await _blocking(docker_client().api.remove_container, self.id, force=True)
         except docker.errors.NotFound:
             pass
+
+
+_image_users: dict[str, str] = {}
+
+
+async def _image_user(image: str) -> str:
+    """The image's default USER (`""` = root), read once per image per process (Corral's
+    image tags name their content, so a tag does not move under a running process)."""
+    if image not in _image_users:
+        info = await _blocking(docker_client().api.inspect_image, image)
+        _image_users[image] = info.get("Config", {}).get("User") or ""
+    return _image_users[image]
 
 
 def _is_root(user: str) -> bool:
