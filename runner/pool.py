@@ -113,6 +113,7 @@ class SandboxPool:
         self._live = 0  # every sandbox counted against capacity (any state)
         self._cond = asyncio.Condition()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._removals = asyncio.Semaphore(1)  # container removals, one at a time
         self._closed = False
 
     # --- views ---------------------------------------------------------------------------------
@@ -310,7 +311,13 @@ class SandboxPool:
 
     async def _close_entry(self, entry: _Entry, give_back: bool = True) -> None:
         try:
-            await entry.sandbox.close()
+            if give_back:
+                await entry.sandbox.close()
+            else:  # its capacity is back already: kill it now, remove it one at a time, so
+                # removals do not crowd the daemon's container starts, which episodes wait for
+                await entry.sandbox.terminate()
+                async with self._removals:
+                    await entry.sandbox.close()
         except Exception as exc:  # closing is best effort; the reaper removes leftovers
             log.warning("closing a %s sandbox failed: %s", entry.env_id, exc)
         finally:

@@ -137,6 +137,11 @@ class Sandbox(abc.ABC):
     async def close(self) -> None:
         """Release everything the sandbox holds. Idempotent."""
 
+    async def terminate(self) -> None:
+        """Kill everything running in the sandbox now; `close()` still releases the rest.
+        Backends whose close is itself immediate close here."""
+        await self.close()
+
     @property
     def alive(self) -> bool:
         """False once the sandbox is closed or known dead."""

@@ -352,6 +352,16 @@ class DockerSandbox(Sandbox):
     def alive(self) -> bool:
         return not self._closed
 
+    async def terminate(self) -> None:
+        """Kill every process of the container from the host (its cgroup), without the daemon:
+        removing the container (`close`) can then wait for a quiet moment, since under load
+        each removal slows the daemon's container starts by about 0.1 s."""
+        for session in (self._shell, self._control):
+            if session is not None:
+                await session.close()
+        if not await _blocking(_procs.kill_container, self.id):
+            await _blocking(docker_client().api.kill, self.id)
+
     async def close(self) -> None:
         """Remove the container (force). Idempotent."""
         if self._closed:

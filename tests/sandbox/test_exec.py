@@ -160,3 +160,19 @@ async def test_docker_root_commands_reuse_the_control_shell(make_sandbox):
     assert exec_count() == before + 2  # the two that found the control shell busy
     r = await sb.exec("id -un", user="nobody")
     assert r.stdout == "nobody\n"
+
+
+async def test_docker_terminate_kills_everything_without_the_daemon(make_sandbox):
+    """`terminate` empties the container (host side, through its cgroup); `close` removes it."""
+    import docker
+
+    sb = await make_sandbox("docker")
+    await sb.exec("nohup sleep 600 >/dev/null 2>&1 &")
+    await sb.terminate()
+    client = docker.from_env()
+    deadline = time.monotonic() + 10
+    while client.api.inspect_container(sb.id)["State"]["Running"]:
+        assert time.monotonic() < deadline, "the container still runs after terminate()"
+        await asyncio.sleep(0.05)
+    await sb.close()
+    assert not client.containers.list(all=True, filters={"id": sb.id})
