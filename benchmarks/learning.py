@@ -8,7 +8,12 @@ What it does, all seeded:
 
 1. builds a tiny Llama-style model from scratch (`build_tiny_model`, random weights, local BPE;
    for an env with tools the BPE also sees the env's rendered tool schemas, as a real LLM's
-   tokenizer has seen JSON schemas: the terminal prompt is then ~350 tokens instead of ~750);
+   tokenizer has seen JSON schemas: the terminal prompt is then ~390 tokens instead of ~750;
+   with `--set tokenizer_instructions=true` it also sees the *train* tasks' instructions, text the agent reads, as a real LLM's tokenizer knows ordinary words: the log
+   levels WARN/INFO/ERROR/DEBUG become single tokens, in the instruction and inside the
+   command's quotes, instead of letters, and the prompt is ~356 tokens. Never an answer, never
+   a held-out task's text. Off for the text env, whose instructions hold the answer's words.
+   The figures `tokenizer_text` and `vocab` say which text it saw);
 2. takes a documented slice of a built-in env (`--set slice=NAME`, see `SLICES`; default
    `corral/word-sort-v0` restricted to 'reverse' tasks with exactly 3 words; `--env terminal`:
    `corral/term-text-v0` restricted to its 'count-lines' template, one turn, every episode in
@@ -81,21 +86,29 @@ class Settings:
     group: int = 8
     rl_lr: float = 5e-4
     rl_warmup: int = 0               # RL updates of linear lr warm-up (TrainerConfig)
+    rl_temperature: float = 1.0      # rollout sampling temperature (the trainer uses the same)
     eval_every: int = 4
     eval_tasks: int = 48             # held-out tasks evaluated (all of them when fewer)
     eval_samples: int = 2            # samples per task for the sampled held-out reward
     budget_s: float = 540.0          # RL stops early if the wall clock passes this
     filter_zero_variance: bool = True  # False: all-equal groups reach the trainer (a logged skip)
+    tokenizer_instructions: bool = False  # BPE also trained on the train tasks' instructions
 
 
 # `--env terminal`: the count-lines slice of corral/term-text-v0 in bubblewrap sandboxes.
-# Prompts are ~440 tokens (the tool schemas), so steps are smaller than the text run's; the
-# trainer runs the shared system prompt once per micro-batch (`share_prefix_min`), so an RL
+# Prompts are ~356 tokens (mostly the tool schemas), so steps are smaller than the text run's;
+# the trainer runs the shared system prompt once per micro-batch (`share_prefix_min`), so an RL
 # step costs about a quarter of the plain forward/backward. All 124 held-out tasks are
 # evaluated (32 gave +-0.09 of noise, more than the effect); evaluations are sparse because
-# each one is 372 generations and sandbox episodes.
-TERMINAL = dict(slice="count", sft_steps=60, sft_batch=16, rl_steps=400, rl_batch=32, group=8,
-                rl_lr=5e-4, eval_every=40, eval_tasks=124, eval_samples=2, budget_s=540.0)
+# each one is 372 generations and sandbox episodes. The levels are spelled in letters by this
+# BPE, and what SFT learns is their length (4 letters: WARN/INFO, 5: ERROR/DEBUG), worth ~0.5.
+# With `tokenizer_instructions` the levels are single tokens and every instruction has the
+# same length, so the answer depends on the level only through attention to one token ~40
+# positions back; this 2-layer model has not learned that copy within 600 SFT steps (it
+# writes one fixed level: held-out greedy = that level's share, ~0.35). See docs/benchmarks.md.
+TERMINAL = dict(slice="count", sft_steps=60, sft_batch=16,
+                rl_steps=400, rl_batch=32, group=8, rl_lr=5e-4, eval_every=40, eval_tasks=124,
+                eval_samples=2, budget_s=540.0)
 
 QUICK = dict(hidden=64, sft_steps=10, rl_steps=2, rl_batch=16, eval_every=1, eval_tasks=8,
              eval_samples=1, budget_s=60.0,
@@ -167,12 +180,19 @@ def make_env(sl: Slice, tasks: cr.Dataset) -> cr.Env:
 
 def schema_text(env: cr.Env) -> list[str]:
     """Training text for the tokenizer: the env's tools as the chat template renders them
-    (twice: BPE merges need a pair to appear at least twice). No task text is included."""
+    (twice: BPE merges need a pair to appear at least twice)."""
     if not env.tool_schemas():
         return []
     text = render(build_tokenizer(), [{"role": "user", "content": "x"}],
                   tools=env.tool_schemas())
     return [text, text]
+
+
+def instruction_text(env: cr.Env, train: cr.Dataset) -> list[str]:
+    """Training text for the tokenizer: the instructions of the train tasks, i.e. text the
+    agent reads, as a real LLM's tokenizer has seen ordinary words. Never an answer (oracle
+    solutions, log contents, counts) and never a held-out task's text."""
+    return [env.instruction(task) for task in train]
 
 
 def oracle_text(env: cr.Env, task: cr.Task) -> str:
@@ -275,14 +295,21 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
     random.seed(s.seed)
     torch.manual_seed(s.seed)
     sl = SLICES[s.slice]
+    train, test = split_tasks(sl, sl.tasks(s.scan), s.test_fraction)
+    token_text = schema_text(sl.env_class()())
+    token_text_name = "built-in corpus" + (" + tool schemas" if token_text else "")
+    if s.tokenizer_instructions:
+        token_text += instruction_text(make_env(sl, train), train)
+        token_text_name += f" + {len(train)} train instructions"
     path = build_tiny_model(out / "model", hidden=s.hidden, layers=s.layers, heads=s.heads,
-                            seed=s.seed, extra_text=schema_text(sl.env_class()()))
+                            seed=s.seed, extra_text=token_text)
     model, tokenizer = load_model(path, device="cpu")
     build_s = time.perf_counter() - started
 
-    train, test = split_tasks(sl, sl.tasks(s.scan), s.test_fraction)
     held_out = list(test)[: s.eval_tasks]
     figures: dict[str, Any] = {"env": sl.env_id, "slice": sl.description,
+                               "tokenizer_text": token_text_name,
+                               "vocab": len(tokenizer),
                                "train_tasks": len(train), "test_tasks": len(held_out),
                                "params": sum(p.numel() for p in model.parameters()),
                                "prompt_tokens": len(prompt_ids(tokenizer, make_env(sl, test),
@@ -292,7 +319,8 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
     # The policy holds its own copy of the weights: the trainer publishes into it.
     policy = LocalPolicy(copy.deepcopy(model), tokenizer, max_batch=64, seed=s.seed)
     trainer = Trainer(model, tokenizer, TrainerConfig(lr=s.rl_lr, micro_batch_size=64,
-                                                      lr_warmup_steps=s.rl_warmup),
+                                                      lr_warmup_steps=s.rl_warmup,
+                                                      temperature=s.rl_temperature),
                       publish=lambda m, v: policy.load_weights(m.state_dict(), v))
     ev = partial(evaluate, policy, partial(make_env, sl, test), held_out, samples=s.eval_samples,
                  max_tokens=sl.max_tokens, seed=s.seed)
@@ -310,7 +338,8 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     rl_steps = 0
     async with Runner(envs=[partial(make_env, sl, train)], policy=policy, seed=s.seed,
-                      temperature=1.0, max_tokens=sl.max_tokens, inference_concurrency=128,
+                      temperature=s.rl_temperature, max_tokens=sl.max_tokens,
+                      inference_concurrency=128,
                       sandbox_capacity=sl.sandbox_capacity,
                       sandbox_backend=sl.sandbox_backend,
                       max_turns=sl.env_kwargs.get("max_turns"),
@@ -341,6 +370,9 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
                     "wait_s": waited, "recompute_s": float(m.get("time/recompute_s", 0.0)),
                     "train_s": float(m.get("time/train_s", 0.0)),
                     "sync_s": float(m.get("time/sync_s", 0.0))})
+                log.info("rl step %d: batch reward %.3f (kept groups), wait %.1f s, "
+                         "train %.1f s", rl_steps, batch.stats["mean_reward"], waited,
+                         float(m.get("time/recompute_s", 0.0)) + float(m.get("time/train_s", 0.0)))
                 over = time.perf_counter() - started > s.budget_s
                 if rl_steps % s.eval_every == 0 or rl_steps == s.rl_steps or over:
                     curves.eval_reward.append({"rl_step": rl_steps, **await ev()})
