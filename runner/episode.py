@@ -168,16 +168,13 @@ class _Episode:
     async def drop_first_generation(self) -> None:
         """Cancel the early first generation (unused, or the episode ends before using it)."""
         first, self.first = self.first, None
-        if first is not None and not first.done():
-            first.cancel()
         if first is not None:
+            first.cancel()  # no-op when it finished
             await asyncio.gather(first, return_exceptions=True)
 
     async def play(self) -> None:
         env, traj = self.env, self.traj
-        if self.predicted is None:
-            self.start_first_generation()
-        assert self.predicted is not None
+        assert self.predicted is not None, "run_episode starts the first generation first"
         tools = env.tool_schemas() or None
         await self.reset()
         transcript, first = self.transcript, self.first

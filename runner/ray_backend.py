@@ -195,7 +195,7 @@ class RemoteEnv:
     def worker(self) -> int:
         """The actor this env's episode lives in (the least loaded one when first asked)."""
         if self._worker is None:
-            self._worker = self._executor._pick()
+            self._worker = self._executor.pick_worker()
         return self._worker
 
     async def _remote(self, method: str, *args: Any) -> Any:
@@ -318,7 +318,8 @@ class RayExecutor:
                               "classes and their modules must be importable (or picklable) "
                               "on every Ray node") from exc
 
-    def _pick(self) -> int:
+    def pick_worker(self) -> int:
+        """The least loaded worker, counted as one episode busier (`release` undoes it)."""
         room = [(self.load[i] / c, i) for i, c in enumerate(self.capacities)]
         index = min(room)[1]
         self.load[index] += 1

@@ -109,8 +109,10 @@ def kill_below(root: int, keep: frozenset[int] = frozenset(), everything: bool =
 
 
 # Where a Docker container's processes are listed: cgroup v1 or v2, cgroupfs or systemd driver.
-_CONTAINER_CGROUPS = ("/sys/fs/cgroup/pids/docker/{id}", "/sys/fs/cgroup/pids/system.slice/docker-{id}.scope",
-                      "/sys/fs/cgroup/docker/{id}", "/sys/fs/cgroup/system.slice/docker-{id}.scope")
+_CONTAINER_CGROUPS = ("/sys/fs/cgroup/pids/docker/{id}",
+                      "/sys/fs/cgroup/pids/system.slice/docker-{id}.scope",
+                      "/sys/fs/cgroup/docker/{id}",
+                      "/sys/fs/cgroup/system.slice/docker-{id}.scope")
 
 
 def kill_container(container_id: str) -> bool:

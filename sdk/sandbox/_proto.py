@@ -245,8 +245,13 @@ class ShellSession(Shell):
     async def start(self) -> None:
         """Start the shell now unless it runs (see `Shell.start`)."""
         async with self._lock:
-            if self._transport is None:
-                self._transport = await self._start()
+            await self._running()
+
+    async def _running(self) -> Transport:
+        """The shell's transport, started if needed (the caller holds the lock)."""
+        if self._transport is None:
+            self._transport = await self._start()
+        return self._transport
 
     @property
     def busy(self) -> bool:
@@ -256,9 +261,7 @@ class ShellSession(Shell):
     async def run(self, command: str, timeout: float | None = None) -> ExecResult:
         """Run `command` in the session; see `Shell.run`."""
         async with self._lock:
-            if self._transport is None:
-                self._transport = await self._start()
-            transport = self._transport
+            transport = await self._running()
             token = secrets.token_hex(8)
             line = f"eval {ansi_c_quote(command)} </dev/null; __corral_end {token} $?\n"
             started = time.monotonic()

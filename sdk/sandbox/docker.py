@@ -160,7 +160,7 @@ class DockerSandbox(Sandbox):
         image = image or spec.image
         user = spec.user or ""
         workdir = spec.workdir
-        if user not in ("", "root", "0") and workdir == "/root":
+        if not _is_root(user) and workdir == "/root":
             workdir = f"/home/{user}"  # /root is not readable by other users
         client = docker_client()
         host_config = client.api.create_host_config(
@@ -356,24 +356,32 @@ class DockerSandbox(Sandbox):
         """Kill every process of the container from the host (its cgroup), without the daemon:
         removing the container (`close`) can then wait for a quiet moment, since under load
         each removal slows the daemon's container starts by about 0.1 s."""
-        for session in (self._shell, self._control):
-            if session is not None:
-                await session.close()
-        if not await _blocking(_procs.kill_container, self.id):
+        import docker
+
+        await self._close_sessions()
+        if await _blocking(_procs.kill_container, self.id):
+            return
+        try:  # its cgroup is not visible from here: the daemon kills it
             await _blocking(docker_client().api.kill, self.id)
+        except docker.errors.APIError as exc:  # not running any more; close() removes it
+            log.debug("kill %s: %s", self.id[:12], exc)
+
+    async def _close_sessions(self) -> None:
+        """End both shells (their process trees die with them)."""
+        for session in (self._shell, self._control):
+            if session is None:
+                continue
+            try:
+                await session.close()
+            except Exception:  # the container may already be gone; what follows matters
+                log.debug("shell close failed", exc_info=True)
 
     async def close(self) -> None:
         """Remove the container (force). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        for session in (self._shell, self._control):
-            if session is None:
-                continue
-            try:
-                await session.close()
-            except Exception:  # the container may already be gone; removal below matters
-                log.debug("shell close failed", exc_info=True)
+        await self._close_sessions()
         import docker
 
         try:

@@ -100,8 +100,8 @@ def gc_bwrap(run: str | None = None) -> tuple[int, int]:
         try:
             cg.rmdir()
             cgroups += 1
-        except FileNotFoundError:
-            pass
+        except FileNotFoundError:  # its sandbox closed and removed it meanwhile
+            continue
         except OSError as exc:
             log.warning("cgroup %s still has processes: %s", cg, exc)
     return dirs, cgroups
