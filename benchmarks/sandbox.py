@@ -54,6 +54,12 @@ def raw_docker(image: str, n: int) -> dict[str, float]:
         made.append(c)
 
     res = {"raw docker SDK create+start": timed(create_start, n)}
+
+    def first_command() -> None:  # what a harness does before the agent's first command
+        create_start()
+        made[-1].exec_run(["true"])
+
+    res["raw docker SDK create+start+exec_run('true')"] = timed(first_command, n)
     c = made[0]
     res["raw docker SDK exec_run('true')"] = timed(lambda: c.exec_run(["true"]), n)
     res["raw CLI docker exec true"] = timed(
@@ -74,6 +80,12 @@ async def corral(backend: str, image: str, n: int) -> dict[str, float]:
         made.append(await open_sandbox(spec, backend, run_id=RUN, image=image))
 
     res = {f"corral {backend} cold start": await atimed(start, n)}
+
+    async def first_command() -> None:  # start, then the first command in the agent's shell
+        await start()
+        await (await made[-1].shell()).run("true")
+
+    res[f"corral {backend} start + first shell command"] = await atimed(first_command, n)
     sb = made[0]
     sh = await sb.shell()
     await sh.run("true")
@@ -114,6 +126,8 @@ def main() -> None:
         "corral_docker_exec_vs_raw_exec_run":
             res["corral docker exec('true')"] / res["raw docker SDK exec_run('true')"],
         "bwrap_cold_start_vs_raw_docker_start": res["corral bwrap cold start"] / raw_start,
+        "corral_docker_first_command_vs_raw": res["corral docker start + first shell command"]
+        / res["raw docker SDK create+start+exec_run('true')"],
     }
     for name, value in ratios.items():
         print(f"{name}={value:.3f}")

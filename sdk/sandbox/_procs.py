@@ -115,16 +115,22 @@ _CONTAINER_CGROUPS = ("/sys/fs/cgroup/pids/docker/{id}",
                       "/sys/fs/cgroup/system.slice/docker-{id}.scope")
 
 
-def kill_container(container_id: str) -> bool:
-    """SIGKILL every process of a local Docker container through its cgroup. False when the
-    cgroup is not found here (then the caller asks the daemon)."""
+def container_pids(container_id: str) -> list[int] | None:
+    """Host pids of a local Docker container's processes (its cgroup), sorted; None when
+    its cgroup is not visible from here (a remote daemon, another pid namespace)."""
     for pattern in _CONTAINER_CGROUPS:
         procs = Path(pattern.format(id=container_id)) / "cgroup.procs"
         try:
-            pids = procs.read_text().split()
+            return sorted(int(pid) for pid in procs.read_text().split())
         except OSError:
             continue
-        for pid in pids:
-            _signal(os.kill, int(pid))
-        return True
-    return False
+    return None
+
+
+def kill_container(container_id: str) -> bool:
+    """SIGKILL every process of a local Docker container through its cgroup. False when the
+    cgroup is not found here (then the caller asks the daemon)."""
+    pids = container_pids(container_id)
+    for pid in pids or []:
+        _signal(os.kill, pid)
+    return pids is not None

@@ -12,8 +12,10 @@ Usage (normally through `corral.sandbox.open_sandbox`)::
         await sb.close()
 
 Container lifecycle (create/start/remove, archives) goes through the `docker` SDK in threads.
-The hot path (exec create + attach) talks HTTP to the daemon's unix socket with asyncio directly,
-so a command costs no thread hop and the persistent shell is a plain socket round trip.
+The container's main process (root, under tini) starts the root control shell, and a root
+agent's shell, on named pipes the host talks to directly (`_fifo`: no Docker exec per shell).
+Other processes are Docker execs, whose hot path (exec create + attach) talks HTTP to the
+daemon's unix socket with asyncio directly, so a command costs no thread hop.
 
 Security defaults: network `none` (spec.network opts in: `bridge`, or `host-loopback` = the
 host's network namespace), `cap_drop=ALL` plus the few capabilities root-in-container tasks need
@@ -44,10 +46,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, TypeVar
 
 from ..errors import SandboxDied, SandboxError
-from . import _procs
+from . import _fifo, _procs
 from ._proto import ShellSession, Transport, ansi_c_quote, run_command
 from .base import PREPARE_ERRORS, ExecResult, Sandbox, Shell
-from .images import LABEL_MANAGED, docker_client, missing_image
+from .images import LABEL_MANAGED, cache_dir, docker_client, missing_image
 from .spec import Terminal
 
 log = logging.getLogger(__name__)
@@ -141,13 +143,17 @@ class DockerSandbox(Sandbox):
 
     backend = "docker"
 
-    def __init__(self, container_id: str, spec: Terminal, user: str, workdir: str) -> None:
+    def __init__(self, container_id: str, spec: Terminal, user: str, workdir: str,
+                 io_dir: Path | None = None) -> None:
         super().__init__()
+        # `user`: the agent's (spec.user, else the image's USER; "" = root). The container
+        # itself runs as root, so every exec names its user.
         self.id, self.spec, self.user, self.workdir = container_id, spec, user, workdir
         self._version = docker_client().api._version
         self._shell: ShellSession | None = None
         self._control: ShellSession | None = None  # root bash for file writes, never the agent's
-        self._image_user_is_root = False  # create() reads the image's USER
+        self._io_dir = io_dir  # the FIFOs of the shells the container starts (`_fifo`)
+        self._fifo_shells: set[str] = set()  # those not yet taken by a session
         self._closed = False
 
     @classmethod
@@ -169,33 +175,45 @@ class DockerSandbox(Sandbox):
             network_mode="host" if spec.network_mode == "host-loopback" else spec.network_mode,
             cap_drop=["ALL"], cap_add=CAP_ADD, security_opt=["no-new-privileges"],
             storage_opt={"size": spec.disk} if spec.disk else None)
+        name = name or f"corral-{secrets.token_hex(6)}"
         t0 = time.monotonic()
+        io_dir: Path | None = None
         try:
-            image_user = user or await _image_user(image)
+            agent = user or await _image_user(image)
+            # the container starts the control shell, and a root agent's shell, itself
+            io_dir = io_root() / name
+            shells = _fifo.SHELLS if _is_root(agent) else ("control",)
+            _fifo.make_fifos(io_dir, shells)
+            host_config["Binds"] = [f"{io_dir}:{_fifo.MOUNT}:ro"]
             # the low-level call: the high-level `containers.create` inspects the new container
             # afterwards, one more daemon round trip per sandbox that nothing here needs
             created = await _blocking(
-                client.api.create_container, image=image, command=["sleep", "infinity"],
-                detach=True, name=name or f"corral-{secrets.token_hex(6)}", hostname="sandbox",
+                client.api.create_container, image=image, command=["sh", "-c", _fifo.BOOT],
+                detach=True, name=name, hostname="sandbox",
                 labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id,
                         LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
-                environment=dict(spec.env), working_dir=workdir, user=user or None,
+                environment=dict(spec.env), working_dir=workdir, user="0",
                 stop_signal="SIGKILL", host_config=host_config)
-        except docker.errors.ImageNotFound:
-            raise missing_image(image, spec.dockerfile, env_id or None) from None
-        except docker.errors.APIError as exc:
-            if spec.disk and "storage-opt" in str(exc):
-                raise SandboxError(f"disk={spec.disk} needs overlay2 on xfs with pquota: "
+        except BaseException as exc:
+            if io_dir is not None:
+                _fifo.remove_fifos(io_dir)
+            if isinstance(exc, docker.errors.ImageNotFound):
+                raise missing_image(image, spec.dockerfile, env_id or None) from None
+            if isinstance(exc, docker.errors.APIError):
+                if spec.disk and "storage-opt" in str(exc):
+                    raise SandboxError(f"disk={spec.disk} needs overlay2 on xfs with pquota: "
+                                       f"{exc.explanation}") from exc
+                raise SandboxError(f"cannot create a container from {image}: "
                                    f"{exc.explanation}") from exc
-            raise SandboxError(f"cannot create a container from {image}: "
-                               f"{exc.explanation}") from exc
-        sandbox = cls(created["Id"], spec, user, workdir)
-        sandbox._image_user_is_root = _is_root(image_user)
+            raise
+        sandbox = cls(created["Id"], spec, agent, workdir, io_dir)
         try:
             if spec.files:
                 await _blocking(client.api.put_archive, sandbox.id, "/",
                                 _tar({p: c.encode() for p, c in spec.files.items()}))
             await _blocking(client.api.start, sandbox.id)
+            if await _blocking(_fifo.usable, sandbox.id, io_dir, "control"):
+                sandbox._fifo_shells = set(shells)
         except BaseException:
             await sandbox.close()
             raise
@@ -241,9 +259,7 @@ class DockerSandbox(Sandbox):
         """Run one command; a string runs under `bash -lc`. See `Sandbox.exec`."""
         argv = ["bash", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
         timeout = self.spec.command_timeout if timeout is None else timeout
-        who = self.user if user is None else user
-        as_root = self._image_user_is_root if who == "" else _is_root(who)
-        if as_root and not self._control_session().busy:
+        if _is_root(self.user if user is None else user) and not self._control_session().busy:
             result = await self._exec_in_control(argv, timeout, env, cwd)
         else:
             result = await run_command(lambda a: self._spawn(a, env=env, cwd=cwd, user=user),
@@ -267,7 +283,7 @@ class DockerSandbox(Sandbox):
     def _control_session(self) -> ShellSession:
         """The root bash used for file writes and root one-shot commands (never the agent's)."""
         if self._control is None:
-            self._control = self._bash_session("0", self.spec.output_limit, 60.0, "/")
+            self._control = self._bash_session("control", "0", self.spec.output_limit, 60.0, "/")
         return self._control
 
     async def prepare(self) -> None:
@@ -284,16 +300,22 @@ class DockerSandbox(Sandbox):
     async def shell(self) -> Shell:
         """The persistent bash session of this sandbox (started on first use)."""
         if self._shell is None:
-            self._shell = self._bash_session(None, self.spec.output_limit,
+            self._shell = self._bash_session("agent", None, self.spec.output_limit,
                                              self.spec.command_timeout, self.workdir)
         return self._shell
 
-    def _bash_session(self, user: str | None, limit: int, timeout: float,
+    def _bash_session(self, name: str, user: str | None, limit: int, timeout: float,
                       cwd: str) -> ShellSession:
-        """A persistent bash (as `user`, default the sandbox's), started on first command."""
-        return ShellSession(
-            lambda: self._spawn(["bash", "--noprofile", "--norc"], stdin=True, user=user),
-            self._kill, limit, timeout, cwd)
+        """A persistent bash (as `user`, default the sandbox's), started on first command:
+        the one the container started on its FIFOs `name` if it did, else a Docker exec."""
+        async def spawn() -> Transport:
+            if name in self._fifo_shells:
+                self._fifo_shells.discard(name)  # a shell that exits is replaced by an exec
+                assert self._io_dir is not None
+                return _fifo.FifoTransport(self.id, self._io_dir, name)
+            return await self._spawn(["bash", "--noprofile", "--norc"], stdin=True, user=user)
+
+        return ShellSession(spawn, self._kill, limit, timeout, cwd)
 
     # --- files ----------------------------------------------------------------------------
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
@@ -388,6 +410,13 @@ class DockerSandbox(Sandbox):
             await _blocking(docker_client().api.remove_container, self.id, force=True)
         except docker.errors.NotFound:
             pass
+        if self._io_dir is not None:
+            _fifo.remove_fifos(self._io_dir)
+
+
+def io_root() -> Path:
+    """Where the FIFO directories of local containers' shells live ($CORRAL_CACHE/docker-io)."""
+    return cache_dir() / "docker-io"
 
 
 _image_users: dict[str, str] = {}

@@ -17,10 +17,11 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import SandboxError
 from .bwrap import CGROUP_ROOT, sandboxes_dir
-from .docker import LABEL_OWNER, LABEL_RUN
+from .docker import LABEL_OWNER, LABEL_RUN, io_root
 from .images import LABEL_MANAGED, docker_client
 
 OWNERLESS_GRACE_S = 60.0  # a sandbox dir without owner.json younger than this is being made
@@ -67,7 +68,21 @@ def gc_containers(run: str | None = None, everything: bool = False) -> int:
             removed += 1
         except Exception as exc:  # a concurrent removal is fine
             log.debug("remove %s: %s", c["Id"][:12], exc)
+    _gc_io_dirs(api)
     return removed
+
+
+def _gc_io_dirs(api: Any) -> None:
+    """Remove the shell FIFO dirs of containers that no longer exist (a killed run's). A dir
+    younger than the grace period may belong to a container being created."""
+    root = io_root()
+    if not root.is_dir():
+        return
+    names = {n.lstrip("/") for c in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
+             for n in c.get("Names") or []}
+    for d in root.iterdir():
+        if d.name not in names and _age(d) > OWNERLESS_GRACE_S:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def gc_bwrap(run: str | None = None) -> tuple[int, int]:

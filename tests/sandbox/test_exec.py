@@ -38,8 +38,8 @@ async def test_exec_timeout_kills_group_and_sandbox_stays_usable(sandbox):
     r = await sandbox.exec("sleep 1000 & sleep 1000; echo never", timeout=1)
     assert r.timed_out and not r.ok and "never" not in r.stdout
     assert time.monotonic() - t0 < 2.0
-    ps = await sandbox.exec("ps -eo comm | grep -c '^sleep$' || true")
-    assert ps.stdout.strip() == "1"  # only the sandbox's own idle process is left
+    ps = await sandbox.exec("ps -eo args | grep -c '^sleep 1000$' || true")
+    assert ps.stdout.strip() == "0"  # both sleeps of the command's group are gone
     assert (await sandbox.exec("echo next")).stdout == "next\n"
 
 
@@ -129,9 +129,9 @@ async def test_closed_defaults(sandbox):
 
 
 async def test_docker_root_commands_reuse_the_control_shell(make_sandbox):
-    """A prepared sandbox's shells are running before first use; root one-shot commands run
-    in the sandbox's idle control shell (no Docker exec each);
-    concurrent ones overflow to Docker execs; another user's command always gets its own."""
+    """A prepared sandbox's shells are running before first use, started by the container
+    itself (no Docker exec at all); root one-shot commands run in the sandbox's idle control
+    shell; concurrent ones overflow to Docker execs; another user's command gets its own."""
     import docker
 
     sb = await make_sandbox("docker")
@@ -146,7 +146,7 @@ async def test_docker_root_commands_reuse_the_control_shell(make_sandbox):
             "container": sb.id, "event": "exec_create"}))
 
     before = exec_count()
-    assert before == 2
+    assert before == 0
     await sb.write_file("/work/f.txt", "x")
     assert (await (await sb.shell()).run("cat /work/f.txt")).stdout == "x"
     for i in range(5):
@@ -176,3 +176,49 @@ async def test_docker_terminate_kills_everything_without_the_daemon(make_sandbox
         await asyncio.sleep(0.05)
     await sb.close()
     assert not client.containers.list(all=True, filters={"id": sb.id})
+
+
+async def test_docker_shells_through_fifos_and_their_fallback(make_sandbox, tmp_path):
+    """The container's own shells talk through root-only FIFOs: a non-root agent's shell is a
+    Docker exec as that user and cannot reach them; a shell that exits is replaced by an exec;
+    the FIFO dir goes with the sandbox."""
+    import docker
+
+    from corral.sandbox import _fifo
+
+    client = docker.from_env()
+    since = int(time.time()) - 5
+
+    def execs(sb) -> int:
+        until = int(time.time()) + 1
+        return sum(1 for _ in client.events(since=since, until=until, decode=True, filters={
+            "container": sb.id, "event": "exec_create"}))
+
+    sb = await make_sandbox("docker", user="nobody", workdir="/tmp")
+    await sb.prepare()
+    assert execs(sb) == 1  # the agent's shell; the control shell is the container's
+    shell = await sb.shell()
+    r = await shell.run(f"id -un; ls {_fifo.MOUNT} 2>&1; echo x > {_fifo.MOUNT}/control.in")
+    assert r.stdout.startswith("nobody\n") and "Permission denied" in r.stdout + r.stderr
+    assert r.exit_code != 0
+    assert (await sb.exec("id -un", user="root")).stdout == "root\n"
+    assert execs(sb) == 1  # through the control shell
+
+    root = await make_sandbox("docker")
+    io_dir = root._io_dir
+    assert io_dir is not None and io_dir.is_dir()
+    assert not _fifo.usable(root.id, tmp_path, "control")  # not the container's mount
+    data = bytes(range(1, 256)) * 800  # 200 KB through the control shell's stdin pipe (64 KiB)
+    await root.write_file("/tmp/big", data)
+    assert await root.read_file("/tmp/big") == data
+    shell = await root.shell()
+    r = await shell.run("head -c 500000 /dev/zero | tr '\\0' x; echo; echo done >&2")
+    assert r.stdout == "x" * 500000 + "\n" and r.stderr == "done\n"
+    assert (await shell.run("cd /tmp && echo $$ > pid")).ok
+    assert execs(root) == 0
+    await shell.run("exit 3")
+    r = await shell.run("pwd; cat /tmp/pid")
+    assert r.ok and r.stdout.startswith("/root\n")  # a fresh shell, back in the workdir
+    assert execs(root) == 1  # the replacement is a Docker exec
+    await root.close()
+    assert not io_dir.exists()

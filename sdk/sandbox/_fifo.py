@@ -1,0 +1,163 @@
+"""Shells that a Docker container starts itself, talked to through named pipes.
+
+A `docker exec` costs the daemon and runc about 75 ms of CPU and, under load, a wait in the
+daemon's queue; every sandbox needs two shells (the agent's and the root control shell), so
+that was two execs per episode before the first command. Instead, the host makes a directory
+of FIFOs (`<name>.in/.out/.err` per shell), bind-mounts it read-only at `MOUNT` and the
+container's main process (`BOOT`, under tini) starts one bash per FIFO set at once, as root.
+The host then talks to each shell through the pipes directly: no daemon call at all.
+
+Used only where it is safe and real (see `usable`): the daemon shares this host's filesystem
+and pid namespace (the container's view of the mount is the very same FIFO) and runs without
+user-namespace remapping. The directory is root-only (0700, FIFOs 0600) and the mount is
+read-only, so a non-root agent cannot reach the control shell; a root agent can already do
+anything in its container. A shell that exits is replaced by a `docker exec` one (the FIFOs
+serve each shell once).
+
+EOF: a FIFO reader sees end-of-file while no writer has it open, also *before* the shell
+opened its end. The host therefore holds a write end of its own `.out`/`.err` (a guard) until
+the shell's first output, so end-of-file means the shell really went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from . import _procs
+from ._proto import Transport
+
+MOUNT = "/run/corral"
+SHELLS = ("control", "agent")
+
+# The container's main process. Each shell's redirections are opened before bash runs, so its
+# first output (or the error of a missing bash) proves all three are open. `wait` reaps a
+# shell that exits; `sleep infinity` keeps the container up when both did.
+BOOT = (f"for s in {' '.join(SHELLS)}; do [ -p {MOUNT}/$s.in ] || continue; "
+        f"(exec bash --noprofile --norc) <{MOUNT}/$s.in >{MOUNT}/$s.out 2>{MOUNT}/$s.err & "
+        "done; wait; exec sleep infinity")
+
+
+def make_fifos(folder: Path, shells: tuple[str, ...]) -> None:
+    """Create `folder` (0700) with the FIFOs of `shells` (0600)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=False)
+    for shell in shells:
+        for stream in ("in", "out", "err"):
+            os.mkfifo(folder / f"{shell}.{stream}", 0o600)
+
+
+def remove_fifos(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def usable(container_id: str, folder: Path, shell: str) -> bool:
+    """Whether the started container sees `folder`'s FIFOs at `MOUNT` as the same files and
+    runs without user-namespace remapping (so its root may open root's 0600 FIFOs)."""
+    pids = _procs.container_pids(container_id)
+    if not pids:
+        return False
+    try:
+        if Path(f"/proc/{pids[0]}/uid_map").read_text().split()[:3] != ["0", "0", "4294967295"]:
+            return False
+        inside = os.stat(f"/proc/{pids[0]}/root{MOUNT}/{shell}.in")
+        return os.path.samestat(inside, os.stat(folder / f"{shell}.in"))
+    except OSError:
+        return False
+
+
+async def _ready(add: Callable[..., None], remove: Callable[[int], object], fd: int) -> None:
+    """Wait until `fd` is readable / writable (`add`: the loop's add_reader or add_writer)."""
+    ready = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:  # the loop may call it again before this coroutine resumes
+        if not ready.done():
+            ready.set_result(None)
+
+    add(fd, wake)
+    try:
+        await ready
+    finally:
+        remove(fd)
+
+
+class FifoTransport(Transport):
+    """The stdio of a shell started by the container's main process (see module doc)."""
+
+    def __init__(self, container_id: str, folder: Path, shell: str) -> None:
+        super().__init__()
+        self.container_id, self.path = container_id, folder / shell
+        nonblock = os.O_NONBLOCK | os.O_CLOEXEC
+        # stdin: a reader of our own first, so the write end opens without waiting for the
+        # shell and our early writes wait in the pipe; it is never read from
+        self._stdin_reader = os.open(f"{self.path}.in", os.O_RDONLY | nonblock)
+        self._stdin = os.open(f"{self.path}.in", os.O_WRONLY | nonblock)
+        self._readers = [os.open(f"{self.path}.{s}", os.O_RDONLY | nonblock) for s in ("out", "err")]
+        self._guards = [os.open(f"{self.path}.{s}", os.O_WRONLY | nonblock) for s in ("out", "err")]
+        self._open = 2
+        self._closed = False
+        self._pid: int | None = None
+        self._pumps = [asyncio.create_task(self._read(fd, sid))
+                       for sid, fd in enumerate(self._readers, start=1)]
+
+    async def _read(self, fd: int, sid: int) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                await _ready(loop.add_reader, loop.remove_reader, fd)
+                continue
+            if not data:
+                break
+            self._drop_guards()
+            await self.frames.put((sid, data))
+        self._open -= 1
+        if not self._open:
+            await self.frames.put((0, b""))
+
+    def _drop_guards(self) -> None:
+        """The shell has written, so it holds its ends: from now on EOF means it is gone."""
+        for fd in self._guards:
+            os.close(fd)
+        self._guards = []
+
+    async def write(self, data: bytes) -> None:
+        if self._closed:
+            raise BrokenPipeError("the shell's stdin is closed")
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._stdin, view):]
+            except BlockingIOError:  # the pipe is full: wait until the shell reads
+                await _ready(loop.add_writer, loop.remove_writer, self._stdin)
+
+    async def host_pid(self) -> int | None:
+        """The shell's pid on this host: the container's process whose stdin is our FIFO."""
+        if self._pid is None:
+            self._pid = await asyncio.to_thread(self._find_pid)
+        return self._pid
+
+    def _find_pid(self) -> int | None:
+        fifo = os.stat(f"{self.path}.in")
+        for pid in _procs.container_pids(self.container_id) or []:
+            try:
+                if os.path.samestat(os.stat(f"/proc/{pid}/fd/0"), fifo):
+                    return pid
+            except OSError:
+                continue
+        return None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._pumps:
+            task.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        self._drop_guards()
+        for fd in (self._stdin, self._stdin_reader, *self._readers):
+            os.close(fd)
