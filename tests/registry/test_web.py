@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
+from corral.browser.pool import CHROMIUM, LAUNCH_ARGS
 from corral.registry.store import Profile, TaskPassRate
 from corral.registry.transfer import publish
-
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 
 
 @pytest.mark.browser
@@ -30,8 +28,8 @@ async def test_catalog_pages_in_chromium(server, make_env, tmp_path: Path) -> No
         TaskPassRate(task_index=i, task_id=f"t{i}", runs=4, passes=i % 5) for i in range(12)]))
 
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                           args=CHROMIUM_ARGS)
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                           args=list(LAUNCH_ARGS))
         try:
             page = await browser.new_page()
             await page.goto(server.url + "/")
