@@ -22,7 +22,9 @@ the shell's first output, so end-of-file means the shell really went away.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import resource
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -41,8 +43,19 @@ BOOT = (f"for s in {' '.join(SHELLS)}; do [ -p {MOUNT}/$s.in ] || continue; "
         "done; wait; exec sleep infinity")
 
 
+@functools.cache
+def _raise_fd_limit() -> None:
+    """Each such shell holds three host file descriptors (a Docker exec held one socket): lift
+    the soft limit (often 1024) towards the hard one, so a few hundred sandboxes fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 def make_fifos(folder: Path, shells: tuple[str, ...]) -> None:
     """Create `folder` (0700) with the FIFOs of `shells` (0600)."""
+    _raise_fd_limit()
     folder.mkdir(mode=0o700, parents=True, exist_ok=False)
     for shell in shells:
         for stream in ("in", "out", "err"):
@@ -92,7 +105,7 @@ class FifoTransport(Transport):
         nonblock = os.O_NONBLOCK | os.O_CLOEXEC
         # stdin: a reader of our own first, so the write end opens without waiting for the
         # shell and our early writes wait in the pipe; it is never read from
-        self._stdin_reader = os.open(f"{self.path}.in", os.O_RDONLY | nonblock)
+        self._stdin_reader: int | None = os.open(f"{self.path}.in", os.O_RDONLY | nonblock)
         self._stdin = os.open(f"{self.path}.in", os.O_WRONLY | nonblock)
         self._readers = [os.open(f"{self.path}.{s}", os.O_RDONLY | nonblock) for s in ("out", "err")]
         self._guards = [os.open(f"{self.path}.{s}", os.O_WRONLY | nonblock) for s in ("out", "err")]
@@ -119,10 +132,14 @@ class FifoTransport(Transport):
             await self.frames.put((0, b""))
 
     def _drop_guards(self) -> None:
-        """The shell has written, so it holds its ends: from now on EOF means it is gone."""
+        """The shell has written, so it holds its ends: from now on EOF means it is gone (and
+        a write to its stdin fails once it is: our own reader of that pipe goes too)."""
         for fd in self._guards:
             os.close(fd)
         self._guards = []
+        if self._stdin_reader is not None:
+            os.close(self._stdin_reader)
+            self._stdin_reader = None
 
     async def write(self, data: bytes) -> None:
         if self._closed:
@@ -159,5 +176,5 @@ class FifoTransport(Transport):
             task.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
         self._drop_guards()
-        for fd in (self._stdin, self._stdin_reader, *self._readers):
+        for fd in (self._stdin, *self._readers):
             os.close(fd)

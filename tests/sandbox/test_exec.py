@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -216,9 +217,22 @@ async def test_docker_shells_through_fifos_and_their_fallback(make_sandbox, tmp_
     assert r.stdout == "x" * 500000 + "\n" and r.stderr == "done\n"
     assert (await shell.run("cd /tmp && echo $$ > pid")).ok
     assert execs(root) == 0
+
+    def fifo_fds() -> int:  # this process's descriptors on the sandbox's pipes
+        paths = [_readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+        return sum(1 for path in paths if os.path.dirname(path) == str(io_dir))
+
+    assert fifo_fds() == 6  # two running shells: stdin, stdout, stderr each
     await shell.run("exit 3")
     r = await shell.run("pwd; cat /tmp/pid")
     assert r.ok and r.stdout.startswith("/root\n")  # a fresh shell, back in the workdir
     assert execs(root) == 1  # the replacement is a Docker exec
     await root.close()
-    assert not io_dir.exists()
+    assert not io_dir.exists() and fifo_fds() == 0
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed meanwhile
+        return ""
