@@ -150,6 +150,15 @@ class Slice:
         return list(seen.values())
 
 
+def one_call_slice(env_id: str, template: str, max_tokens: int) -> Slice:
+    """One template of a terminal family, answered by one `bash` call in one turn; every
+    episode in a bubblewrap sandbox."""
+    return Slice(env_id, f"template '{template}' (one bash call), 1 turn, bwrap",
+                 lambda t: t.template == template, max_tokens,
+                 env_kwargs={"backend": "bwrap", "max_turns": 1}, sandbox_backend="bwrap",
+                 sandbox_capacity=16)
+
+
 SLICES = {
     "arithmetic": Slice("corral/arithmetic-v0", "level 1: two numbers in 0..10, one of + - *",
                         lambda t: t.level == 1, 8),
@@ -159,25 +168,16 @@ SLICES = {
     # LEVEL one of 4 read from the instruction; the log file differs per task. The episode
     # ends after the call and the env's own verifier compares /root/count.txt with the true
     # count in the same bubblewrap sandbox.
-    "count": Slice("corral/term-text-v0", "template 'count-lines' (one bash call), 1 turn, "
-                   "bwrap", lambda t: t.template == "count-lines", 60,
-                   env_kwargs={"backend": "bwrap", "max_turns": 1}, sandbox_backend="bwrap",
-                   sandbox_capacity=16),
+    "count": one_call_slice("corral/term-text-v0", "count-lines", 60),
     # One turn, one `bash` call that is the same for every task: write the distinct words of
     # /root/words.txt sorted to /root/unique.txt (the words differ per task; the env's verifier
     # compares the file in the sandbox; any command that writes the right file passes). No
     # copy from the instruction is needed, so what RL can improve is how reliably the policy
     # writes a working command.
-    "unique": Slice("corral/term-text-v0", "template 'sort-unique' (one bash call), 1 turn, "
-                    "bwrap", lambda t: t.template == "sort-unique", 60,
-                    env_kwargs={"backend": "bwrap", "max_turns": 1}, sandbox_backend="bwrap",
-                    sandbox_capacity=16),
+    "unique": one_call_slice("corral/term-text-v0", "sort-unique", 60),
     # Harder: `chmod MODE FILE` must copy a random 6-letter file name; 120 warm-up steps
     # learn the call's shape but not the copy (held-out reward stays 0), so RL has no signal.
-    "chmod": Slice("corral/term-files-v0", "template 'chmod' (one bash call), 1 turn, bwrap",
-                   lambda t: t.template == "chmod", 48,
-                   env_kwargs={"backend": "bwrap", "max_turns": 1}, sandbox_backend="bwrap",
-                   sandbox_capacity=16),
+    "chmod": one_call_slice("corral/term-files-v0", "chmod", 48),
 }
 
 

@@ -144,7 +144,7 @@ class DockerSandbox(Sandbox):
     backend = "docker"
 
     def __init__(self, container_id: str, spec: Terminal, user: str, workdir: str,
-                 io_dir: Path | None = None) -> None:
+                 io_dir: Path) -> None:
         super().__init__()
         # `user`: the agent's (spec.user, else the image's USER; "" = root). The container
         # itself runs as root, so every exec names its user.
@@ -176,12 +176,12 @@ class DockerSandbox(Sandbox):
             cap_drop=["ALL"], cap_add=CAP_ADD, security_opt=["no-new-privileges"],
             storage_opt={"size": spec.disk} if spec.disk else None)
         name = name or f"corral-{secrets.token_hex(6)}"
+        io_dir = io_root() / name
         t0 = time.monotonic()
-        io_dir: Path | None = None
+        created = None
         try:
             agent = user or await _image_user(image)
             # the container starts the control shell, and a root agent's shell, itself
-            io_dir = io_root() / name
             shells = _fifo.SHELLS if _is_root(agent) else ("control",)
             _fifo.make_fifos(io_dir, shells)
             host_config["Binds"] = [f"{io_dir}:{_fifo.MOUNT}:ro"]
@@ -194,18 +194,17 @@ class DockerSandbox(Sandbox):
                         LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
                 environment=dict(spec.env), working_dir=workdir, user="0",
                 stop_signal="SIGKILL", host_config=host_config)
-        except BaseException as exc:
-            if io_dir is not None:
-                _fifo.remove_fifos(io_dir)
-            if isinstance(exc, docker.errors.ImageNotFound):
-                raise missing_image(image, spec.dockerfile, env_id or None) from None
-            if isinstance(exc, docker.errors.APIError):
-                if spec.disk and "storage-opt" in str(exc):
-                    raise SandboxError(f"disk={spec.disk} needs overlay2 on xfs with pquota: "
-                                       f"{exc.explanation}") from exc
-                raise SandboxError(f"cannot create a container from {image}: "
+        except docker.errors.ImageNotFound:
+            raise missing_image(image, spec.dockerfile, env_id or None) from None
+        except docker.errors.APIError as exc:
+            if spec.disk and "storage-opt" in str(exc):
+                raise SandboxError(f"disk={spec.disk} needs overlay2 on xfs with pquota: "
                                    f"{exc.explanation}") from exc
-            raise
+            raise SandboxError(f"cannot create a container from {image}: "
+                               f"{exc.explanation}") from exc
+        finally:
+            if created is None:  # no container owns the pipes
+                _fifo.remove_fifos(io_dir)
         sandbox = cls(created["Id"], spec, agent, workdir, io_dir)
         try:
             if spec.files:
@@ -311,7 +310,6 @@ class DockerSandbox(Sandbox):
         async def spawn() -> Transport:
             if name in self._fifo_shells:
                 self._fifo_shells.discard(name)  # a shell that exits is replaced by an exec
-                assert self._io_dir is not None
                 return _fifo.FifoTransport(self.id, self._io_dir, name)
             return await self._spawn(["bash", "--noprofile", "--norc"], stdin=True, user=user)
 
@@ -410,8 +408,7 @@ class DockerSandbox(Sandbox):
             await _blocking(docker_client().api.remove_container, self.id, force=True)
         except docker.errors.NotFound:
             pass
-        if self._io_dir is not None:
-            _fifo.remove_fifos(self._io_dir)
+        _fifo.remove_fifos(self._io_dir)
 
 
 def io_root() -> Path:

@@ -17,7 +17,6 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import SandboxError
 from .bwrap import CGROUP_ROOT, sandboxes_dir
@@ -56,32 +55,33 @@ def _orphaned(labels: dict[str, str]) -> bool:
 
 
 def gc_containers(run: str | None = None, everything: bool = False) -> int:
-    """Remove (force) managed containers: orphaned ones, all of `run`, or all. Returns the count."""
-    labels = [f"{LABEL_MANAGED}=1"] + ([f"{LABEL_RUN}={run}"] if run else [])
+    """Remove (force) managed containers: orphaned ones, all of `run`, or all, and the shell
+    pipe dirs of containers that no longer exist. Returns the count of containers removed."""
     api = docker_client().api
     removed = 0
-    for c in api.containers(all=True, filters={"label": labels}):
-        if not (run or everything or _orphaned(c.get("Labels") or {})):
+    kept: set[str] = set()  # names of the containers left, whose pipe dirs stay
+    for c in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+        labels = c.get("Labels") or {}
+        names = {n.lstrip("/") for n in c.get("Names") or []}
+        doomed = labels.get(LABEL_RUN) == run if run else everything or _orphaned(labels)
+        if not doomed:
+            kept |= names
             continue
         try:
             api.remove_container(c["Id"], force=True)
             removed += 1
         except Exception as exc:  # a concurrent removal is fine
             log.debug("remove %s: %s", c["Id"][:12], exc)
-    _gc_io_dirs(api)
+    _gc_io_dirs(kept)
     return removed
 
 
-def _gc_io_dirs(api: Any) -> None:
-    """Remove the shell FIFO dirs of containers that no longer exist (a killed run's). A dir
-    younger than the grace period may belong to a container being created."""
+def _gc_io_dirs(kept: set[str]) -> None:
+    """Remove the shell pipe dirs of containers not in `kept` (a killed run's). A dir younger
+    than the grace period may belong to a container being created."""
     root = io_root()
-    if not root.is_dir():
-        return
-    names = {n.lstrip("/") for c in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
-             for n in c.get("Names") or []}
-    for d in root.iterdir():
-        if d.name not in names and _age(d) > OWNERLESS_GRACE_S:
+    for d in root.iterdir() if root.is_dir() else []:
+        if d.name not in kept and _age(d) > OWNERLESS_GRACE_S:
             shutil.rmtree(d, ignore_errors=True)
 
 

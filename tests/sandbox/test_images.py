@@ -122,6 +122,7 @@ async def test_gc_removes_a_runs_orphans(base_image, run_id):
 
 async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id):
     from corral.sandbox.bwrap import sandboxes_dir
+    from corral.sandbox.docker import io_root
     from corral.sandbox.reaper import gc
 
     dead_run = f"{run_id}-dead"
@@ -140,7 +141,11 @@ async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id
     abandoned = sandboxes_dir() / f"{run_id}-abandoned"
     for d in (being_made, abandoned):
         d.mkdir(parents=True)
-    os.utime(abandoned, (time.time() - 600, time.time() - 600))
+    # shell pipe dirs: a live container's (old, kept) and one whose container is gone
+    pipes_gone = io_root() / f"{run_id}-gone"
+    pipes_gone.mkdir(parents=True)
+    for d in (abandoned, live._io_dir, pipes_gone):
+        os.utime(d, (time.time() - 600, time.time() - 600))
     try:
         report = gc()
         assert report.containers >= 1 and report.bwrap_dirs >= 2
@@ -150,6 +155,7 @@ async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id
         assert (await live.exec("echo alive")).stdout == "alive\n"  # ours were spared
         assert (await live_bwrap.exec("echo alive")).stdout == "alive\n"
         assert being_made.is_dir() and not abandoned.exists()
+        assert live._io_dir.is_dir() and not pipes_gone.exists()
     finally:
         await live.close()
         await live_bwrap.close()
