@@ -11,15 +11,26 @@ import signal
 from pathlib import Path
 
 def _stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, pgid) of a live host pid; None if it is gone or a zombie."""
+    """(ppid, pgid) of a live host pid; None if it is gone, a zombie or exiting."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
+    return parse_stat(raw)
+
+
+def parse_stat(raw: str) -> tuple[int, int] | None:
+    """(ppid, pgid) from a `/proc/<pid>/stat` line; None for a process that is not alive.
+
+    A process in the middle of exiting has already dropped its signal handlers, and the kernel
+    then reports pgid -1 (and ppid 0) for it before it shows as a zombie; such a pgid must never
+    reach `killpg` (-1 is invalid, 0 would be our own group).
+    """
     fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
-    if fields[0] in ("Z", "X"):
+    ppid, pgid = int(fields[1]), int(fields[2])
+    if fields[0] in ("Z", "X") or pgid <= 0:
         return None
-    return int(fields[1]), int(fields[2])
+    return ppid, pgid
 
 
 def children(pid: int) -> list[int]:
@@ -48,6 +59,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def _signal(fn, target: int) -> None:
+    if target <= 0:  # 0 and negatives mean "our own group" or "every process" to the kernel
+        return
     try:
         fn(target, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
