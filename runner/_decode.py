@@ -66,6 +66,7 @@ class DecodeBatch:
         self._pad, self._device, self._rng = pad_id, device, default_generator
         self.rows: list[Row] = []
         self.can_merge = True
+        self._share_prefill = True  # until a cache type turns out not to allow copying rows
         self._cache: Any = None
         self._mask = self._next_pos = self._logits = self._temps = self._top_ps = None
         self._gens: list[torch.Generator] = []
@@ -73,19 +74,29 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def admit(self, rows: list[Row]) -> None:
-        """Prefill `rows` and add them to the batch (their first token is sampled next step)."""
-        prompts = [r.request.prompt_ids for r in rows]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt):] = 1
-        ids, mask = ids.to(self._device), mask.to(self._device)
+    def admit(self, rows: list[Row]) -> int:
+        """Prefill `rows` and add them to the batch (their first token is sampled next step).
+
+        Identical prompts are prefilled once and their cache rows copied: the samples of a GRPO
+        group arrive together with one prompt. Returns how many prompts were prefilled."""
+        if self._share_prefill:
+            distinct: dict[tuple[int, ...], int] = {}
+            source = [distinct.setdefault(tuple(r.request.prompt_ids), len(distinct))
+                      for r in rows]
+            prompts: list[Any] = list(distinct)
+        else:
+            prompts, source = [r.request.prompt_ids for r in rows], list(range(len(rows)))
+        ids, mask = self._left_padded(prompts)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = self._new_cache()
         logits = self._forward(ids, mask, positions, cache, True)
+        if len(prompts) < len(rows):
+            if _layers(cache) is None:  # this cache type cannot copy rows: prefill each row
+                self._share_prefill = False
+                return self.admit(rows)
+            index = torch.tensor(source, device=self._device)
+            cache.batch_select_indices(index)
+            logits, mask, positions = logits[index], mask[index], positions[index]
         temps = torch.tensor([max(r.request.temperature, 0.0) for r in rows], device=self._device)
         top_ps = torch.tensor([r.request.top_p for r in rows], device=self._device)
         gens = [torch.Generator().manual_seed(r.request.seed) if r.request.seed is not None
@@ -105,6 +116,17 @@ class DecodeBatch:
             self._top_ps = torch.cat([self._top_ps, top_ps])
             self._gens = self._gens + gens
         self.rows.extend(rows)
+        return len(prompts)
+
+    def _left_padded(self, prompts: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask of `prompts`, left-padded to one width, on the device."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt):] = 1
+        return ids.to(self._device), mask.to(self._device)
 
     def _merge(self, cache: Any, mask: torch.Tensor) -> None:
         old, new = _layers(self._cache), _layers(cache)

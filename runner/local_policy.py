@@ -48,6 +48,7 @@ class LocalPolicyStats:
     steps: int = 0           # decode steps (one token for every row in the batch)
     admissions: int = 0      # prefills; each admits every request waiting at that moment
     joined_running: int = 0  # requests that joined a batch already decoding
+    shared_prefills: int = 0  # requests whose identical prompt was prefilled once for several
     batch_sizes: Counter = field(default_factory=Counter)  # rows per decode step
 
     @property
@@ -270,7 +271,8 @@ class LocalPolicy(Policy):
             self.stats.joined_running += len(pending)
         self.stats.admissions += 1
         self.stats.requests += len(pending)
-        batch.admit([Row(p.request, self._version, payload=p) for p in pending])
+        prefilled = batch.admit([Row(p.request, self._version, payload=p) for p in pending])
+        self.stats.shared_prefills += len(pending) - prefilled
 
     def _finish(self, row: Row) -> None:
         text = self.tokenizer.decode(row.ids, skip_special_tokens=True)

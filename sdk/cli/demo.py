@@ -50,7 +50,7 @@ class DemoPlan:
     filter_zero_variance: bool
 
 
-FULL = DemoPlan(validate_limit=4, collect=24, steps=200, batch=64, group=8, sft_steps=100,
+FULL = DemoPlan(validate_limit=4, collect=24, steps=400, batch=64, group=8, sft_steps=100,
                 sft_batch=32, eval_tasks=64, eval_every=20, hidden=128, budget_s=500.0,
                 filter_zero_variance=True)
 # An untrained model after 4 warm-up steps scores 0 everywhere: all-equal groups must still

@@ -56,6 +56,26 @@ async def test_concurrent_requests_share_batches(policy: LocalPolicy, tokenizer)
     assert len({tuple(g.token_ids) for g in gens}) > 1  # different seeds, different samples
 
 
+async def test_identical_prompts_are_prefilled_once(policy: LocalPolicy, tokenizer) -> None:
+    """A group's samples share one prompt: it is prefilled once and its cache rows copied, and
+    each sample is still exactly what it would be on its own (same tokens, same logprobs)."""
+    a, b = tokenizer.encode(PROMPTS[1]), tokenizer.encode(PROMPTS[3])
+    requests = [GenerationRequest(a, max_tokens=10, temperature=1.0, seed=s) for s in range(3)]
+    requests += [GenerationRequest(b, max_tokens=10, temperature=0.8, seed=s) for s in range(2)]
+    requests += [GenerationRequest(tokenizer.encode("1 + 2 ="), max_tokens=10, seed=9)]
+    admissions, shared = policy.stats.admissions, policy.stats.shared_prefills
+    gens = await asyncio.gather(*(policy.generate(r) for r in requests))
+    assert policy.stats.admissions == admissions + 1
+    assert policy.stats.shared_prefills == shared + 3  # 6 requests, 3 distinct prompts
+    for request, gen in zip(requests, gens):
+        expected = recompute(policy, request.prompt_ids, gen.token_ids, request.temperature)
+        assert (expected - torch.tensor(gen.logprobs)).abs().max().item() < 1e-4
+    alone = await policy.generate(requests[1])
+    assert alone.token_ids == gens[1].token_ids
+    assert alone.logprobs == pytest.approx(gens[1].logprobs, abs=1e-5)
+    assert len({tuple(g.token_ids) for g in gens[:3]}) > 1  # copied rows sample independently
+
+
 async def test_requests_join_a_running_batch(policy: LocalPolicy, tokenizer) -> None:
     """Continuous batching: a late request joins mid-generation, finishes first, and its
     logprobs (computed through a merged, re-padded KV cache) still match a forward pass."""
