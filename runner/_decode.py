@@ -4,7 +4,8 @@ Rows join while others are mid-generation (continuous batching): a group of new 
 prefilled on its own, left-padded, and its cache is concatenated to the running one along the
 batch axis after left-padding both to the same length. Every row keeps its own positions and
 attention mask, so the padding columns are invisible to it. Finished rows are dropped from the
-cache, and columns no remaining row attends to are trimmed from the left.
+cache, and columns no remaining row attends to are trimmed from the left. Identical prompts in
+one admission (a GRPO group's samples) are prefilled once and their cache rows copied.
 
 Merging needs plain per-layer key/value tensors (transformers' `DynamicCache`); for other cache
 types `can_merge` is False and the caller only admits rows into an empty batch.
