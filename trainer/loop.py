@@ -70,8 +70,9 @@ class TrainConfig(BaseModel):
     seed: int = 0
     checkpoint_every: int = Field(5, ge=1)
     sandbox_capacity: int = Field(4, ge=1)
-    inference_concurrency: int = Field(16, ge=1, description="generate calls at once; the "
-                                       "local rollout engine decodes them in one batch")
+    inference_concurrency: int | None = Field(
+        None, ge=1, description="generate calls at once (default: batch_size); the local "
+        "rollout engine decodes them in one batch")
     max_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps on oracle solutions")
@@ -100,6 +101,8 @@ class TrainConfig(BaseModel):
         if self.batch_size % self.group:
             raise ValueError(f"batch size {self.batch_size} must be a multiple of the group "
                              f"size {self.group}")
+        if self.inference_concurrency is None:  # a whole batch's rollouts decode together
+            self.inference_concurrency = self.batch_size
         return self
 
     def env_ids(self) -> list[str]:

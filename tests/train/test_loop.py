@@ -59,6 +59,12 @@ async def test_bad_input_is_a_clear_error(tmp_path):
         TrainConfig(envs=[])
 
 
+def test_inference_concurrency_defaults_to_the_batch():
+    assert TrainConfig(envs=["traintest/digits-v0"], batch_size=64, group=8).inference_concurrency == 64
+    assert TrainConfig(envs=["traintest/digits-v0"], batch_size=64, group=8,
+                       inference_concurrency=24).inference_concurrency == 24
+
+
 async def test_no_learnable_signal_is_a_clear_error(tmp_path):
     # The untrained tiny model never solves arithmetic: every group has equal rewards.
     config = TrainConfig(envs=["corral/arithmetic-v0"], steps=1, batch_size=4, group=2,
