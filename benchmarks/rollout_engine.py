@@ -25,23 +25,17 @@ import time
 from pathlib import Path
 
 from corral.registry import make
-from corral.runner.chat import encode_prompt
 from corral.runner.local_policy import LocalPolicy
 from corral.runner.models import build_tiny_model, load_tokenizer
 from corral.runner.policy import GenerationRequest
+from learning import prompt_ids  # the prompt exactly as the runner encodes it
 
 ENV = "corral/word-sort-v0"
 
 
 def prompts(tokenizer, tasks: int) -> list[list[int]]:
     env = make(ENV)
-    out = []
-    for index in range(tasks):
-        task = env.pick_task({"task_index": index})
-        system = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
-        out.append(encode_prompt(tokenizer, system + [
-            {"role": "user", "content": env.instruction(task)}]))
-    return out
+    return [prompt_ids(tokenizer, env, env.pick_task({"task_index": i})) for i in range(tasks)]
 
 
 async def one_batch(policy: LocalPolicy, batch: list[list[int]], max_tokens: int,

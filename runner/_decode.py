@@ -67,7 +67,6 @@ class DecodeBatch:
         self._pad, self._device, self._rng = pad_id, device, default_generator
         self.rows: list[Row] = []
         self.can_merge = True
-        self._share_prefill = True  # until a cache type turns out not to allow copying rows
         self._cache: Any = None
         self._mask = self._next_pos = self._logits = self._temps = self._top_ps = None
         self._gens: list[torch.Generator] = []
@@ -80,21 +79,18 @@ class DecodeBatch:
 
         Identical prompts are prefilled once and their cache rows copied: the samples of a GRPO
         group arrive together with one prompt. Returns how many prompts were prefilled."""
-        if self._share_prefill:
+        cache = self._new_cache()
+        if _layers(cache):  # plain per-layer tensors (known before the prefill): rows can be copied
             distinct: dict[tuple[int, ...], int] = {}
             source = [distinct.setdefault(tuple(r.request.prompt_ids), len(distinct))
                       for r in rows]
             prompts: list[Any] = list(distinct)
         else:
-            prompts, source = [r.request.prompt_ids for r in rows], list(range(len(rows)))
+            prompts, source = [r.request.prompt_ids for r in rows], []
         ids, mask = self._left_padded(prompts)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = self._new_cache()
         logits = self._forward(ids, mask, positions, cache, True)
         if len(prompts) < len(rows):
-            if _layers(cache) is None:  # this cache type cannot copy rows: prefill each row
-                self._share_prefill = False
-                return self.admit(rows)
             index = torch.tensor(source, device=self._device)
             cache.batch_select_indices(index)
             logits, mask, positions = logits[index], mask[index], positions[index]

@@ -295,7 +295,7 @@ async def train(config: TrainConfig, *, resume: bool = False,
     run_dir.mkdir(parents=True, exist_ok=True)
 
     # every generate call the runner may have in flight decodes in one batch: a decode step
-    # costs far less per row in a wide batch (64 rollouts: 0.73 s at 64 rows, 0.91 s at 16)
+    # costs far less per row in a wide batch (benchmarks/rollout_engine.py)
     policy = await asyncio.to_thread(LocalPolicy, config.model,
                                      max_batch=config.inference_concurrency)
     model, tokenizer = await asyncio.to_thread(load_model, config.model)
