@@ -12,6 +12,7 @@ ROOTS = {
     "corral.registry": "registry",
     "corral.runner": "runner",
     "corral.trainer": "trainer",
+    "corral.cli": "cli",
 }
 DATA = ["*.toml", "*.json", "*.jsonl", "*.html", "*.js", "*.css", "*.sh", "*.md", "*.txt",
         "Dockerfile", "py.typed"]

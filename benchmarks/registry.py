@@ -79,7 +79,7 @@ def bench_make(repeat: int = 200) -> dict[str, float]:
 
 def bench_list(repeat: int = 50, specs: int = 1000) -> dict[str, float]:
     """`list` over 1,000 registered specs, with and without a pattern (target: ≤ 50 ms)."""
-    catalog = Catalog(builtin=False, entry_points=False)
+    catalog = Catalog(entry_points=False)
     for i in range(specs):
         catalog.register(f"ns{i % 10}/env{i}-v{i % 3}", "corral.envs.text.arithmetic:Arithmetic",
                          tags=["bench"])

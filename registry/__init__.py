@@ -10,26 +10,10 @@ Releases and stores (loaded on first use): `publish`, `pull`, `install`, `open_s
 from __future__ import annotations
 
 import os as _os
-from typing import Any, Callable
+from typing import Any
 
-from .catalog import ENTRY_POINT_GROUP, Catalog, EnvSpec, parse_id
-
-default_catalog = Catalog()
-
-
-def register(id: str, entry_point: str | Callable[..., Any], **kwargs: Any) -> EnvSpec:
-    """Register an environment in the default catalog (see `Catalog.register`)."""
-    return default_catalog.register(id, entry_point, **kwargs)
-
-
-def make(id: str, **overrides: Any) -> Any:
-    """Create an environment from the default catalog."""
-    return default_catalog.make(id, **overrides)
-
-
-def spec(id: str) -> EnvSpec:
-    """The spec of `id` in the default catalog."""
-    return default_catalog.spec(id)
+from corral.catalog import (ENTRY_POINT_GROUP, Catalog, EnvSpec, default_catalog, deprecate,
+                            make, parse_id, register, spec)
 
 
 def list(pattern: str | None = None) -> "builtins_list[EnvSpec]":  # noqa: A001 - DESIGN name
@@ -37,13 +21,18 @@ def list(pattern: str | None = None) -> "builtins_list[EnvSpec]":  # noqa: A001 
     return default_catalog.list(pattern)
 
 
-def deprecate(id: str, replacement: str) -> None:
-    """Mark a version deprecated; `make` then raises naming `replacement`."""
-    default_catalog.deprecate(id, replacement)
+def builtin_specs() -> "builtins_list[EnvSpec]":
+    """The built-in environments of `corral.envs`, read from their manifests (imports no env)."""
+    from corral.envs import manifest_specs
+
+    return [EnvSpec(**entry) for entry in manifest_specs()]
 
 
 builtins_list = type([])
 
+# The built-in envs join the default catalog as a lazy source when the registry is imported
+# (`cr.make` imports it); the SDK's catalog itself knows nothing of `corral.envs`.
+default_catalog.add_source(builtin_specs)
 # Releases installed in the default store (`corral install`) join the default catalog lazily,
 # ahead of built-in envs of the same id; `CORRAL_LOCK=path` makes `make` enforce a lock file.
 from .install import installed_specs as _installed_specs  # noqa: E402
@@ -70,5 +59,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'corral.registry' has no attribute {name!r}")
 
 
-__all__ = ["Catalog", "EnvSpec", "ENTRY_POINT_GROUP", "default_catalog", "deprecate", "list",
+__all__ = ["Catalog", "EnvSpec", "ENTRY_POINT_GROUP", "builtin_specs", "default_catalog", "deprecate", "list",
            "make", "parse_id", "register", "spec", *_LAZY]

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import corral
+from corral import __version__ as corral_version
 from corral import envs as builtin_envs
 from corral.tools import collect
 
-from .catalog import EnvSpec
+from corral.catalog import EnvSpec
 from .errors import ReleaseError
 from .imports import finder, module_name_for
 from .release import (DEFAULT_LIMITS, DatasetCard, Limits, ReleaseManifest, SemVer,
@@ -225,7 +225,7 @@ def _validation_dict(validation: Any) -> dict[str, Any] | None:
 def run_validation(cls: Any, limit: int) -> Any:
     """Validate the env class (oracle must pass, no-op must fail) on its first `limit` tasks."""
     from corral._sync import run_sync
-    from corral.validate import validate
+    from corral.registry.validate import validate
 
     return run_sync(validate(cls, limit=limit))
 
@@ -237,7 +237,8 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
     """Pack the env folder into a release archive under `out_dir` (a temp dir by default).
 
     `validation` is a `ValidationReport` (or its dict) to attach; with `validate_limit` and no
-    report, `corral.validate` runs on that many tasks first (0 = all) and its report is attached.
+    report, `corral.registry.validate` runs on that many tasks first (0 = all) and its report is
+    attached.
     """
     folder = Path(folder).resolve()
     if not folder.is_dir():
@@ -271,7 +272,7 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
         files=entries_by_path, content_sha256=content_digest(entries_by_path),
         dataset_sha256=dataset_hash,
         image_recipe_sha256=image_recipe_hash(sandbox, files, entries_by_path),
-        corral_version=corral.__version__,
+        corral_version=corral_version,
         card=card,
         tools=[spec.schema() for spec in tools.values()], sandbox=sandbox,
         validation=_validation_dict(validation))

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from corral.errors import RegistryError
 
-from .catalog import Catalog, EnvSpec
+from corral.catalog import Catalog, EnvSpec
 from .minhash import near_duplicate_pairs
 from .store import LocalStore, Profile, TaskPassRate
 

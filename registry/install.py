@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .catalog import Catalog, EnvSpec
+from corral.catalog import Catalog, EnvSpec
 from .imports import finder, module_name_for
 from .release import ReleaseManifest, unpack
 from .store import LocalStore, ReleaseRecord, default_home

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .catalog import Catalog, EnvSpec
+from corral.catalog import Catalog, EnvSpec
 from .errors import LockError
 from .store import LocalStore, ReleaseRecord
 

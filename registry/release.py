@@ -28,7 +28,7 @@ from typing import IO, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .catalog import parse_id
+from corral.catalog import parse_id
 from .errors import ReleaseError
 
 FORMAT = 1

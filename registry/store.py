@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from corral.suggest import closest
 
-from .catalog import parse_id
+from corral.catalog import parse_id
 from .errors import ReleaseError, ReleaseNotFound, VersionConflict
 from .release import DEFAULT_LIMITS, Limits, ReleaseManifest, SemVer, read_release, sha256_file
 

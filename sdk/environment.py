@@ -57,7 +57,7 @@ def environment(id: str, *, tasks: Any = None, sandbox: SandboxSpec | None = Non
                 task_type: type[Task] | None = None, description: str | None = None,
                 register: bool = True, **metadata: Any) -> Callable[[Any], Any]:
     """Declare an environment and register it under `id` (`namespace/name-vN`)."""
-    from corral.registry import default_catalog, parse_id  # registry ← sdk at call time only
+    from .catalog import default_catalog, parse_id
 
     parse_id(id, require_version=True)
 

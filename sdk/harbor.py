@@ -298,7 +298,7 @@ def load_harbor(path: str | Path, namespace: str = "harbor",
     the default catalog (`cr.make("harbor/<task>-v0")`). Returns {env id: env class}.
     Raises DatasetError naming the file and the problem for malformed tasks.
     """
-    from corral.registry import default_catalog, parse_id
+    from .catalog import default_catalog, parse_id
 
     root = Path(path)
     if not root.is_dir():

@@ -272,26 +272,3 @@ class TerminalEnv(Env):
         return bash(rng.choice(["ls", "pwd", "ls -la /", "cat /etc/hostname", "echo hi",
                                 "ls ~", "env | head -5", "ps aux | head -5"]))
 
-
-def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None) -> list[str]:
-    """Build (or find) the images of a terminal env's sandbox specs; returns their tags.
-    Harbor families have one spec per task; other envs one for all tasks."""
-    from corral.registry import make
-    from corral.sandbox import images
-
-    env = make(env_id)
-    specs = [t.spec for t in getattr(env, "harbor_tasks", {}).values()] or \
-        [getattr(env, "sandbox_spec", None)]
-    tags = []
-    for spec in specs:
-        if spec is None or getattr(spec, "kind", None) != "terminal":
-            raise CorralError(f"{env_id} has no terminal sandbox, so no image to build")
-        if spec.dockerfile:
-            tags.append(images.build_image(spec.dockerfile, on_line=on_line))
-        elif spec.image == images.BASE_IMAGE:
-            tags.append(images.ensure_base_image(on_step=on_line))
-        elif images.image_exists(spec.image):
-            tags.append(spec.image)
-        else:
-            raise images.missing_image(spec.image)
-    return list(dict.fromkeys(tags))

@@ -6,7 +6,7 @@ import pytest
 
 import corral as cr
 from corral.browser import BrowserPool
-from corral.validate import validate
+from corral.registry.validate import validate
 
 FAMILIES = sorted(spec.id for spec in cr.registry.list("corral/web-*"))
 

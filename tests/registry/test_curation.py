@@ -37,7 +37,7 @@ class Sums(cr.TextEnv):
 
 
 def _catalog() -> Catalog:
-    catalog = Catalog(builtin=False, entry_points=False)
+    catalog = Catalog(entry_points=False)
     catalog.register("mixlab/sums-v1", Sums, tags=["math", "text"])
     catalog.register("mixlab/sums-v2", Sums, tags=["math"])
     catalog.register("other/sums-v1", Sums, tags=["text"])
@@ -77,7 +77,7 @@ def test_near_duplicates_within_and_across_envs() -> None:
             tasks = cr.Dataset.from_list([{"prompt": p} for p in prompts])
         return Prompts
 
-    catalog = Catalog(builtin=False, entry_points=False)
+    catalog = Catalog(entry_points=False)
     # env a: its tasks 0 and 1 are the same text but for one trailing word
     catalog.register("dup/a-v1", env_class([base[0], base[0] + " please", *unique[:2]]))
     # env b holds a copy of a's task 2 and a new near-copy of base[0]

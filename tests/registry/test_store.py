@@ -66,7 +66,7 @@ async def test_install_makes_the_released_code_and_lock_enforces_it(make_env, ho
     record = publish(folder, registry=store).record
     (folder / "helpers.py").write_text("def normalise(text):\n    return 'edited after release'\n")
 
-    catalog = Catalog(builtin=False, entry_points=False)
+    catalog = Catalog(entry_points=False)
     installed = install(env_id, store=store, catalog=catalog)
     assert installed.path.is_relative_to(home / "installed")
     assert (installed.path / "helpers.py").read_text() != (folder / "helpers.py").read_text()
@@ -86,7 +86,7 @@ async def test_install_makes_the_released_code_and_lock_enforces_it(make_env, ho
     require_lock(path, catalog)
     assert catalog.make(env_id) is not None  # the pinned release passes
 
-    other = Catalog(builtin=False, entry_points=False)
+    other = Catalog(entry_points=False)
     other.register("acme/unpinned-v1", type(env))
     require_lock(path, other)
     with pytest.raises(LockError, match="not pinned"):
@@ -103,7 +103,7 @@ def test_lock_install_by_hash(make_env, home: Path, tmp_path: Path) -> None:
     record = source.publish(built.archive).record
     lock = Lock()
     lock.pin(record, registry=str(source.home))
-    catalog = Catalog(builtin=False, entry_points=False)
+    catalog = Catalog(entry_points=False)
     [item] = lock.install(store=LocalStore(), source=source, catalog=catalog)
     assert item.record.sha256 == record.sha256 == built.sha256
     assert catalog.spec(env_id).metadata["release"]["sha256"] == record.sha256
@@ -121,7 +121,7 @@ def test_env_class_in_the_folders_init(tmp_path: Path, home: Path) -> None:
     store = LocalStore()
     record = publish(folder, registry=store).record
     assert record.manifest.entry_point == ":Echo"
-    catalog = Catalog(builtin=False, entry_points=False)
+    catalog = Catalog(entry_points=False)
     installed = install("acme/initenv-v1", store=store, catalog=catalog)
     env = catalog.make("acme/initenv-v1")
     assert type(env).__module__ == installed.module and len(env.tasks) == 3

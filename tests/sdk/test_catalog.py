@@ -25,7 +25,7 @@ class Other:
 
 @pytest.fixture
 def catalog() -> Catalog:
-    return Catalog(builtin=False, entry_points=False)
+    return Catalog(entry_points=False)
 
 
 @pytest.mark.parametrize("bad", ["", "noslash", "Acme/x-v1", "acme/", "-x/y-v1", "a/b/c-v1",

@@ -9,7 +9,7 @@ import pytest
 
 import corral as cr
 from corral.errors import DatasetError, ImageBuildError, ImageNotFound
-from corral.validate import validate
+from corral.registry.validate import validate
 
 from .harbor_tasks import answer_task, count_words_task
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import corral as cr
-from corral.validate import validate
+from corral.registry.validate import validate
 
 FAMILIES = [spec.id for spec in cr.registry.list("corral/term-*")]
 

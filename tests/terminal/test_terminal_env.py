@@ -126,7 +126,7 @@ class ImageEnv(cr.TerminalEnv):
 
 
 async def test_class_form_env_with_dockerfile(sandboxes: str) -> None:
-    from corral.validate import validate
+    from corral.registry.validate import validate
 
     env = cr.make("tests/term-image-v0")
     assert env.sandbox_spec.dockerfile.endswith("tests/terminal/envimage/Dockerfile")

@@ -3,8 +3,12 @@
 
 Ids are `namespace/name-vN`. An unversioned id resolves to the latest registered version; a
 deprecated version raises naming its replacement. Specs can be *lazy*: registered from a
-manifest (built-in `corral.toml` files, or the `corral.envs` entry-point group of installed
-packages) with an entry point string, so nothing is imported until `make`.
+manifest (the `corral.envs` entry-point group of installed packages here; the built-in
+`corral.toml` manifests and installed releases are added as sources by `corral.registry`) with an
+entry point string, so nothing is imported until `make`.
+
+The catalog lives in the SDK (as Gymnasium keeps registration in its core package) so that
+`@cr.environment` and `cr.load_harbor` register without importing the registry.
 """
 
 from __future__ import annotations
@@ -109,13 +113,11 @@ class EnvSpec:
 class Catalog:
     """A set of environment specs, with lookup, creation and listing."""
 
-    def __init__(self, *, builtin: bool = True, entry_points: bool = True) -> None:
+    def __init__(self, *, entry_points: bool = True) -> None:
         self._specs: dict[str, EnvSpec] = {}
         self._lock = threading.RLock()
         self._lazy_sources: list[tuple[Callable[[], Iterable[EnvSpec]], bool]] = []
         self._guards: list[Callable[[EnvSpec], None]] = []
-        if builtin:
-            self._lazy_sources.append((_builtin_specs, False))
         if entry_points:
             self._lazy_sources.append((_entry_point_specs, False))
         self._discovered = not self._lazy_sources
@@ -265,7 +267,26 @@ def _entry_point_specs() -> list[EnvSpec]:
     return specs
 
 
-def _builtin_specs() -> list[EnvSpec]:
-    from corral.envs import manifest_specs
 
-    return [EnvSpec(**entry) for entry in manifest_specs()]
+default_catalog = Catalog()
+"""The catalog that `@cr.environment`, `cr.register` and `cr.make` act on."""
+
+
+def register(id: str, entry_point: str | Callable[..., Any], **kwargs: Any) -> EnvSpec:
+    """Register an environment in the default catalog (see `Catalog.register`)."""
+    return default_catalog.register(id, entry_point, **kwargs)
+
+
+def make(id: str, **overrides: Any) -> Any:
+    """Create an environment from the default catalog."""
+    return default_catalog.make(id, **overrides)
+
+
+def spec(id: str) -> EnvSpec:
+    """The spec of `id` in the default catalog."""
+    return default_catalog.spec(id)
+
+
+def deprecate(id: str, replacement: str) -> None:
+    """Mark a version deprecated; `make` then raises naming `replacement`."""
+    default_catalog.deprecate(id, replacement)

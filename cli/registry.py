@@ -54,7 +54,7 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
 
     validation = None
     if report is not None:
-        from corral.validate import ValidationReport
+        from corral.registry.validate import ValidationReport
 
         validation = ValidationReport.load(report)
     with console.status(f"packing {path}…"):

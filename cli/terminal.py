@@ -18,7 +18,7 @@ from corral.errors import CorralError
 from .common import console, fail
 
 if TYPE_CHECKING:
-    from corral.validate import EpisodeCheck, ValidationReport
+    from corral.registry.validate import EpisodeCheck, ValidationReport
 
 import_app = typer.Typer(help="Import environments from other formats.", no_args_is_help=True)
 
@@ -46,7 +46,7 @@ def validate_command(
     harbor: list[Path] = typer.Option([], "--harbor", help="Load Harbor task directories first."),
 ) -> None:
     """Run every task's oracle (must pass) and a no-op agent (must fail) in real sandboxes."""
-    from corral.validate import checked_count, validate
+    from corral.registry.validate import checked_count, validate
 
     if backend not in (None, "docker", "bwrap"):
         fail(f"--backend must be docker or bwrap, got {backend!r}")

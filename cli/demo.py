@@ -76,7 +76,7 @@ def train_config(plan: DemoPlan, run_dir: Path, model: Path, seconds_left: float
 
 
 def _validate(plan: DemoPlan) -> Table:
-    from corral.validate import validate
+    from corral.registry.validate import validate
 
     table = Table(title="1. validation (oracle must pass, no-op must fail)", title_justify="left")
     for column in ("env", "backend", "tasks", "oracle", "no-op", "ok", "seconds"):

@@ -24,7 +24,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from .agents import EpisodeResult, play
+from corral.agents import EpisodeResult, play
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,13 @@ The main app wires these in with `register(app)`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 
-from ..errors import CorralError
+from corral.errors import CorralError
+from corral.registry import make
+from corral.sandbox import images
 from .common import build_image, console, fail
 
 sandbox_app = typer.Typer(help="Manage running sandboxes.", no_args_is_help=True)
@@ -23,7 +25,7 @@ def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sand
                all_: bool = typer.Option(False, "--all", help="every managed container, even "
                                          "those of live processes")) -> None:
     """Remove orphaned sandboxes (their creator died): containers, bwrap dirs and cgroups."""
-    from ..sandbox.reaper import gc
+    from corral.sandbox.reaper import gc
 
     try:
         report = gc(run, everything=all_)
@@ -36,7 +38,7 @@ def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sand
 @image_app.command("base")
 def image_base(tag: str = typer.Option("corral/base:bookworm", help="tag to create")) -> None:
     """Create the base image with debootstrap + docker import (cached: no-op if present)."""
-    from ..sandbox.images import ensure_base_image
+    from corral.sandbox.images import ensure_base_image
 
     build_image(tag, ensure_base_image)
 
@@ -50,8 +52,7 @@ def image_build(
     name: Optional[str] = typer.Option(None, help="image name part (with --dockerfile)"),
 ) -> None:
     """Build an env's image (or a Dockerfile's), tagged by content hash; never rebuilds."""
-    from ..sandbox.images import build_image
-    from ..terminal import build_env_images
+    from corral.sandbox.images import build_image
 
     if (env_id is None) == (dockerfile is None):
         fail("give an environment id or --dockerfile PATH (one of them)")
@@ -66,6 +67,27 @@ def image_build(
         fail(str(exc))
     for tag in tags:
         console.print(tag, highlight=False)
+
+
+def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None) -> list[str]:
+    """Build (or find) the images of a terminal env's sandbox specs; returns their tags.
+    Harbor families have one spec per task; other envs one for all tasks."""
+    env = make(env_id)
+    specs = [t.spec for t in getattr(env, "harbor_tasks", {}).values()] or \
+        [getattr(env, "sandbox_spec", None)]
+    tags = []
+    for spec in specs:
+        if spec is None or getattr(spec, "kind", None) != "terminal":
+            raise CorralError(f"{env_id} has no terminal sandbox, so no image to build")
+        if spec.dockerfile:
+            tags.append(images.build_image(spec.dockerfile, on_line=on_line))
+        elif spec.image == images.BASE_IMAGE:
+            tags.append(images.ensure_base_image(on_step=on_line))
+        elif images.image_exists(spec.image):
+            tags.append(spec.image)
+        else:
+            raise images.missing_image(spec.image)
+    return list(dict.fromkeys(tags))
 
 
 def register(app: typer.Typer) -> None:
