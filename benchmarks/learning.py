@@ -57,13 +57,13 @@ from typing import Any, Callable
 import torch
 
 import corral as cr
-from corral.runner import LocalPolicy, Runner
-from corral.runner.chat import ChatTranscript, render
-from corral.runner.models import build_tiny_model, build_tokenizer, load_model
+from corral.runner import AssemblyConfig, EpisodeLimits, LocalPolicy, Runner
 from corral.runner.policy import GenerationRequest
+from corral.runner.policy.chat import ChatTranscript, render
+from corral.runner.policy.models import build_tiny_model, build_tokenizer, load_model
 from corral.runner.trajectory import Trajectory
 from corral.toolcalls import format_tool_call
-from corral.trainer import Trainer, TrainerConfig, supervised_warmup
+from corral.trainer import StepConfig, Trainer, supervised_warmup
 
 log = logging.getLogger("learning")
 
@@ -86,7 +86,7 @@ class Settings:
     rl_batch: int = 64
     group: int = 8
     rl_lr: float = 5e-4
-    rl_warmup: int = 0               # RL updates of linear lr warm-up (TrainerConfig)
+    rl_warmup: int = 0               # RL updates of linear lr warm-up (StepConfig)
     rl_temperature: float = 1.0      # rollout sampling temperature (the trainer uses the same)
     eval_every: int = 4
     eval_tasks: int = 48             # held-out tasks evaluated (all of them when fewer)
@@ -333,9 +333,9 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
 
     # The policy holds its own copy of the weights: the trainer publishes into it.
     policy = LocalPolicy(copy.deepcopy(model), tokenizer, max_batch=64, seed=s.seed)
-    trainer = Trainer(model, tokenizer, TrainerConfig(lr=s.rl_lr, micro_batch_size=64,
-                                                      lr_warmup_steps=s.rl_warmup,
-                                                      temperature=s.rl_temperature),
+    trainer = Trainer(model, tokenizer, StepConfig(lr=s.rl_lr, micro_batch_size=64,
+                                                   lr_warmup_steps=s.rl_warmup,
+                                                   temperature=s.rl_temperature),
                       publish=lambda m, v: policy.load_weights(m.state_dict(), v))
     ev = partial(evaluate, policy, partial(make_env, sl, test), held_out, samples=s.eval_samples,
                  max_tokens=sl.max_tokens, seed=s.seed)
@@ -352,13 +352,13 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     rl_steps = 0
+    limits = EpisodeLimits(max_turns=sl.env_kwargs.get("max_turns"), max_tokens=sl.max_tokens,
+                           temperature=s.rl_temperature)
     async with Runner(envs=[partial(make_env, sl, train)], policy=policy, seed=s.seed,
-                      temperature=s.rl_temperature, max_tokens=sl.max_tokens,
-                      inference_concurrency=128,
+                      inference_concurrency=128, limits=limits,
+                      assembly=AssemblyConfig(filter_zero_variance=s.filter_zero_variance),
                       sandbox_capacity=sl.sandbox_capacity,
-                      sandbox_backend=sl.sandbox_backend,
-                      max_turns=sl.env_kwargs.get("max_turns"),
-                      filter_zero_variance=s.filter_zero_variance) as runner:
+                      sandbox_backend=sl.sandbox_backend) as runner:
         # aclosing: leaving the loop early (time budget) must close the batch stream before
         # the runner shuts down, or its in-flight episodes are never cancelled.
         async with contextlib.aclosing(runner.batches(size=s.rl_batch, group=s.group,

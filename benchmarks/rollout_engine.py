@@ -25,9 +25,7 @@ import time
 from pathlib import Path
 
 from corral.registry import make
-from corral.runner.local_policy import LocalPolicy
-from corral.runner.models import build_tiny_model, load_tokenizer
-from corral.runner.policy import GenerationRequest
+from corral.runner.policy import GenerationRequest, LocalPolicy, build_tiny_model, load_tokenizer
 from learning import prompt_ids  # the prompt exactly as the runner encodes it
 
 ENV = "corral/word-sort-v0"

@@ -164,8 +164,7 @@ class Bounds:
 
 # --- Corral -----------------------------------------------------------------------------------
 def make_policy(urls: list[str], tokenizer: Any) -> Any:
-    from corral.runner.openai_policy import OpenAIPolicy
-    from corral.runner.router import Router
+    from corral.runner.policy import OpenAIPolicy, Router
 
     return OpenAIPolicy(urls, tokenizer, router=Router(urls), model="bench-scripted",
                         timeout=600.0)
@@ -197,9 +196,12 @@ def request_ms(server: dict[str, Any], client_seconds: float | None = None) -> d
 
 
 def runner_kwargs(args: argparse.Namespace, config: WorkloadConfig) -> dict[str, Any]:
+    from corral.runner import AssemblyConfig, EpisodeLimits
+
     return dict(sandbox_capacity=args.capacity, inference_concurrency=args.inference_concurrency,
-                seed=config.seed, max_tokens=4096, sandbox_backend="docker",
-                filter_zero_variance=args.filter_zero_variance, run_id="bench-corral")
+                seed=config.seed, limits=EpisodeLimits(max_tokens=4096),
+                assembly=AssemblyConfig(filter_zero_variance=args.filter_zero_variance),
+                sandbox_backend="docker", run_id="bench-corral")
 
 
 async def corral_cold(args: argparse.Namespace, config: WorkloadConfig, urls: list[str],
@@ -271,7 +273,7 @@ def zero_variance_groups(rewards_by_group: dict[Any, list[float]]) -> int:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    from corral.runner.models import load_tokenizer
+    from corral.runner.policy.models import load_tokenizer
     from corral.sandbox.images import ensure_base_image
 
     config, cost = workload_of(args), cost_of(args)

@@ -29,7 +29,7 @@ import time
 import torch
 
 from corral.runner.trajectory import Batch, Trajectory
-from corral.trainer import Trainer, TrainerConfig, token_logprobs
+from corral.trainer import StepConfig, Trainer, token_logprobs
 
 PEAKS_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
 
@@ -115,8 +115,8 @@ def main() -> None:
 
     model = build_model(tiny, device)
     n_params = matmul_params(model)
-    config = TrainerConfig(lr=1e-6, micro_batch_size=args.micro_batch, dtype=dtype,
-                           max_staleness=1_000_000, divergence_threshold=10.0)
+    config = StepConfig(lr=1e-6, micro_batch_size=args.micro_batch, dtype=dtype,
+                        max_staleness=1_000_000, divergence_threshold=10.0)
     trainer = Trainer(model, None, config)
     autocast = torch.bfloat16 if trainer.compute_dtype == torch.bfloat16 else None
     rng = random.Random(0)

@@ -49,13 +49,7 @@ def _root(
 
 def _register_all() -> None:
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # a command group not built yet in this checkout
-                continue
-            raise
-        module.register(app)
+        importlib.import_module(name).register(app)
 
 
 _register_all()
@@ -64,7 +58,10 @@ _register_all()
 def main() -> None:
     """Console-script entry point: run the app; errors become one line and exit code 1."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns a command's `typer.Exit(code)` instead of
+        # exiting: that code is the process's exit status (`corral validate` exits 1 on a
+        # failed report).
+        code = app(standalone_mode=False)
     except CorralError as exc:
         fail(str(exc))
     except typer.Exit as exc:
@@ -79,3 +76,4 @@ def main() -> None:
         if os.environ.get("CORRAL_DEBUG"):
             raise
         fail(f"{type(exc).__name__}: {exc} (set CORRAL_DEBUG=1 for the traceback)")
+    sys.exit(code if isinstance(code, int) else 0)

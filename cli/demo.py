@@ -91,13 +91,13 @@ def _validate(plan: DemoPlan) -> Table:
 
 
 async def _collect(plan: DemoPlan, run_dir: Path) -> tuple[Table, dict[str, Any]]:
-    from corral.runner import LocalPolicy, Runner
+    from corral.runner import EpisodeLimits, LocalPolicy, Runner
 
     policy = LocalPolicy("tiny")
     started = time.perf_counter()
     async with Runner([TERMINAL_ENV, *TEXT_ENVS], policy, sandbox_capacity=4,
-                      inference_concurrency=16, run_dir=run_dir, max_tokens=32,
-                      sandbox_backend="docker") as runner:
+                      inference_concurrency=16, limits=EpisodeLimits(max_tokens=32),
+                      sandbox_backend="docker", run_dir=run_dir) as runner:
         trajs = await runner.collect(plan.collect, group=2)
         stats = runner.stats()
     seconds = time.perf_counter() - started
@@ -119,7 +119,7 @@ def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version.
     """Validate built-in envs, collect in real sandboxes, train the tiny model, write a report."""
     import torch
 
-    from corral.runner.models import build_tiny_model
+    from corral.runner import build_tiny_model
     from corral.sandbox.images import ensure_base_image
     from corral.trainer.report import write_training_report
 

@@ -37,8 +37,8 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("info", help="uvicorn log level."),
     ) -> None:
         """Serve MODEL with /v1/completions, /v1/chat/completions, /reload and /version."""
-        from corral.runner.local_policy import LocalPolicy
-        from corral.runner.serve import serve
+        from corral.runner import LocalPolicy
+        from corral.runner.policy.serve import serve
 
         problem = _port_free(host, port)
         if problem:

@@ -20,7 +20,7 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
     """`tiny` or a local model directory → LocalPolicy; `http://...` (comma-separated
     replicas) → OpenAIPolicy, which needs `tokenizer` (the served model's directory or tiny)."""
     if spec.startswith(("http://", "https://")):
-        from corral.runner.openai_policy import OpenAIPolicy
+        from corral.runner import OpenAIPolicy
 
         if not tokenizer:
             raise CorralError("--policy URL needs --tokenizer PATH (the served model's directory, "
@@ -29,7 +29,7 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
     if spec != "tiny" and not Path(spec).exists():
         raise CorralError(f"--policy {spec!r} is neither 'tiny', a model directory, nor an "
                           "http:// URL")
-    from corral.runner.local_policy import LocalPolicy
+    from corral.runner import LocalPolicy
 
     return LocalPolicy(spec, device=device)
 
@@ -105,12 +105,15 @@ def register(app: typer.Typer) -> None:
         report: bool = typer.Option(True, help="Write report.html at the end."),
     ) -> None:
         """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
+        from corral.runner import AssemblyConfig, EpisodeLimits
+
         model = make_policy(policy, tokenizer=tokenizer, device=device)
+        limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens,
+                               temperature=temperature, episode_deadline=episode_deadline,
+                               turn_deadline=turn_deadline)
         kwargs = dict(seed=seed, sandbox_capacity=sandbox_capacity,
-                      inference_concurrency=inference_concurrency, max_turns=max_turns,
-                      max_tokens=max_tokens, temperature=temperature, retries=retries,
-                      sandbox_backend=sandbox_backend, episode_deadline=episode_deadline,
-                      turn_deadline=turn_deadline)
+                      inference_concurrency=inference_concurrency, limits=limits,
+                      assembly=AssemblyConfig(retries=retries), sandbox_backend=sandbox_backend)
         started = time.perf_counter()
         trajectories, _ = asyncio.run(_collect(list(env_ids), model, n, group, run_dir, kwargs))
         console.print(_summary(trajectories, time.perf_counter() - started))

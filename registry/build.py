@@ -128,7 +128,7 @@ def load_class(folder: Path, rel_entry_point: str, original: str) -> Any:
     (an install of the same env, later in this process, registers the release's copy)."""
     if original != rel_entry_point:
         return EnvSpec("x/load-v0", original).load()
-    from . import default_catalog
+    from corral.catalog import default_catalog
 
     name = module_name_for(hashlib.sha256(str(folder).encode()).hexdigest(), "corral_src_")
     finder.add(name, folder)

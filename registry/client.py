@@ -15,14 +15,15 @@ import httpx
 
 from corral.errors import InvalidEnvId, RegistryError
 
-from .errors import (AuthError, RegistryUnavailable, ReleaseError, ReleaseNotFound,
-                     VersionConflict)
+from .errors import (AuthError, LimitExceeded, RegistryUnavailable, ReleaseError,
+                     ReleaseNotFound, VersionConflict)
 from .store import Profile, PublishResult, ReleaseRecord
 
 log = logging.getLogger(__name__)
 
 ERRORS: dict[str, type[RegistryError]] = {cls.__name__: cls for cls in (
-    AuthError, ReleaseError, ReleaseNotFound, VersionConflict, InvalidEnvId, RegistryError)}
+    AuthError, LimitExceeded, ReleaseError, ReleaseNotFound, VersionConflict, InvalidEnvId,
+    RegistryError)}
 _CHUNK = 1 << 20
 
 
@@ -147,5 +148,5 @@ def _check(response: httpx.Response, url: str) -> httpx.Response:
     if response.status_code in (401, 403):
         error = AuthError
     elif response.status_code == 413:
-        error = ReleaseError
+        error = LimitExceeded
     raise error(str(detail))

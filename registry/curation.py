@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def _catalog(catalog: Catalog | None) -> Catalog:
-    from . import default_catalog
+    from corral.catalog import default_catalog
 
     return catalog if catalog is not None else default_catalog
 

@@ -1,7 +1,7 @@
 """Errors of releases, stores and the registry server, under the `corral.errors` hierarchy.
 
-Refusals of bad input (`ReleaseError`, `VersionConflict`, `AuthError`) are `RegistryError`s;
-a registry server that cannot be reached or answers 5xx is an `InfraError`.
+Refusals of bad input (`ReleaseError` and its `LimitExceeded`, `VersionConflict`, `AuthError`)
+are `RegistryError`s; a registry server that cannot be reached or answers 5xx is an `InfraError`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,11 @@ from corral.errors import InfraError, RegistryError
 
 class ReleaseError(RegistryError, ValueError):
     """A release archive or manifest is malformed, unsafe or inconsistent; nothing was written."""
+
+
+class LimitExceeded(ReleaseError):
+    """A release, one of its archive headers or a manifest field is over a size limit of
+    `Limits` (HTTP 413); refused before the oversized part was read or stored."""
 
 
 class VersionConflict(RegistryError):

@@ -73,7 +73,7 @@ def install(ref: str, *, store: LocalStore | None = None, source: object | None 
     """Install the release `ref` from `store` (the default local store), pulling it from
     `source` (a `LocalStore` or `RegistryClient`) first when given, and register it in
     `catalog` (the default catalog if None)."""
-    from . import default_catalog
+    from corral.catalog import default_catalog
     from .transfer import pull
 
     store = store or LocalStore()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.catalog import Catalog, EnvSpec
+from corral.fileio import write_text_atomic
 from .errors import LockError
 from .store import LocalStore, ReleaseRecord
 
@@ -88,9 +89,7 @@ class Lock:
 
     def save(self, path: str | Path | None = None) -> Path:
         path = Path(path or self.path or LOCK_NAME)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(self.dumps())
-        tmp.replace(path)
+        write_text_atomic(path, self.dumps())
         self.path = path
         return path
 
@@ -136,7 +135,7 @@ class LockGuard:
 
 def require_lock(path: str | Path = LOCK_NAME, catalog: Catalog | None = None) -> Lock:
     """Make `catalog` (the default one) refuse envs that are not the releases pinned in `path`."""
-    from . import default_catalog
+    from corral.catalog import default_catalog
 
     lock = Lock.load(path)
     target = catalog if catalog is not None else default_catalog

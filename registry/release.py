@@ -7,9 +7,11 @@ named by the sha256 of its archive; the manifest inside lists the sha256 of ever
 release hash covers the code, the tasks and the metadata alike.
 
 Reading an archive (`read_release`, `unpack`) checks everything before anything is trusted:
-member names (no absolute paths, no `..`), member types (regular files only; links are refused),
-sizes (per file and in total, from the headers, before reading), and every file's hash against
-the manifest, with no file missing or extra.
+every tar header against `Limits` before what it declares is read (`tarstream`; `tarfile` is
+used for writing only, since it buffers extended headers whole), member names (no absolute
+paths, no `..`, bounded length and depth), member types (regular files only; links are
+refused), sizes (per file and in total, from the headers, before reading), the manifest's
+field caps, and every file's hash against the manifest, with no file missing or extra.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import os
 import re
 import stat
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, Iterator, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from corral.catalog import parse_id
-from .errors import ReleaseError
+from .errors import LimitExceeded, ReleaseError
+from .tarstream import Member, TarReader
 
 FORMAT = 1
 MANIFEST_NAME = "corral-release.json"
@@ -68,12 +72,26 @@ class SemVer(NamedTuple):
 
 @dataclass(frozen=True)
 class Limits:
-    """Sizes past which a release is refused (checked from tar headers, before reading)."""
+    """Every size past which a release is refused, in one place.
 
+    Archive limits are checked while streaming, from each tar header before what it declares is
+    read (`tarstream.TarReader`); field limits keep a manifest row small, since every resolve of
+    an env reads one (`check_fields`)."""
+
+    # the archive
     max_file_bytes: int = 64 << 20
     max_total_bytes: int = 512 << 20
     max_files: int = 20_000
     max_manifest_bytes: int = 16 << 20
+    max_header_bytes: int = 64 << 10  # one PAX extended header or GNU long name
+    max_expanded_bytes: int = 640 << 20  # every decompressed byte: files, headers, padding
+    max_path_bytes: int = 1024
+    max_path_depth: int = 32
+    # the manifest's free-text fields
+    max_description_bytes: int = 64 << 10
+    max_card_text_bytes: int = 16 << 10  # the dataset card's example instruction
+    max_short_text_bytes: int = 4 << 10  # kind, tags, licence, source, provenance, ...
+    max_list_items: int = 1024  # tags, card fields, splits, families, provenance
 
 
 DEFAULT_LIMITS = Limits()
@@ -161,7 +179,7 @@ class ReleaseManifest(BaseModel):
     @classmethod
     def _paths(cls, value: dict[str, FileEntry]) -> dict[str, FileEntry]:
         for path in value:
-            check_path(path)
+            check_path(path, None)  # safety only: the reader's own `Limits` apply in _scan
         return value
 
     @field_validator("content_sha256", "dataset_sha256", "image_recipe_sha256")
@@ -204,8 +222,9 @@ class ReleaseManifest(BaseModel):
             raise ReleaseError(f"release manifest: field '{where}': {first['msg']}") from None
 
 
-def check_path(path: str) -> str:
-    """A safe relative POSIX path inside a release, or `ReleaseError`."""
+def check_path(path: str, limits: Limits | None = DEFAULT_LIMITS) -> str:
+    """A safe relative POSIX path inside a release, or `ReleaseError`; with `limits`, also
+    within their length and depth (`LimitExceeded`)."""
     if not path or "\x00" in path or "\\" in path:
         raise ReleaseError(f"release path {path!r} is empty or has a NUL or backslash")
     if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
@@ -214,7 +233,43 @@ def check_path(path: str) -> str:
     if ".." in parts or "." in parts or path.endswith("/") or "//" in path:
         raise ReleaseError(f"release path {path!r} is not a plain relative path ('..' or '.' "
                            "segments are refused)")
+    # Bounded so that unpacking never meets ENAMETOOLONG or builds a folder a tool cannot walk.
+    if limits is None:
+        return path
+    if len(path.encode()) > limits.max_path_bytes or len(parts) > limits.max_path_depth:
+        raise LimitExceeded(f"release path {path[:60]!r}… is {len(path.encode()):,} bytes and "
+                            f"{len(parts)} levels deep, over the limits of "
+                            f"{limits.max_path_bytes:,} bytes (max_path_bytes) and "
+                            f"{limits.max_path_depth} levels (max_path_depth)")
     return path
+
+
+def check_fields(manifest: "ReleaseManifest", limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse a manifest whose free-text fields are over their caps (`LimitExceeded`, naming the
+    field): the row of every release is parsed on each resolve, so it must stay small."""
+    card = manifest.card
+    texts = [("description", manifest.description, limits.max_description_bytes),
+             ("card.example", card.example, limits.max_card_text_bytes)]
+    short = [("kind", manifest.kind or ""), ("version", manifest.version),
+             ("entry_point", manifest.entry_point), ("corral_version", manifest.corral_version),
+             ("card.task_type", card.task_type), ("card.source", card.source),
+             ("card.license", card.license)]
+    for name, items in (("tags", manifest.tags), ("card.fields", card.fields),
+                        ("card.splits", list(card.splits)),
+                        ("card.families", list(card.families)),
+                        ("card.provenance", [*card.provenance, *card.provenance.values()])):
+        if len(items) > limits.max_list_items:
+            raise LimitExceeded(f"manifest field '{name}' has {len(items):,} entries, over the "
+                                f"limit of {limits.max_list_items:,} (max_list_items)")
+        short += [(name, item) for item in items]
+    texts += [(name, value, limits.max_short_text_bytes) for name, value in short]
+    for name, value, cap in texts:
+        size = len(value.encode())
+        if size > cap:
+            hint = "; keep long documentation in a README file of the env" \
+                if name == "description" else ""
+            raise LimitExceeded(f"manifest field '{name}' is {size:,} bytes, over the "
+                                f"{cap:,}-byte limit{hint}")
 
 
 def content_digest(files: dict[str, FileEntry]) -> str:
@@ -268,7 +323,7 @@ def collect_files(folder: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, Pa
             if size > limits.max_file_bytes:
                 raise ReleaseError(f"{path} is {size:,} bytes, over the {limits.max_file_bytes:,}"
                                    "-byte limit per release file")
-            found[check_path(path.relative_to(folder).as_posix())] = real
+            found[check_path(path.relative_to(folder).as_posix(), limits)] = real
     if len(found) > limits.max_files:
         raise ReleaseError(f"{folder} has {len(found):,} files, over the limit of "
                            f"{limits.max_files:,} per release")
@@ -293,8 +348,11 @@ def file_entries(files: dict[str, Path]) -> dict[str, FileEntry]:
     return entries
 
 
-def pack(manifest: ReleaseManifest, files: dict[str, Path], out: IO[bytes]) -> None:
-    """Write the deterministic archive of `manifest` and `files` (relative path → file) to `out`."""
+def pack(manifest: ReleaseManifest, files: dict[str, Path], out: IO[bytes],
+         limits: Limits = DEFAULT_LIMITS) -> None:
+    """Write the deterministic archive of `manifest` and `files` (relative path → file) to `out`.
+    A manifest over a field limit is refused here, before anything is uploaded."""
+    check_fields(manifest, limits)
     if set(files) != set(manifest.files):
         raise ReleaseError("pack: the files given differ from the manifest's file list")
     with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=6) as gz:
@@ -331,45 +389,43 @@ def unpack(archive: Path, dest: Path, limits: Limits = DEFAULT_LIMITS) -> Releas
 
 def _scan(archive: Path, limits: Limits, dest: Path | None) -> ReleaseManifest:
     try:
-        with tarfile.open(archive, mode="r|gz") as tar:
-            return _scan_members(tar, limits, dest)
-    except (tarfile.TarError, EOFError, OSError) as exc:  # gzip.BadGzipFile is an OSError
+        with gzip.open(archive, "rb") as gz:
+            return _scan_members(TarReader(gz, limits), limits, dest)
+    except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise ReleaseError(f"{archive.name}: not a readable release archive ({exc})") from None
 
 
-def _scan_members(tar: tarfile.TarFile, limits: Limits, dest: Path | None) -> ReleaseManifest:
+def _scan_members(tar: TarReader, limits: Limits, dest: Path | None) -> ReleaseManifest:
     manifest: ReleaseManifest | None = None
     seen: set[str] = set()
     total = 0
     for member in tar:
-        _check_member(member)
+        _check_member(member, limits)
         if manifest is None:
             if member.name != MANIFEST_NAME:
                 raise ReleaseError(f"the first archive member must be {MANIFEST_NAME}, "
                                    f"found {member.name!r}")
             if member.size > limits.max_manifest_bytes:
-                raise ReleaseError(f"{MANIFEST_NAME} is {member.size:,} bytes, over the limit")
-            manifest = ReleaseManifest.from_json(_read(tar, member))
+                raise LimitExceeded(f"{MANIFEST_NAME} is {member.size:,} bytes, over the "
+                                    f"{limits.max_manifest_bytes:,}-byte limit")
+            manifest = ReleaseManifest.from_json(b"".join(tar.chunks(member)))
             _check_manifest(manifest, limits)
             continue
         if not member.name.startswith(FILES_PREFIX):
             raise ReleaseError(f"archive member {member.name!r} is outside {FILES_PREFIX}")
-        rel = check_path(member.name[len(FILES_PREFIX):])
+        rel = member.name[len(FILES_PREFIX):]
         entry = manifest.files.get(rel)
         if entry is None:
             raise ReleaseError(f"archive holds {rel!r}, which the manifest does not list")
         if rel in seen:
             raise ReleaseError(f"archive holds {rel!r} twice")
+        _check_size(rel, member.size, limits)
         if member.size != entry.size:
             raise ReleaseError(f"{rel}: {member.size:,} bytes in the archive, {entry.size:,} in "
                                "the manifest")
-        if member.size > limits.max_file_bytes:
-            raise ReleaseError(f"{rel} is {member.size:,} bytes, over the "
-                               f"{limits.max_file_bytes:,}-byte limit per release file")
         total += member.size
-        if total > limits.max_total_bytes:
-            raise ReleaseError(f"release files exceed {limits.max_total_bytes:,} bytes in total")
-        digest = _copy(tar, member, None if dest is None else dest / rel, entry.executable)
+        _check_total(total, limits)
+        digest = _copy(tar.chunks(member), None if dest is None else dest / rel, entry.executable)
         if digest != entry.sha256:
             raise ReleaseError(f"{rel}: sha256 {digest[:12]}… does not match the manifest's "
                                f"{entry.sha256[:12]}…; the release is corrupt or tampered with")
@@ -383,9 +439,9 @@ def _scan_members(tar: tarfile.TarFile, limits: Limits, dest: Path | None) -> Re
     return manifest
 
 
-def _check_member(member: tarfile.TarInfo) -> None:
+def _check_member(member: Member, limits: Limits) -> None:
     name = member.name
-    if member.issym() or member.islnk():
+    if member.islink():
         target = PurePosixPath(name).parent / member.linkname
         outside = member.linkname.startswith("/") or ".." in target.parts
         where = "pointing outside the release" if outside else "inside the release"
@@ -394,7 +450,7 @@ def _check_member(member: tarfile.TarInfo) -> None:
     if not member.isreg():
         raise ReleaseError(f"archive member {name!r} is not a regular file")
     if name != MANIFEST_NAME:
-        check_path(name)
+        check_path(name, limits)
 
 
 def _check_manifest(manifest: ReleaseManifest, limits: Limits) -> None:
@@ -402,28 +458,37 @@ def _check_manifest(manifest: ReleaseManifest, limits: Limits) -> None:
         raise ReleaseError(f"release format {manifest.format} is not supported (this Corral "
                            f"reads format {FORMAT}); upgrade corral")
     if len(manifest.files) > limits.max_files:
-        raise ReleaseError(f"manifest lists {len(manifest.files):,} files, over the limit")
+        raise LimitExceeded(f"manifest lists {len(manifest.files):,} files, over the limit of "
+                            f"{limits.max_files:,} (max_files)")
+    # Sizes are refused from the manifest too, before a byte of file data is decompressed.
+    for path, entry in manifest.files.items():
+        check_path(path, limits)
+        _check_size(path, entry.size, limits)
+    _check_total(sum(entry.size for entry in manifest.files.values()), limits)
+    check_fields(manifest, limits)
     if content_digest(manifest.files) != manifest.content_sha256:
         raise ReleaseError("manifest content_sha256 does not match its file list")
 
 
-def _read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    fh = tar.extractfile(member)
-    assert fh is not None
-    return fh.read()
+def _check_size(rel: str, size: int, limits: Limits) -> None:
+    if size > limits.max_file_bytes:
+        raise LimitExceeded(f"{rel} is {size:,} bytes, over the {limits.max_file_bytes:,}-byte "
+                            "limit per release file")
 
 
-def _copy(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path | None,
-          executable: bool) -> str:
+def _check_total(total: int, limits: Limits) -> None:
+    if total > limits.max_total_bytes:
+        raise LimitExceeded(f"release files exceed {limits.max_total_bytes:,} bytes in total")
+
+
+def _copy(chunks: Iterator[bytes], target: Path | None, executable: bool) -> str:
     digest = hashlib.sha256()
-    fh = tar.extractfile(member)
-    assert fh is not None
     out = None
     if target is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         out = open(target, "xb")  # 'x': never overwrite, never follow a planted link
     try:
-        while chunk := fh.read(_CHUNK):
+        for chunk in chunks:
             digest.update(chunk)
             if out is not None:
                 out.write(chunk)

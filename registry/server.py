@@ -13,7 +13,9 @@ API (JSON unless noted; errors are `{"error": <exception name>, "detail": <one l
 
 Uploads stream into the store's temp folder and are committed by `LocalStore.add_temp` (verify,
 atomic rename, one SQLite transaction): a server killed mid-upload shows no partial release,
-and the stale temp file is removed at the next start (`LocalStore.recover`).
+and the stale temp file is removed at the next start (`LocalStore.recover`, from `create_app`).
+Archives are read under `Limits` while streaming (`tarstream`): an over-limit header, member
+count, path or manifest field is refused with 413 before it is buffered, and nothing is stored.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from corral.errors import CorralError, InvalidEnvId, RegistryError
 
-from .errors import (AuthError, MissingToken, ReleaseError, ReleaseNotFound, VersionConflict)
+from .errors import (AuthError, LimitExceeded, MissingToken, ReleaseError, ReleaseNotFound,
+                     VersionConflict)
 from .store import LocalStore, Profile
 
 log = logging.getLogger(__name__)
 
 _STATUS: list[tuple[type[Exception], int]] = [
     (MissingToken, 401), (AuthError, 403), (ReleaseNotFound, 404), (VersionConflict, 409),
+    (LimitExceeded, 413),
     (ReleaseError, 400), (InvalidEnvId, 400), (RegistryError, 400), (CorralError, 400)]
 
 
@@ -89,6 +93,10 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
     """The registry app over `store`."""
     app = FastAPI(title="Corral registry", docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.store, app.state.tokens = store, tokens
+    # Uploads cut short by a stopped server (even one left a zombie) are gone before the first
+    # request; a live writer's file is locked and stays (see `LocalStore.temp_file`).
+    if removed := store.recover():
+        log.warning("removed %d unfinished upload(s) left by a stopped server", removed)
     app.add_exception_handler(CorralError, lambda request, exc: _error(exc))
     max_upload = store.limits.max_total_bytes
 
@@ -103,22 +111,16 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_upload:
             return _too_large(max_upload)
-        tmp = store.temp_path()
-        try:
-            fh = await asyncio.to_thread(open, tmp, "wb")
+        with store.temp_file() as (tmp, fh):  # locked until committed or refused
             size = 0
-            try:
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > max_upload:
-                        return _too_large(max_upload)
-                    await asyncio.to_thread(fh.write, chunk)
-            finally:
-                await asyncio.to_thread(fh.close)
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_upload:
+                    return _too_large(max_upload)
+                await asyncio.to_thread(fh.write, chunk)
+            await asyncio.to_thread(fh.flush)
             result = await asyncio.to_thread(
                 store.add_temp, tmp, check_namespace=lambda ns: tokens.check(token, ns))
-        finally:
-            tmp.unlink(missing_ok=True)
         return JSONResponse(_dump(result), status_code=201 if result.created else 200)
 
     @app.get("/api/releases")
@@ -171,7 +173,7 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
 
 
 def _too_large(limit: int) -> JSONResponse:
-    return JSONResponse({"error": "ReleaseError",
+    return JSONResponse({"error": "LimitExceeded",
                          "detail": f"upload is over the {limit:,}-byte limit of this registry"},
                         status_code=413)
 
@@ -181,9 +183,5 @@ def serve(home: str | Path | None, *, host: str = "127.0.0.1", port: int = 8080,
     """Run the registry server (blocking) over the store at `home`."""
     import uvicorn
 
-    store = LocalStore(home)
-    removed = store.recover()
-    if removed:
-        log.warning("removed %d unfinished upload(s) left by a stopped server", removed)
-    app = create_app(store, tokens or Tokens())
+    app = create_app(LocalStore(home), tokens or Tokens())
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -4,7 +4,8 @@ Layout under the store's home (`~/.corral`, or `$CORRAL_HOME`, or any path given
 
     index.sqlite                  releases, installs, difficulty profiles
     blobs/sha256/ab/<sha>.tar.gz  release archives, named by their own sha256
-    tmp/                          uploads in progress (`<pid>-<random>.part`)
+    tmp/                          uploads in progress (`<pid>-<random>.part`, each flock'ed
+                                  by its writer; `recover` removes the unlocked ones)
     installed/corral_rel_<sha>/   unpacked releases (see `install.py`)
 
 A release becomes visible only when its row is committed, and its row is committed only after
@@ -15,6 +16,7 @@ SQLite's write lock (`BEGIN IMMEDIATE`), so two publishes of one version cannot 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -26,7 +28,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 from pydantic import BaseModel, Field
 
@@ -206,12 +208,33 @@ class LocalStore:
         """A fresh path in the store's temp folder, named after this process."""
         return self.tmp / f"{os.getpid()}-{uuid.uuid4().hex}.part"
 
+    @contextmanager
+    def temp_file(self) -> Iterator[tuple[Path, IO[bytes]]]:
+        """A fresh temp file, open for writing and locked (`flock`) until the block ends, then
+        removed if still there. The lock, not the writer's pid, tells `recover` the file is in
+        use: the kernel drops it with the writer's descriptors, so the file of a writer that
+        died is reclaimable at once, even while its pid lives on as an unreaped zombie."""
+        while True:
+            path = self.temp_path()
+            fh = open(path, "xb")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            # A `recover` may have locked and removed the file between open and flock: retry.
+            if path.exists() and path.stat().st_ino == os.fstat(fh.fileno()).st_ino:
+                break
+            fh.close()
+        try:
+            yield path, fh
+        finally:
+            fh.close()
+            path.unlink(missing_ok=True)
+
     def publish(self, archive: str | Path, *, token: str | None = None) -> PublishResult:
         """Add a release archive (copied; the original is left alone). `token` is accepted for
         interface parity with `RegistryClient`; a local store is guarded by file permissions."""
-        tmp = self.temp_path()
-        shutil.copyfile(archive, tmp)
-        return self.add_temp(tmp)
+        with self.temp_file() as (tmp, fh), open(archive, "rb") as src:
+            shutil.copyfileobj(src, fh)
+            fh.flush()
+            return self.add_temp(tmp)
 
     def add_temp(self, tmp: Path, *, check_namespace: Any = None,
                  expect_sha: str | None = None) -> PublishResult:
@@ -261,14 +284,21 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
 
     def recover(self) -> int:
-        """Delete temp files left by processes that died mid-upload; returns how many."""
+        """Delete temp files no writer holds locked (see `temp_file`): uploads and pulls of
+        processes that died; returns how many."""
         removed = 0
         for path in self.tmp.glob("*.part"):
-            pid = path.name.split("-", 1)[0]
-            if pid.isdigit() and _alive(int(pid)):
-                continue  # an upload in progress in a live process (maybe this one)
-            path.unlink(missing_ok=True)
-            removed += 1
+            try:
+                fh = open(path, "rb")
+            except FileNotFoundError:
+                continue
+            with fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live writer, maybe in this very process
+                path.unlink(missing_ok=True)
+                removed += 1
         return removed
 
     # --- lookup ------------------------------------------------------------------------------
@@ -292,29 +322,33 @@ class LocalStore:
             return self.get(parsed.sha)
         assert parsed.env_id is not None
         namespace, name, id_version = parse_id(parsed.env_id)
+        # Choose on the small columns and parse only the chosen row's manifest: a resolve
+        # costs one manifest however many versions the env has.
+        light = "SELECT sha256, env_id, version, yanked, yank_reason FROM releases WHERE "
         if id_version is None:
-            rows = self._conn().execute("SELECT * FROM releases WHERE env_id LIKE ?",
+            rows = self._conn().execute(light + "env_id LIKE ?",
                                         (f"{namespace}/{name}-v%",)).fetchall()
             rows = [r for r in rows if parse_id(r["env_id"])[1] == name]
         else:
-            rows = self._conn().execute("SELECT * FROM releases WHERE env_id=?",
-                                        (parsed.env_id,)).fetchall()
-        records = [self._record(r) for r in rows]
+            rows = self._conn().execute(light + "env_id=?", (parsed.env_id,)).fetchall()
         if parsed.version:
-            match = [r for r in records if r.version == parsed.version]
-            if match and match[0].yanked:
-                raise ReleaseNotFound(f"{ref} was yanked ({match[0].yank_reason or 'no reason'});"
-                                      f" pull it by hash if you must: sha256:{match[0].sha256}")
+            match = [r for r in rows if r["version"] == parsed.version]
+            if match and match[0]["yanked"]:
+                why, sha = match[0]["yank_reason"] or "no reason", match[0]["sha256"]
+                raise ReleaseNotFound(f"{ref} was yanked ({why}); pull it by hash if you must: "
+                                      f"sha256:{sha}")
             if match:
-                return match[0]
-        visible = [r for r in records if not r.yanked]
+                return self.get(match[0]["sha256"])
+        visible = [r for r in rows if not r["yanked"]]
         if visible and not parsed.version:
-            return max(visible, key=lambda r: (parse_id(r.id)[2] or 0, r.manifest.semver.key))
-        raise ReleaseNotFound(self._missing(ref, parsed, records))
+            best = max(visible, key=lambda r: (parse_id(r["env_id"])[2] or 0,
+                                               SemVer.parse(r["version"]).key))
+            return self.get(best["sha256"])
+        raise ReleaseNotFound(self._missing(ref, parsed, rows))
 
-    def _missing(self, ref: str, parsed: Ref, records: list[ReleaseRecord]) -> str:
-        if records:
-            versions = ", ".join(sorted({r.version for r in records if not r.yanked})) or "none"
+    def _missing(self, ref: str, parsed: Ref, rows: list[sqlite3.Row]) -> str:
+        if rows:
+            versions = ", ".join(sorted({r["version"] for r in rows if not r["yanked"]})) or "none"
             return f"no release {ref} in {self.location}; visible versions: {versions}"
         ids = [r[0] for r in self._conn().execute("SELECT DISTINCT env_id FROM releases")]
         hint = closest(parsed.env_id or "", ids)
@@ -429,12 +463,4 @@ def _search_text(manifest: ReleaseManifest) -> str:
     return " ".join(parts).lower()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 

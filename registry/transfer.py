@@ -63,9 +63,9 @@ def pull(ref: str, *, source: str | Path | Store | None,
             return dest.get(record.sha256)
         except ReleaseNotFound:
             pass
-        tmp = dest.temp_path()
-        store.download(record.sha256, tmp)
-        result = dest.add_temp(tmp, expect_sha=record.sha256)
+        with dest.temp_file() as (tmp, _):  # locked: a `recover` meanwhile leaves it alone
+            store.download(record.sha256, tmp)
+            result = dest.add_temp(tmp, expect_sha=record.sha256)
     finally:
         if store is not source:  # opened here from a path or URL
             store.close()

@@ -150,7 +150,7 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     $CORRAL_RUN_ID, else a fresh `validate-…` id). `on_episode(index, agent, check)` is
     called as episodes finish.
     """
-    from corral.registry import make as make_env
+    from corral.catalog import make as make_env
 
     kwargs = dict(env_kwargs)
     if backend:

@@ -1,7 +1,8 @@
 """`corral.runner`: async rollouts, sandbox pool, policy clients and router, batches (DESIGN §6).
 
 Names are imported on first use, so `import corral.runner` stays light (torch, transformers,
-FastAPI and aiohttp load only when a policy needs them).
+FastAPI and aiohttp load only when a policy needs them). The inference engines live in the
+`corral.runner.policy` subpackage; its public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -9,16 +10,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import policy as _policy  # light: the contract only; its engines are lazy in turn
+
 _EXPORTS = {
-    "Policy": "policy", "GenerationRequest": "policy", "Generation": "policy",
-    "Tokenizer": "policy",
-    "LocalPolicy": "local_policy", "OpenAIPolicy": "openai_policy", "Router": "router",
-    "PolicyServer": "serve", "create_app": "serve",
-    "build_tiny_model": "models", "load_model": "models", "load_tokenizer": "models",
-    "ChatTranscript": "chat",
-    "Runner": "runner", "SandboxPool": "pool", "BatchAssembler": "assembly",
+    # the inference side keeps its own table of public names; they are the runner's too
+    **dict.fromkeys(_policy.__all__, "policy"),
+    "Runner": "runner", "SandboxPool": "pool",
+    "BatchAssembler": "assembly", "AssemblyConfig": "assembly",
     "TrajectoryStore": "store", "load_run": "store", "write_report": "report",
-    "ScriptedPolicy": "scripted", "ByteTokenizer": "scripted",
     "WorkItem": "episode", "EpisodeLimits": "episode", "run_episode": "episode",
     "Executor": "executor", "LocalExecutor": "executor",
     "Trajectory": "trajectory", "Batch": "trajectory", "Status": "trajectory",

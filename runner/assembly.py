@@ -57,6 +57,40 @@ class AssemblyCounts:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True, slots=True)
+class AssemblyConfig:
+    """How a `Runner` turns finished work into batches: look-ahead, filtering, retries and
+    the age limit of in-flight work. The defaults suit GRPO on a few hundred trajectories per
+    batch."""
+
+    overprovision: float = 0.25
+    """Groups launched ahead of a batch, as a share of its groups: spare groups absorb the
+    filtered and discarded ones, so a batch is cut without waiting for replacements."""
+    filter_zero_variance: bool = True
+    """Drop groups whose trainable members all got the same reward (zero advantages)."""
+    min_group_trainable: int = 2
+    """A complete group with fewer trainable members (infrastructure failures after their
+    retries are never trainable) is discarded: it carries no comparison."""
+    max_staleness: int | None = None
+    """On a policy update to version v, cut and restart episodes started before v - k;
+    None lets in-flight episodes finish (every token carries its version)."""
+    retries: int = 2
+    """Extra attempts for a sample whose episode failed for infrastructure reasons."""
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.overprovision < 0:
+            raise ValueError("retries and overprovision must be >= 0")
+        if self.min_group_trainable < 1:
+            raise ValueError("min_group_trainable must be at least 1")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError("max_staleness must be >= 0 (or None)")
+
+    def assembler(self) -> "BatchAssembler":
+        """A fresh `BatchAssembler` with this configuration's filtering."""
+        return BatchAssembler(filter_zero_variance=self.filter_zero_variance,
+                              min_trainable=self.min_group_trainable)
+
+
 class BatchAssembler:
     """Groups finished trajectories and hands out batches of whole, trainable groups."""
 

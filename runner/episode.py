@@ -3,7 +3,7 @@
 The trajectory's token ids are built turn by turn and never re-tokenized: the prompt is the
 policy tokenizer's chat template over the env's first messages (tools included), then each
 turn appends the ids the policy generated (`loss_mask` 1, tagged with the `Generation`'s
-version) and the encoded environment turn (`loss_mask` 0), using `corral.runner.chat`.
+version) and the encoded environment turn (`loss_mask` 0), using `corral.runner.policy.chat`.
 
 Sandbox start and task setup overlap with the first inference call: the first prompt needs
 only the instruction, so the first `generate` starts before the episode is even admitted to
@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from corral.errors import AgentError, InfraError
-from corral.runner.chat import ChatTranscript
-from corral.runner.policy import Generation, GenerationRequest, Policy
+from corral.runner.policy import ChatTranscript, Generation, GenerationRequest, Policy
 from corral.runner.pool import span_sink
 from corral.runner.trajectory import Span, Status, Trajectory
 from corral.toolcalls import parse_openai_tool_calls

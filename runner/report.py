@@ -30,7 +30,8 @@ INFRA_PHASES = ("sandbox_wait", "setup")  # drawn on the lower half: they overla
 MAX_BARS = 2000
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display needed), imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,7 +42,7 @@ def _pyplot() -> Any:
 
 def plot_timeline(trajectories: Sequence[Trajectory], path: Path) -> Path:
     """One horizontal bar per trajectory (ordered by start), each phase in its colour."""
-    plt = _pyplot()
+    plt = pyplot()
     trajs = sorted((t for t in trajectories if t.spans), key=lambda t: min(s.start for s in t.spans))
     trajs = trajs[:MAX_BARS]
     origin = min((s.start for t in trajs for s in t.spans), default=0.0)
@@ -82,7 +83,7 @@ def plot_timeline(trajectories: Sequence[Trajectory], path: Path) -> Path:
 def plot_histograms(series: dict[str, Sequence[float]], path: Path, *, xlabel: str,
                     bins: int = 30, integer: bool = False) -> Path:
     """A grid of histograms, one per named series."""
-    plt = _pyplot()
+    plt = pyplot()
     names = list(series)
     cols = min(3, max(1, len(names)))
     rows = (len(names) + cols - 1) // cols
@@ -109,7 +110,7 @@ def plot_histograms(series: dict[str, Sequence[float]], path: Path, *, xlabel: s
 
 
 def plot_batches(times: Sequence[float], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3))
     if times:
         ax.bar(range(len(times)), times, color="#1e88e5")
@@ -122,7 +123,8 @@ def plot_batches(times: Sequence[float], path: Path) -> Path:
     return path
 
 
-def _table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
+def html_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:
+    """An HTML table of `rows` (floats to 4 significant digits, every cell escaped)."""
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:.4g}"
@@ -196,21 +198,21 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
 table{{border-collapse:collapse;margin:0.5em 0 1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;
 text-align:left}}img{{max-width:100%}}</style></head><body>
 <h1>Run report: {html.escape(root.name)}</h1>
-<h2>Summary</h2>{_table(summary_rows)}
+<h2>Summary</h2>{html_table(summary_rows)}
 <h2>Timeline</h2><img src="report/timeline.png" alt="timeline">
 <h2>Time per phase (seconds per trajectory)</h2>
-{_table(phase_rows, ["phase", "mean", "p50", "p90", "p99", "max"])}
+{html_table(phase_rows, ["phase", "mean", "p50", "p90", "p99", "max"])}
 <img src="report/phases.png" alt="phase histograms">
 <h2>Batches</h2>
-{_table(batch_rows, ["batch", "trajectories", "time to batch (s)", "carried in",
+{html_table(batch_rows, ["batch", "trajectories", "time to batch (s)", "carried in",
                      "carried over", "filtered groups", "discarded", "infra failed",
                      "policy version"])}
 <img src="report/batches.png" alt="time to batch">
 <h2>Staleness</h2><img src="report/staleness.png" alt="staleness histogram">
 <h2>Rewards</h2><img src="report/rewards.png" alt="reward histogram">
-<h2>Sandboxes</h2>{_table(_flat(executor.get("pool")))}
-<h2>Policy and router</h2>{_table(_flat(metrics.get("policy")))}
-<h2>Run</h2>{_table(_flat({**config, **metrics.get("counts", {}), **metrics.get("assembly", {})}))}
+<h2>Sandboxes</h2>{html_table(_flat(executor.get("pool")))}
+<h2>Policy and router</h2>{html_table(_flat(metrics.get("policy")))}
+<h2>Run</h2>{html_table(_flat({**config, **metrics.get("counts", {}), **metrics.get("assembly", {})}))}
 </body></html>
 """
     path = root / "report.html"

@@ -8,22 +8,23 @@
 How work flows: the runner plans groups deterministically from `seed` (group `g` is task
 `task_index` of env `env_index`, drawn from `Random(f"corral:{seed}:{g}")`; its `group`
 samples get their own sampling seeds) and keeps at least `ceil(groups_per_batch * (1 +
-overprovision))` groups launched ahead of the consumer. Beyond that it keeps the executor
-saturated: when its envs run in pooled sandboxes and fewer work items are in flight than
-sandbox capacity plus one group, it launches the next group, also while the consumer is busy
-training, until a whole batch of ready groups waits to be taken. Without this, sandboxes idle
-at every batch cut while the last groups finish. Each sample is a task on the event loop
-that runs one episode at a time through the `Executor`, retrying infrastructure failures up to
-`retries` times, writes the finished trajectory to the store, then to the `BatchAssembler`.
-A batch is cut as soon as enough whole groups are ready (the straggler cut-off); everything
-still running keeps running and fills the next batch, so no work is thrown away.
+overprovision))` groups launched ahead of the consumer (`AssemblyConfig`). Beyond that it
+keeps the executor saturated: when its envs run in pooled sandboxes and fewer work items are
+in flight than sandbox capacity plus one group, it launches the next group, also while the
+consumer is busy training, until a whole batch of ready groups waits to be taken. Without
+this, sandboxes idle at every batch cut while the last groups finish. Each sample is a task on
+the event loop that runs one episode at a time through the `Executor` (within the run's
+`EpisodeLimits`), retrying infrastructure failures up to `retries` times, writes the finished
+trajectory to the store, then to the `BatchAssembler`. A batch is cut as soon as enough whole
+groups are ready (the straggler cut-off); everything still running keeps running and fills the
+next batch, so no work is thrown away.
 
 Two separate limits: `sandbox_capacity` (sandboxes alive / episodes holding one) and
 `inference_concurrency` (generate calls in flight). Policy updates: `on_policy_update(v)` tells
 the runner a new version exists; by default in-flight episodes finish (every token carries the
 version that produced it, so the trainer can correct or drop by measured divergence); with
-`max_staleness=k` episodes started before `v - k` are cancelled and restarted; the trainer's
-throttle can call `cut_inflight()` to do that on demand.
+`AssemblyConfig(max_staleness=k)` episodes started before `v - k` are cancelled and
+restarted; the trainer's throttle can call `cut_inflight()` to do that on demand.
 """
 
 from __future__ import annotations
@@ -43,13 +44,14 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from corral.errors import CorralError
-from corral.runner.assembly import BatchAssembler, batch_summary
+from corral.runner.assembly import AssemblyConfig, batch_summary
 from corral.runner.episode import EpisodeLimits, WorkItem
 from corral.runner.executor import EnvFactory, EnvSource, Executor, LocalExecutor, resolve_envs
 from corral.runner.metrics import RunMetrics, policy_stats
 from corral.runner.policy import Policy
 from corral.runner.pool import SandboxPool
-from corral.runner.store import METRICS, TrajectoryStore, write_json_atomic
+from corral.fileio import write_json_atomic
+from corral.runner.store import METRICS, TrajectoryStore
 from corral.runner.trajectory import Batch, Status, Trajectory
 
 log = logging.getLogger(__name__)
@@ -70,46 +72,46 @@ class _Flight:
 
 
 class Runner:
-    """Collects trajectories from `envs` with `policy`; yields GRPO batches or one-shot lists."""
+    """Collects trajectories from `envs` with `policy`; yields GRPO batches or one-shot lists.
+
+    The knobs come in groups. Concurrency: `sandbox_capacity` (sandboxes alive at once) and
+    `inference_concurrency` (generate calls in flight), set apart because they scale apart.
+    Episodes: `limits` (turns, tokens, sampling, deadlines; `EpisodeLimits`). Batches:
+    `assembly` (look-ahead, filtering, retries, staleness cut; `AssemblyConfig`). Sandboxes:
+    `sandbox_backend`, `prewarm` (sandboxes started per pooled spec before the first episode;
+    default: capacity shared among the specs) and `pool` (a `SandboxPool` shared with other
+    runners, which this one drains instead of closing). The run: `run_dir` (the trajectory
+    store; a run resumes from it), `run_id`, `seed` (the task plan), `env_weights` (sampling
+    weights of `envs`), and `backend` (`"asyncio"`, `"ray"` or an `Executor`) with its
+    `backend_options`.
+    """
 
     def __init__(self, envs: Sequence[str | EnvFactory], policy: Policy, *,
                  sandbox_capacity: int = 8, inference_concurrency: int = 32,
-                 run_dir: str | os.PathLike[str] | None = None, seed: int = 0,
-                 max_turns: int | None = None, max_tokens: int = 512, temperature: float = 1.0,
-                 top_p: float = 1.0, episode_deadline: float | None = None,
-                 turn_deadline: float | None = None, verify_deadline: float = 120.0,
-                 retries: int = 2, backend: str | Executor = "asyncio",
-                 sandbox_backend: str = "auto", overprovision: float = 0.25,
-                 filter_zero_variance: bool = True, min_group_trainable: int = 2,
-                 max_staleness: int | None = None, prewarm: int | None = None,
-                 env_weights: Sequence[float] | None = None, max_context: int | None = None,
-                 run_id: str | None = None, pool: SandboxPool | None = None,
+                 limits: EpisodeLimits | None = None, assembly: AssemblyConfig | None = None,
+                 sandbox_backend: str = "auto", prewarm: int | None = None,
+                 pool: SandboxPool | None = None,
+                 run_dir: str | os.PathLike[str] | None = None, run_id: str | None = None,
+                 seed: int = 0, env_weights: Sequence[float] | None = None,
+                 backend: str | Executor = "asyncio",
                  backend_options: dict[str, Any] | None = None) -> None:
         if sandbox_capacity < 1 or inference_concurrency < 1:
             raise ValueError("sandbox_capacity and inference_concurrency must be at least 1")
-        if retries < 0 or overprovision < 0:
-            raise ValueError("retries and overprovision must be >= 0")
         self.env_entries = list(envs)
         self.policy = policy
         self.sandbox_capacity = sandbox_capacity
         self.inference_concurrency = inference_concurrency
+        self.limits = limits if limits is not None else EpisodeLimits()
+        self.assembly = assembly if assembly is not None else AssemblyConfig()
+        self.sandbox_backend = sandbox_backend
+        self.prewarm = prewarm
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.run_id = run_id or (self.run_dir.name if self.run_dir else f"corral-{os.getpid()}")
         self.seed = seed
-        self.retries = retries
+        self.env_weights = list(env_weights) if env_weights else None
         self.backend = backend
         self.backend_options = dict(backend_options or {})  # e.g. Ray: workers, ray_init
-        self.sandbox_backend = sandbox_backend
-        self.overprovision = overprovision
-        self.max_staleness = max_staleness
-        self.prewarm = prewarm
-        self.env_weights = list(env_weights) if env_weights else None
-        self.run_id = run_id or (self.run_dir.name if self.run_dir else f"corral-{os.getpid()}")
-        self.limits = EpisodeLimits(
-            max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-            turn_deadline=turn_deadline, episode_deadline=episode_deadline,
-            verify_deadline=verify_deadline, max_context=max_context)
-        self.assembler = BatchAssembler(filter_zero_variance=filter_zero_variance,
-                                        min_trainable=min_group_trainable)
+        self.assembler = self.assembly.assembler()
         self.metrics = RunMetrics()
         self.sources: list[EnvSource] = []
         self.pool: SandboxPool | None = pool
@@ -147,9 +149,11 @@ class Runner:
         """The settings recorded in the run manifest (seed, envs and group must match to resume)."""
         return {"seed": self.seed, "envs": [s.label for s in self.sources],
                 "sandbox_capacity": self.sandbox_capacity,
-                "inference_concurrency": self.inference_concurrency, "retries": self.retries,
+                "inference_concurrency": self.inference_concurrency,
+                "retries": self.assembly.retries,
                 "max_turns": self.limits.max_turns, "max_tokens": self.limits.max_tokens,
-                "temperature": self.limits.temperature, "overprovision": self.overprovision,
+                "temperature": self.limits.temperature,
+                "overprovision": self.assembly.overprovision,
                 "policy": type(self.policy).__name__, "run_id": self.run_id}
 
     async def start(self) -> None:
@@ -301,7 +305,7 @@ class Runner:
     async def _run_item(self, item: WorkItem) -> None:
         assert self.executor is not None
         causes: list[str] = []
-        for attempt in range(1, self.retries + 2):
+        for attempt in range(1, self.assembly.retries + 2):
             traj = await self.executor.run(item, attempt)
             if traj.status is not Status.INFRA_ERROR:
                 break
@@ -393,7 +397,7 @@ class Runner:
         if group < 1 or size < group or size % group:
             raise ValueError(f"size ({size}) must be a positive multiple of group ({group})")
         needed = size // group
-        ahead = max(needed, math.ceil(needed * (1 + self.overprovision)))
+        ahead = max(needed, math.ceil(needed * (1 + self.assembly.overprovision)))
         give_up = 20 * ahead + 100
         produced = 0
         # runs without sandboxes keep only the look-ahead (see module docstring)
@@ -411,7 +415,7 @@ class Runner:
                         raise CorralError(
                             f"{self._dropped_streak} groups in a row were filtered or discarded "
                             "(equal rewards or infrastructure failures); check the env and "
-                            "policy, or pass filter_zero_variance=False")
+                            "policy, or pass assembly=AssemblyConfig(filter_zero_variance=False)")
                     await self._wait_change()
                 batch.stats.update(self._batch_stats(batch, time.perf_counter() - asked))
                 self.metrics.record_batch(batch.stats)
@@ -436,14 +440,15 @@ class Runner:
     # --- policy updates ------------------------------------------------------------------------
     def on_policy_update(self, version: int) -> int:
         """The trainer published `version`. Servers that do not report versions are told it;
-        with `max_staleness` set, episodes started before `version - max_staleness` are cut
-        and restarted. Returns how many were cut."""
+        with `assembly.max_staleness` set, episodes started before `version - max_staleness`
+        are cut and restarted. Returns how many were cut."""
         set_version = getattr(self.policy, "set_version", None)
         if set_version is not None and self.policy.version < version:
             set_version(version)
-        if self.max_staleness is None:
+        max_staleness = self.assembly.max_staleness
+        if max_staleness is None:
             return 0
-        return self.cut_inflight(older_than=version - self.max_staleness)
+        return self.cut_inflight(older_than=version - max_staleness)
 
     def cut_inflight(self, older_than: int | None = None) -> int:
         """Cancel in-flight episodes started under a policy version below `older_than`

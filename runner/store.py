@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from corral.errors import CorralError
+from corral.fileio import write_json_atomic
 from corral.runner.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -34,25 +35,6 @@ RESUME_KEYS = ("seed", "envs", "group")
 
 class StoreMismatch(CorralError):
     """A run directory holds a different run than the one being resumed into it."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace `path` with `data` as JSON so a crash leaves the old or the new file, whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def read_trajectories(path: Path) -> Iterator[dict[str, Any]]:

@@ -2,7 +2,7 @@
 # Corral's one-stop set-up. Idempotent and quiet; safe to run again and again.
 #
 #   bash scripts/dev.sh demo [ARGS]   set everything up, then run `corral demo`
-#   bash scripts/dev.sh test [ARGS]   set everything up, then run the test suite
+#   bash scripts/dev.sh test [ARGS]   set everything up, then `ruff check` and the test suite
 #   bash scripts/dev.sh setup         set everything up only
 #
 # Set-up: Debian packages (docker.io, bubblewrap, chromium, debootstrap), a running dockerd,
@@ -76,6 +76,8 @@ cmd=${1:-setup}; shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/corral" demo "$@" ;;
-  test) setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  test) setup
+    "$VENV/bin/ruff" check --quiet . || { log "ruff check failed (fix the lines above)"; exit 1; }
+    exec "$VENV/bin/python" -m pytest -q "$@" ;;
   *) log "usage: bash scripts/dev.sh demo|test|setup [ARGS]"; exit 2 ;;
 esac

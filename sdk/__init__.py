@@ -15,6 +15,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from . import errors
 from .dataset import Dataset
 from .env import Env, Episode, TextEnv
@@ -25,28 +28,38 @@ from .types import Task, ToolCall
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name: str):  # registry functions, imported lazily (registry depends on sdk)
-    if name in ("register", "make", "spec", "registry", "deprecate"):
-        import corral.registry as registry
-
-        return registry if name == "registry" else getattr(registry, name)
-    if name in _LAZY:
-        module_name, attr = _LAZY[name]
-        import importlib
-
-        return getattr(importlib.import_module(module_name), attr)
-    raise AttributeError(f"module 'corral' has no attribute {name!r}")
-
-
-# Names that live in heavier modules, loaded on first use.
+# The facade: `import corral as cr` stays light, and the heavier names and the upper layers load
+# on first attribute access (PEP 562). This is the one place the SDK names upper layers, and only
+# by string: nothing here runs at import time, so the layers below import no layer above.
 _LAZY: dict[str, tuple[str, str]] = {
     "BrowserEnv": ("corral.browser.env", "BrowserEnv"),
     "TerminalEnv": ("corral.terminal", "TerminalEnv"),
     "load_harbor": ("corral.harbor", "load_harbor"),
+    # Catalog functions go through the registry so the built-in envs and installed releases
+    # are in the catalog `cr.make` reads (the SDK's catalog alone knows only code registrations).
+    "register": ("corral.registry", "register"),
+    "make": ("corral.registry", "make"),
+    "spec": ("corral.registry", "spec"),
+    "deprecate": ("corral.registry", "deprecate"),
     "mix": ("corral.registry.curation", "mix"),
 }
+_SUBPACKAGES = ("browser", "envs", "registry", "runner", "sandbox", "trainer")
 
-__all__ = ["Browser", "BrowserEnv", "Dataset", "Env", "Episode", "Task", "Terminal",
-           "TerminalEnv", "TextEnv", "ToolCall", "environment", "errors", "load_harbor", "make",
-           "register", "registry", "reward", "spec", "tool", "__version__"]
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"corral.{name}")
+    if name in _LAZY:
+        module_name, attr = _LAZY[name]
+        return getattr(importlib.import_module(module_name), attr)
+    raise AttributeError(f"module 'corral' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBPACKAGES))
+
+
+# The subpackages are attributes (`cr.runner.Runner`) but not star-exported: `from corral import
+# *` must not pull in torch.
+__all__ = ["Browser", "Dataset", "Env", "Episode", "Task", "Terminal", "TextEnv", "ToolCall",
+           "environment", "errors", "reward", "tool", "__version__", *_LAZY]

@@ -21,7 +21,7 @@ import gymnasium
 
 from ._sync import run_sync
 from .dataset import Dataset
-from .errors import AgentError, InfraError, UnknownTool
+from .errors import AgentError, AuthoringError, InfraError, UnknownTool
 from .sandbox.base import Sandbox
 from .sandbox.spec import SandboxSpec
 from .spaces import TextSpace
@@ -120,7 +120,7 @@ class Env(gymnasium.Env[str, str]):
         """What the agent is asked to do for `task`."""
         prompt = task.get("prompt") or task.get("instruction")
         if prompt is None:
-            raise AgentError(f"{type(self).__name__} must define instruction(task)")
+            raise AuthoringError(f"{type(self).__name__} must define instruction(task)")
         return str(prompt)
 
     async def setup(self, sandbox: Any, task: Task) -> None:
@@ -133,7 +133,7 @@ class Env(gymnasium.Env[str, str]):
 
     def solution(self, task: Task) -> list[ToolCall | str] | str:
         """The oracle: actions that solve `task`, used by validation."""
-        raise AgentError(f"{type(self).__name__} has no oracle solution()")
+        raise AuthoringError(f"{type(self).__name__} has no oracle solution()")
 
     def random_action(self, task: Task, rng: Any) -> Action:
         """An action a random agent might take (used by `corral run --agent random`)."""
@@ -175,7 +175,7 @@ class Env(gymnasium.Env[str, str]):
             task = options["task"]
             return task if isinstance(task, Task) else self.tasks.task_type(**task)
         if len(self.tasks) == 0:
-            raise AgentError(f"{self.env_id or type(self).__name__} has no tasks")
+            raise AuthoringError(f"{self.env_id or type(self).__name__} has no tasks")
         index = options.get("task_index")
         if index is None:
             index = int(self.np_random.integers(len(self.tasks)))

@@ -61,10 +61,6 @@ class InvalidToolArguments(AgentError):
     """The agent's tool arguments failed validation."""
 
 
-class RewardError(CorralError):
-    """A reward function raised; the episode is marked errored and the run goes on."""
-
-
 # --- infrastructure failures: retried, never blamed on the agent -----------------------------
 class InfraError(CorralError):
     """Infrastructure failed (sandbox, browser, inference server); not the agent's fault."""

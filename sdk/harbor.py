@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .dataset import Dataset
-from .errors import AgentError, DatasetError, DuplicateRegistration
+from .errors import AuthoringError, DatasetError, DuplicateRegistration
 from .sandbox.spec import Terminal
 from .terminal import TerminalEnv, Verifier, bash
 from .types import Task, ToolCall
@@ -262,7 +262,7 @@ class HarborEnv(TerminalEnv):
         """Unpack solution/ into /solution, then run `bash /solution/solve.sh`."""
         ht = self.harbor_task(task)
         if ht.solution is None:
-            raise AgentError(f"{ht.root / 'solution' / 'solve.sh'}: missing, so {self.env_id} "
+            raise AuthoringError(f"{ht.root / 'solution' / 'solve.sh'}: missing, so {self.env_id} "
                              "has no oracle")
         unpack = (f"rm -rf /solution && mkdir -p /solution && echo {_pack(ht.solution)} | "
                   "base64 -d | tar -xz -C /solution")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -134,13 +134,6 @@ class RewardSpec:
     name: str
     weight: float = 1.0
     per_step: bool = False
-
-
-@dataclass(slots=True)
-class _Marks:
-    tool: ToolSpec | None = None
-    reward: RewardSpec | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,

@@ -2,7 +2,8 @@
 
 The pieces, each usable on its own:
 
-* `TrainerConfig`: every knob, validated;
+* `StepConfig`: every knob of one optimisation step (loss, importance weights, staleness,
+  optimizer), validated; `TrainConfig` configures a whole run of `train`;
 * `build_tensor_batch`: a runner `Batch` as padded tensors with group-normalised advantages;
 * `loss`: token logprobs, truncated/masked importance weights, the clipped surrogate;
 * `staleness`: per-sample divergence and age, drop/down-weight decisions, the throttle signal;
@@ -12,11 +13,12 @@ The pieces, each usable on its own:
 """
 
 from .batching import TensorBatch, build_tensor_batch, group_advantages
-from .config import TrainerConfig
+from .config import StepConfig
 from .loss import (ISWeights, aggregate, importance_weights, k3, policy_loss, sft_loss,
                    token_logprobs)
 from .numerics import AlignmentStats, NumericsReport, numerics_report
-from .sft import SFTExample, supervised_warmup
+from .examples import SFTExample
+from .sft import supervised_warmup
 from .staleness import (StalenessReport, ThrottleController, ThrottleSignal, assess_staleness,
                         sample_age, sample_divergence)
 from .tasks import TaskSlice
@@ -24,11 +26,11 @@ from .trainer import Publisher, StepResult, Trainer, resolve_dtype
 
 __all__ = [
     "AlignmentStats", "ISWeights", "NumericsReport", "Publisher", "SFTExample",
-    "StalenessReport", "StepResult", "TaskSlice", "TensorBatch", "ThrottleController", "ThrottleSignal",
-    "Trainer", "TrainerConfig", "aggregate", "assess_staleness", "build_tensor_batch",
-    "group_advantages", "importance_weights", "k3", "numerics_report", "policy_loss",
-    "resolve_dtype", "sample_age", "sample_divergence", "sft_loss", "supervised_warmup",
-    "token_logprobs",
+    "StalenessReport", "StepConfig", "StepResult", "TaskSlice", "TensorBatch",
+    "ThrottleController", "ThrottleSignal", "Trainer", "aggregate", "assess_staleness",
+    "build_tensor_batch", "group_advantages", "importance_weights", "k3", "numerics_report",
+    "policy_loss", "resolve_dtype", "sample_age", "sample_divergence", "sft_loss",
+    "supervised_warmup", "token_logprobs",
 ]
 
 from .loop import TrainConfig, TrainResult, train  # noqa: E402  (the loop builds on the above)

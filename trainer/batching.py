@@ -23,7 +23,7 @@ import torch
 
 from corral.runner.trajectory import ENV_VERSION, Batch, Trajectory
 
-from .config import TrainerConfig
+from .config import StepConfig
 
 
 @dataclass
@@ -88,9 +88,9 @@ def group_advantages(rewards: Sequence[float], *, norm: str = "mean_std",
 
 
 def build_tensor_batch(batch: Batch | Sequence[Sequence[Trajectory]],
-                       config: TrainerConfig | None = None) -> TensorBatch:
+                       config: StepConfig | None = None) -> TensorBatch:
     """Pad a batch's trainable trajectories into tensors and compute group advantages."""
-    config = config or TrainerConfig()
+    config = config or StepConfig()
     groups = batch.groups if isinstance(batch, Batch) else [list(g) for g in batch]
     samples: list[Trajectory] = []
     advantages: list[float] = []

@@ -1,4 +1,7 @@
-"""`TrainerConfig`: every knob of the GRPO trainer in one validated pydantic model (DESIGN §7).
+"""`StepConfig`: how `Trainer.step` turns a batch into a weight update, in one validated
+pydantic model (DESIGN §7): optimizer, clipping, importance weights, staleness, advantages,
+loss aggregation, execution and numerics. A whole training run (envs, model, steps, batch
+size, collection) is `corral.trainer.loop.TrainConfig`, which builds one of these.
 
 Defaults are chosen for small models trained from a warm start on a few hundred trajectories
 per step; each field's description says what it does and why the default is what it is.
@@ -14,8 +17,8 @@ ISMode = Literal["none", "truncate", "mask", "both"]
 LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
 
-class TrainerConfig(BaseModel):
-    """Configuration of `corral.trainer.Trainer`.
+class StepConfig(BaseModel):
+    """Configuration of each `corral.trainer.Trainer` step (the name pairs with `StepResult`).
 
     Groups of fields: optimizer, PPO clipping, importance-sampling (IS) correction between the
     behaviour policy (the rollout engine) and the proximal policy (the trainer's recompute at the
@@ -109,7 +112,7 @@ class TrainerConfig(BaseModel):
                                           "token on same-weights tokens exceeds this.")
 
     @model_validator(mode="after")
-    def _check_bounds(self) -> "TrainerConfig":
+    def _check_bounds(self) -> "StepConfig":
         if self.is_token_mask_low > 1 or self.is_seq_mask_low > 1:
             raise ValueError("is_token_mask_low and is_seq_mask_low must be <= 1 (w = 1 is "
                              "on-policy and must never be masked)")

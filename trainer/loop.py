@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,11 +40,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from corral.errors import CorralError
 from corral.runner.trajectory import Batch, Trajectory
 
-from .config import TrainerConfig
+from .config import StepConfig
 from .publish import LocalPublisher
 from .sft import supervised_warmup
 from .tasks import TaskSlice
 from .trainer import StepResult, Trainer
+
+if TYPE_CHECKING:  # the runner's episode machinery loads when a run starts
+    from corral.runner import EpisodeLimits
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,9 @@ CHECKPOINT = "checkpoint"
 
 
 class TrainConfig(BaseModel):
-    """Everything `train` needs; the CLI `corral train` fills it from flags."""
+    """A whole training run: envs, model, steps, batches, collection, warm-up, evaluation;
+    everything `train` needs (the CLI `corral train` fills it from flags). The settings of each
+    optimisation step are a `StepConfig`, built by `step_config()`."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -90,7 +95,8 @@ class TrainConfig(BaseModel):
                                        "the runner (False: the trainer logs them as skips)")
     torch_threads: int | None = Field(1, description="torch CPU threads (1 suits tiny models)")
     trainer: dict[str, Any] = Field(default_factory=dict,
-                                    description="extra `TrainerConfig` fields")
+                                    description="more `StepConfig` fields (the optimisation "
+                                    "step: loss, importance weights, staleness, optimizer)")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
@@ -108,9 +114,20 @@ class TrainConfig(BaseModel):
     def env_ids(self) -> list[str]:
         return list(self.mix) if self.mix else list(self.envs)
 
-    def trainer_config(self) -> TrainerConfig:
-        return TrainerConfig(**{"lr": self.lr, "temperature": self.temperature,
-                                **self.trainer})
+    def env_weights(self) -> list[float] | None:
+        """Sampling weights in `env_ids()` order (None: uniform)."""
+        return list(self.mix.values()) if self.mix else None
+
+    def episode_limits(self) -> "EpisodeLimits":
+        """The runner's limits for training and evaluation episodes."""
+        from corral.runner import EpisodeLimits
+
+        return EpisodeLimits(max_tokens=self.max_tokens, temperature=self.temperature)
+
+    def step_config(self) -> StepConfig:
+        """The trainer's per-step settings: `lr` and `temperature` from here, the rest from
+        `trainer`."""
+        return StepConfig(**{"lr": self.lr, "temperature": self.temperature, **self.trainer})
 
 
 @dataclass
@@ -153,7 +170,7 @@ async def oracle_examples(envs: list[EnvEntry], tokenizer: Any, n: int, seed: in
     uses) followed by its oracle's final answer. `envs` are env ids or factories (a task
     slice's train envs). Envs whose oracle is not a single text answer (multi-turn, tool
     calls) are skipped with a log line."""
-    from corral.runner.chat import ChatTranscript
+    from corral.runner import ChatTranscript
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>") if hasattr(
         tokenizer, "convert_tokens_to_ids") else None
@@ -205,7 +222,7 @@ def _rewind(run_dir: Path, extra: dict[str, Any]) -> None:
     """Put the run back where the checkpoint was: the step log is cut to its length then
     (steps logged after it are redone), and the runner cursor is set to the checkpoint's
     batch, so batches taken after it are handed out again from the store."""
-    from corral.runner.store import write_json_atomic
+    from corral.fileio import write_json_atomic
 
     log_path = run_dir / TRAIN_LOG
     if log_path.exists() and "log_bytes" in extra:
@@ -259,9 +276,8 @@ async def _evaluate(config: TrainConfig, policy: Any, step: int, envs: list[EnvE
 
     async with Runner(envs, policy, sandbox_capacity=config.sandbox_capacity,
                       inference_concurrency=config.inference_concurrency,
-                      seed=config.seed + 1_000_003, max_tokens=config.max_tokens,
-                      temperature=config.temperature,
-                      env_weights=list(config.mix.values()) if config.mix else None) as ev:
+                      limits=config.episode_limits(), seed=config.seed + 1_000_003,
+                      env_weights=config.env_weights()) as ev:
         trajs = await ev.collect(config.eval_tasks, group=1)
     rewards = [t.reward for t in trajs]
     return {"step": step, "stage": stage, "version": policy.version, "tasks": len(rewards),
@@ -271,8 +287,7 @@ async def _evaluate(config: TrainConfig, policy: Any, step: int, envs: list[EnvE
 async def train(config: TrainConfig, *, resume: bool = False,
                 on_step: StepCallback | None = None) -> TrainResult:
     """Run (or, with `resume`, continue) a training run; see the module docstring."""
-    from corral.runner import LocalPolicy, Runner
-    from corral.runner.models import load_model
+    from corral.runner import AssemblyConfig, LocalPolicy, Runner, load_model
 
     started = time.perf_counter()
     if config.torch_threads:
@@ -303,7 +318,7 @@ async def train(config: TrainConfig, *, resume: bool = False,
     result = TrainResult(run_dir=run_dir, steps=0, version=0)
     if resume and has_ckpt:
         trainer = await asyncio.to_thread(Trainer.resume, ckpt_dir, model, tokenizer,
-                                          config.trainer_config(), publish)
+                                          config.step_config(), publish)
         _rewind(run_dir, trainer.extra)
         await asyncio.to_thread(publish, trainer.model, trainer.version)
         result.resumed_from = trainer.step_count
@@ -312,7 +327,7 @@ async def train(config: TrainConfig, *, resume: bool = False,
     else:
         if resume:
             log.info("no checkpoint in %s: starting from scratch", run_dir)
-        trainer = Trainer(model, tokenizer, config.trainer_config(), publish)
+        trainer = Trainer(model, tokenizer, config.step_config(), publish)
         if config.sft_steps and config.eval_every:  # the warm-up's own gain, reported apart
             result.evals.append(await _evaluate(config, policy, 0, eval_envs, "before_sft"))
             eval_log.append(result.evals[-1])
@@ -337,11 +352,10 @@ async def train(config: TrainConfig, *, resume: bool = False,
         eval_log.append(result.evals[-1])
 
     runner = Runner(train_envs, policy, sandbox_capacity=config.sandbox_capacity,
-                    inference_concurrency=config.inference_concurrency, run_dir=run_dir,
-                    seed=config.seed, max_tokens=config.max_tokens,
-                    temperature=config.temperature,
-                    filter_zero_variance=config.filter_zero_variance,
-                    env_weights=list(config.mix.values()) if config.mix else None)
+                    inference_concurrency=config.inference_concurrency,
+                    limits=config.episode_limits(),
+                    assembly=AssemblyConfig(filter_zero_variance=config.filter_zero_variance),
+                    run_dir=run_dir, seed=config.seed, env_weights=config.env_weights())
     async with runner:
         await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step,
                      eval_envs, started)

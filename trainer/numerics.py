@@ -14,7 +14,7 @@ numerics alone (kernels, dtype, batch-invariance, sampling temperature). The war
 on the aligned scope only; when no aligned token exists (fully asynchronous steps) the report
 still shows `all`, and staleness control covers that case.
 
-Why the default warning levels (`TrainerConfig.numerics_warn_kl` = 1e-3 and
+Why the default warning levels (`StepConfig.numerics_warn_kl` = 1e-3 and
 `numerics_warn_mean_abs` = 0.05): the sequence-level importance weight is exp(sum_t d_t). With a
 per-token KL of 1e-3 the per-token spread of d_t is about sqrt(2e-3) ~ 0.045, and over 1,000
 generated tokens the sum wanders by ~1.4 nats, so sequence weights swing by a factor of ~4 from

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from corral.runner.report import _pyplot, _table, write_report
+from corral.runner.report import html_table, pyplot, write_report
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -47,7 +47,7 @@ def _summed(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 def plot_training(steps: list[dict[str, Any]], evals: list[dict[str, Any]],
                   sft: list[dict[str, Any]], out: Path) -> tuple[Path, Path]:
     """Draw the reward/loss curves and the summed histograms; returns both paths."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     ax.plot([r["step"] for r in steps], [r["reward_mean"] for r in steps], "o-",
             label="batch reward (rollouts)")
@@ -113,14 +113,14 @@ def write_training_report(run_dir: str | os.PathLike[str]) -> Path:
              r.get("time/data_wait_s", 0.0), r.get("time/sync_s", 0.0)) for r in steps]
     section = f"""<h1>Training</h1>
 <h2>Reward and loss</h2><img src="report/reward_curve.png" alt="reward curve">
-{_table([(e["step"], e.get("stage", "rl"), e["version"], e["tasks"], e["reward_mean"])
+{html_table([(e["step"], e.get("stage", "rl"), e["version"], e["tasks"], e["reward_mean"])
          for e in evals],
         ["step", "stage", "version", "held-out tasks", "held-out reward"]) if evals else ""}
 <h2>Staleness and divergence (all steps)</h2><img src="report/train_hists.png" alt="histograms">
 <h2>Numerics and staleness at the last step ({html.escape(str(last["step"]))})</h2>
-{_table(numerics, ["metric", "value"])}
+{html_table(numerics, ["metric", "value"])}
 <h2>Steps</h2>
-{_table(rows, ["step", "version", "applied", "skipped", "reward", "loss", "step s",
+{html_table(rows, ["step", "version", "applied", "skipped", "reward", "loss", "step s",
                "data wait s", "sync s"])}
 </body></html>"""
     text = page.read_text(encoding="utf-8").replace("</body></html>", section)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import TrainerConfig
+from .config import StepConfig
 from .loss import k3, masked_mean_per_sample
 
 # Fixed histogram edges so histograms of different steps can be compared and stacked.
@@ -107,7 +107,7 @@ def sample_age(versions: torch.Tensor, loss_mask: torch.Tensor,
 
 def assess_staleness(logp_current: torch.Tensor, logp_behaviour: torch.Tensor,
                      loss_mask: torch.Tensor, versions: torch.Tensor, current_version: int,
-                     config: TrainerConfig) -> StalenessReport:
+                     config: StepConfig) -> StalenessReport:
     """Measure every sample and decide its weight (see the module docstring)."""
     div = sample_divergence(logp_current, logp_behaviour, loss_mask).cpu().numpy()
     age = sample_age(versions, loss_mask, current_version).cpu().numpy()
@@ -158,7 +158,7 @@ class ThrottleController:
     history: deque[float] = field(default_factory=deque)
 
     @classmethod
-    def from_config(cls, config: TrainerConfig) -> "ThrottleController":
+    def from_config(cls, config: StepConfig) -> "ThrottleController":
         return cls(threshold=config.divergence_threshold, window=config.throttle_window,
                    alpha=config.throttle_ema, min_level=config.throttle_min_level)
 

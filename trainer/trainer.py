@@ -38,11 +38,11 @@ from corral.runner.trajectory import Batch, Trajectory
 
 from . import checkpoint as ckpt
 from .batching import TensorBatch, build_tensor_batch
-from .config import TrainerConfig
+from .config import StepConfig
 from .loss import importance_weights, policy_loss, sft_loss, token_logprobs
 from .numerics import NumericsReport, numerics_report
 from .prefix import cache_keyword, shared_prefix_length, suffix_logits
-from .sft import SFTExample, encode_example
+from .examples import SFTExample, encode_example
 from .staleness import StalenessReport, ThrottleController, ThrottleSignal, assess_staleness
 
 log = logging.getLogger(__name__)
@@ -85,11 +85,11 @@ class Trainer:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None,
-                 config: TrainerConfig | None = None, publish: Publisher | None = None, *,
+                 config: StepConfig | None = None, publish: Publisher | None = None, *,
                  version: int = 0) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.config = config or TrainerConfig()
+        self.config = config or StepConfig()
         self.publish = publish
         self.version = version
         self.step_count = 0
@@ -275,7 +275,7 @@ class Trainer:
 
     @classmethod
     def resume(cls, path: str | Path, model: torch.nn.Module | None = None,
-               tokenizer: Any = None, config: TrainerConfig | None = None,
+               tokenizer: Any = None, config: StepConfig | None = None,
                publish: Publisher | None = None, *,
                device: str | torch.device | None = None) -> "Trainer":
         """Rebuild a trainer from `save_checkpoint` output.
@@ -298,7 +298,7 @@ class Trainer:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(where / "tokenizer"))
-        trainer = cls(model, tokenizer, config or TrainerConfig(**state["config"]), publish,
+        trainer = cls(model, tokenizer, config or StepConfig(**state["config"]), publish,
                       version=state["version"])
         saved = ckpt.read_state(where, device=trainer.device)
         trainer.optimizer.load_state_dict(saved.optimizer)
@@ -414,7 +414,7 @@ class Trainer:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The compute dtype for `TrainerConfig.dtype` on `device`."""
+    """The compute dtype for `StepConfig.dtype` on `device`."""
     if name == "bfloat16":
         return torch.bfloat16
     if name == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():

@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     for f in CostModel.__dataclass_fields__.values():
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = parser.parse_args(argv)
-    from corral.runner.models import load_tokenizer
+    from corral.runner.policy.models import load_tokenizer
 
     cost = CostModel(**{name: getattr(args, name) for name in CostModel.__dataclass_fields__})
     config = WorkloadConfig(**json.loads(args.workload_json))

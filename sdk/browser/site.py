@@ -161,10 +161,6 @@ class TaskServer:
         with self._lock:
             self._sessions.pop(session.token, None)
 
-    @property
-    def open_sessions(self) -> int:
-        return len(self._sessions)
-
     # --- requests -------------------------------------------------------------------------
     def handle(self, method: str, token: str, target: str, headers: Mapping[str, str],
                body: bytes) -> Response:

@@ -7,8 +7,8 @@ import json
 import re
 
 from corral.browser import close_pools, get_pool
-from corral.runner import Runner, ScriptedPolicy, Status
-from corral.runner.scripted import ScriptedCall
+from corral.runner import EpisodeLimits, Runner, ScriptedPolicy, Status
+from corral.runner.policy import ScriptedCall
 
 ENV_ID = "corral/web-click-button-v0"
 
@@ -48,10 +48,11 @@ def wrong_clicker(call: ScriptedCall) -> str:
 async def test_runner_collects_browser_episodes_concurrently() -> None:
     try:
         policy = ScriptedPolicy(clicker)
-        async with Runner([ENV_ID], policy, seed=3, max_tokens=128) as runner:
+        async with Runner([ENV_ID], policy, seed=3,
+                          limits=EpisodeLimits(max_tokens=128)) as runner:
             trajs = await runner.collect(6, group=2)
         async with Runner([ENV_ID], ScriptedPolicy(wrong_clicker), seed=4,
-                          max_tokens=128) as runner:
+                          limits=EpisodeLimits(max_tokens=128)) as runner:
             wrong = await runner.collect(2)
             runner_pool = get_pool("host")
             browsers = get_pool("host").browsers

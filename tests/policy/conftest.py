@@ -9,10 +9,9 @@ from typing import Iterator
 import pytest
 import torch
 
-from corral.runner.chat import encode_prompt
-from corral.runner.local_policy import LocalPolicy
-from corral.runner.models import build_tiny_model, load_model, load_tokenizer
-from corral.runner.serve import PolicyServer
+from corral.runner.policy import (LocalPolicy, PolicyServer, build_tiny_model, load_model,
+                                  load_tokenizer)
+from corral.runner.policy.chat import encode_prompt
 
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from corral.runner.chat import (ChatTranscript, encode_prompt, encode_turn, generation_prompt_ids,
-                                parse_assistant_message, parse_assistant_text, render,
-                                turn_end_ids)
+from corral.runner.policy.chat import (ChatTranscript, encode_prompt, encode_turn,
+                                       generation_prompt_ids, parse_assistant_message,
+                                       parse_assistant_text, render, turn_end_ids)
 from corral.toolcalls import ToolCallParseError
 
 from .conftest import TOOLS
@@ -88,7 +88,7 @@ def test_long_transcripts_match_a_full_render_with_shortened_context(tokenizer) 
 
 
 def test_templates_that_depend_on_distant_history_are_rendered_in_full(tiny_path) -> None:
-    from corral.runner.models import load_tokenizer
+    from corral.runner.policy.models import load_tokenizer
 
     numbered = load_tokenizer(tiny_path)  # a template that numbers user messages by position
     numbered.chat_template = (

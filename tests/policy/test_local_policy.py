@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from corral.runner.local_policy import LocalPolicy
-from corral.runner.models import build_tiny_model
-from corral.runner.policy import GenerationRequest
+from corral.runner.policy import GenerationRequest, LocalPolicy, build_tiny_model
 
 PROMPTS = ["hello world", "ls -la /tmp && cd /home", "1 + 2 =",
            "The quick brown fox jumps over the lazy dog and then"]

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, ViTConfig
 
 from corral.errors import ModelError
-from corral.runner.models import build_tiny_model, load_model, resolve_model_path
+from corral.runner.policy.models import build_tiny_model, load_model, resolve_model_path
 
 
 def test_round_trip_with_from_pretrained(tiny_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.runner.router import Router
+from corral.runner.policy.router import Router
 
 
 class Clock:

@@ -12,11 +12,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from corral.errors import PolicyError
-from corral.runner.chat import encode_prompt, parse_assistant_text
-from corral.runner.local_policy import LocalPolicy
-from corral.runner.openai_policy import OpenAIPolicy
-from corral.runner.policy import GenerationRequest
-from corral.runner.serve import AppServer, PolicyServer
+from corral.runner.policy import GenerationRequest, LocalPolicy, OpenAIPolicy
+from corral.runner.policy.chat import encode_prompt, parse_assistant_text
+from corral.runner.policy.serve import AppServer, PolicyServer
 
 from .conftest import TOOL_ANSWER, TOOL_PROMPT, TOOLS
 

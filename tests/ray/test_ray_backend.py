@@ -10,8 +10,8 @@ import pytest
 
 import corral as cr
 from corral.errors import SandboxError
-from corral.runner.runner import Runner
-from corral.runner.scripted import ScriptedCall, ScriptedPolicy
+from corral.runner import AssemblyConfig, EpisodeLimits, Runner
+from corral.runner.policy import ScriptedCall, ScriptedPolicy
 from corral.runner.trajectory import Status, Trajectory
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -71,8 +71,10 @@ async def test_env_errors_come_back_classified() -> None:
         async def setup(self, sandbox: Any, task: Any) -> None:
             raise SandboxError("the sandbox host is gone")
 
-    local, _ = await collect("asyncio", [Broken], lambda call: "hi", 2, 1, retries=1)
-    remote, _ = await collect("ray", [Broken], lambda call: "hi", 2, 1, retries=1)
+    local, _ = await collect("asyncio", [Broken], lambda call: "hi", 2, 1,
+                             assembly=AssemblyConfig(retries=1))
+    remote, _ = await collect("ray", [Broken], lambda call: "hi", 2, 1,
+                              assembly=AssemblyConfig(retries=1))
     for traj in remote:
         assert traj.status is Status.INFRA_ERROR
         assert traj.error == "SandboxError: the sandbox host is gone"
@@ -136,8 +138,10 @@ async def test_docker_terminal_env_same_trajectories(base_image: str, run_id: st
 async def test_truncation_runs_the_verifier_in_the_worker() -> None:
     """A context limit ends games mid-way; the final rewards still run (remotely) and match."""
     envs = ["corral/guess-number-v0"]
-    local, _ = await collect("asyncio", envs, binary_search, 6, 2, max_context=300)
-    remote, _ = await collect("ray", envs, binary_search, 6, 2, max_context=300)
+    local, _ = await collect("asyncio", envs, binary_search, 6, 2,
+                             limits=EpisodeLimits(max_context=300))
+    remote, _ = await collect("ray", envs, binary_search, 6, 2,
+                              limits=EpisodeLimits(max_context=300))
     cut = [t for t in remote if t.metadata.get("truncated_by") == "context"]
     assert cut, "max_context=300 should cut some games"
     assert all(t.status is Status.TRUNCATED and "solved" in t.rewards for t in cut)
@@ -158,7 +162,7 @@ async def test_a_dead_worker_is_replaced_and_its_episodes_retried() -> None:
 
     policy = ScriptedPolicy(killer)
     async with Runner(envs=["corral/guess-number-v0"], policy=policy, seed=11, backend="ray",
-                      retries=2) as runner:
+                      assembly=AssemblyConfig(retries=2)) as runner:
         holder["runner"] = runner
         trajectories = await runner.collect(2, group=1)
     first = trajectories[0]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
+import httpx
 import uvicorn
 
 from corral.registry.server import Tokens, create_app
@@ -116,3 +119,27 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None
         time.sleep(0.02)
 
 
+
+
+def free_port() -> int:
+    """A loopback port free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_process(store: Path, port: int) -> subprocess.Popen:
+    """`corral registry serve` in its own process (to kill it, or to watch its memory);
+    TOKEN may publish in `acme`."""
+    code = "from corral.cli import main; main()"
+    return subprocess.Popen([sys.executable, "-c", code, "registry", "serve", "--registry",
+                             str(store), "--port", str(port), "--token", f"acme:{TOKEN}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def is_up(url: str) -> bool:
+    """The registry at `url` answers its health check."""
+    try:
+        return httpx.get(f"{url}/api/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

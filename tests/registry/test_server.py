@@ -7,9 +7,6 @@ import asyncio
 import hashlib
 import os
 import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -21,7 +18,8 @@ from corral.registry.errors import AuthError, ReleaseNotFound, VersionConflict
 from corral.registry.release import read_release
 from corral.registry.store import LocalStore, Profile, TaskPassRate
 from corral.registry.transfer import publish, pull
-from registry_helpers import OTHER_TOKEN, TOKEN, store_is_empty, wait_for, word_tasks, write_env
+from registry_helpers import (OTHER_TOKEN, TOKEN, free_port, is_up, serve_process, store_is_empty,
+                              wait_for, word_tasks, write_env)
 
 
 def test_tokens_scope_publishing_to_a_namespace(server, make_env, tmp_path: Path) -> None:
@@ -99,35 +97,15 @@ def test_client_has_the_local_store_interface(server, make_env, tmp_path: Path) 
     assert client.profile_agents(env_id) == ["random"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _serve(store: Path, port: int) -> subprocess.Popen:
-    code = "from corral.cli import main; main()"
-    return subprocess.Popen([sys.executable, "-c", code, "registry", "serve", "--registry",
-                             str(store), "--port", str(port), "--token", f"acme:{TOKEN}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/api/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def test_server_killed_mid_upload_shows_no_partial_release(make_env, tmp_path: Path) -> None:
     folder, env_id = make_env(2000)
     archive = build_release(folder, out_dir=tmp_path / "out").archive
     data = archive.read_bytes()
-    home, port = tmp_path / "killed-store", _free_port()
+    home, port = tmp_path / "killed-store", free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _serve(home, port)
+    proc = serve_process(home, port)
     try:
-        wait_for(lambda: _up(url), 60, "the server subprocess")
+        wait_for(lambda: is_up(url), 60, "the server subprocess")
         store = LocalStore(home)
         sent, killed = asyncio.Event(), asyncio.Event()
 
@@ -162,9 +140,9 @@ def test_server_killed_mid_upload_shows_no_partial_release(make_env, tmp_path: P
     finally:
         proc.kill()
         proc.wait(30)
-    proc = _serve(home, port)
+    proc = serve_process(home, port)
     try:
-        wait_for(lambda: _up(url), 60, "the restarted server")
+        wait_for(lambda: is_up(url), 60, "the restarted server")
         assert not any(store.tmp.glob("*.part"))  # recovered at start
         client = RegistryClient(url)
         with pytest.raises(ReleaseNotFound):

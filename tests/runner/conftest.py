@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.runner.scripted import ScriptedPolicy
+from corral.runner.policy import ScriptedPolicy
 
 from runner_helpers import DirOpener, FileEnv, file_solver
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import corral as cr
 from corral.errors import InfraError, SandboxDied
-from corral.runner.scripted import ScriptedCall
+from corral.runner.policy import ScriptedCall
 from corral.sandbox.base import ExecResult, Sandbox, Shell
 from corral.sandbox.spec import Terminal
 

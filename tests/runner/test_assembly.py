@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import re
 
-from corral.runner import BatchAssembler, Runner, SandboxPool, ScriptedPolicy, Status, Trajectory
-from corral.runner.scripted import ScriptedCall
+import pytest
+
+from corral.runner import (AssemblyConfig, BatchAssembler, EpisodeLimits, Runner, SandboxPool,
+                           ScriptedPolicy, Status, Trajectory)
+from corral.runner.policy import ScriptedCall
 
 from runner_helpers import DirOpener, FileEnv, arithmetic_solver, file_solver
 
@@ -19,7 +22,7 @@ def _variance(group: list[Trajectory]) -> float:
 async def test_batches_are_groups_of_one_task_with_distinct_samples() -> None:
     policy = ScriptedPolicy(arithmetic_solver)
     async with Runner(["corral/arithmetic-v0", "corral/countdown-v0"], policy,
-                      filter_zero_variance=False, seed=11) as runner:
+                      assembly=AssemblyConfig(filter_zero_variance=False), seed=11) as runner:
         seen: set[str] = set()
         envs: set[str] = set()  # of every finished trajectory (countdown ones fail: no solver)
         runner.add_listener(lambda t: envs.add(t.env_id))
@@ -51,8 +54,9 @@ async def test_straggler_cut_off_carries_running_groups_into_the_next_batch() ->
         return arithmetic_solver(call)
 
     policy = ScriptedPolicy(respond)
-    async with Runner(["corral/arithmetic-v0"], policy, filter_zero_variance=False,
-                      overprovision=0.5) as runner:
+    async with Runner(["corral/arithmetic-v0"], policy,
+                      assembly=AssemblyConfig(filter_zero_variance=False,
+                                              overprovision=0.5)) as runner:
         finished: set[str] = set()
         runner.add_listener(lambda t: finished.add(t.id))
         batches = runner.batches(size=4, group=2)
@@ -92,7 +96,7 @@ async def test_zero_variance_groups_are_filtered_and_counted() -> None:
     assert totals.filtered_trajectories == 4 * totals.filtered_groups
 
     async with Runner(["corral/arithmetic-v0"], ScriptedPolicy(solver_by_task), seed=4,
-                      filter_zero_variance=False) as runner:
+                      assembly=AssemblyConfig(filter_zero_variance=False)) as runner:
         zero = 0
         async for batch in runner.batches(size=8, group=4, max_batches=3):
             zero += sum(_variance(g) == 0 for g in batch.groups)
@@ -104,6 +108,20 @@ def _traj(group: int, sample: int, reward: float, status: Status = Status.COMPLE
     return Trajectory(id=f"g{group:06d}-s{sample:03d}", env_id="e", task_id="t",
                       group_id=f"g{group:06d}", reward=reward, status=status,
                       attempts=3 if status is Status.INFRA_ERROR else 1)
+
+
+def test_runner_settings_come_in_groups() -> None:
+    with pytest.raises(ValueError, match="retries and overprovision"):
+        AssemblyConfig(retries=-1)
+    with pytest.raises(ValueError, match="min_group_trainable"):
+        AssemblyConfig(min_group_trainable=0)
+    runner = Runner(["corral/arithmetic-v0"], ScriptedPolicy(arithmetic_solver),
+                    limits=EpisodeLimits(max_tokens=7),
+                    assembly=AssemblyConfig(filter_zero_variance=False, min_group_trainable=3))
+    assert runner.limits.max_tokens == 7 and runner.assembly.retries == 2
+    assert not runner.assembler.filter_zero_variance and runner.assembler.min_trainable == 3
+    with pytest.raises(TypeError):  # one way to set a knob: the flat form is gone
+        Runner(["corral/arithmetic-v0"], ScriptedPolicy(arithmetic_solver), max_tokens=7)
 
 
 def test_infra_failed_members_are_never_trained_on() -> None:
@@ -138,7 +156,8 @@ async def test_sandboxes_stay_busy_past_a_straggler_and_while_the_consumer_train
 
     pool = SandboxPool(4, opener=opener)
     async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=4,
-                      overprovision=0.0, filter_zero_variance=False) as runner:
+                      assembly=AssemblyConfig(overprovision=0.0,
+                                              filter_zero_variance=False)) as runner:
         batches = runner.batches(size=4, group=2)
         # the look-ahead alone (2 groups) would wait on the straggler; saturation launched more
         first = await asyncio.wait_for(batches.__anext__(), 60)

@@ -8,9 +8,10 @@ from typing import Any
 
 import corral as cr
 from corral.errors import AgentError, PolicyError
-from corral.runner import Runner, SandboxPool, ScriptedPolicy, Status
+from corral.runner import (AssemblyConfig, EpisodeLimits, Runner, SandboxPool, ScriptedPolicy,
+                           Status)
 from corral.runner.policy import Generation, GenerationRequest
-from corral.runner.scripted import ScriptedCall, render_chatml
+from corral.runner.policy.scripted import ScriptedCall, render_chatml
 from corral.runner.trajectory import ENV_VERSION, Trajectory
 
 from runner_helpers import DirOpener, FileEnv, file_solver, tool_call
@@ -33,7 +34,8 @@ def never_right(call: ScriptedCall) -> str:
 
 async def test_multi_turn_tokens_are_built_incrementally_and_match_the_template() -> None:
     policy = ScriptedPolicy(never_right)
-    async with Runner(["corral/guess-number-v0"], policy, max_turns=3, seed=3) as runner:
+    async with Runner(["corral/guess-number-v0"], policy, limits=EpisodeLimits(max_turns=3),
+                      seed=3) as runner:
         [traj] = await runner.collect(1)
     assert traj.status is Status.TRUNCATED and traj.turns == 3
     assert len(traj.token_ids) == len(traj.loss_mask) == len(traj.logprobs) == len(traj.versions)
@@ -106,7 +108,8 @@ async def test_tokens_carry_the_version_that_generated_them() -> None:
         return "-5"
 
     policy = ScriptedPolicy(respond)
-    async with Runner(["corral/guess-number-v0"], policy, max_turns=5) as runner:
+    async with Runner(["corral/guess-number-v0"], policy,
+                      limits=EpisodeLimits(max_turns=5)) as runner:
         pending = asyncio.ensure_future(runner.collect(1))
         await reached.wait()
         policy.set_version(1)            # weights replaced while turn 2 is being generated
@@ -130,7 +133,7 @@ async def test_turn_deadline_truncates_and_still_verifies(opener: DirOpener) -> 
 
     pool = SandboxPool(1, opener=opener)
     async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=1,
-                      turn_deadline=0.5, seed=2) as runner:
+                      limits=EpisodeLimits(turn_deadline=0.5), seed=2) as runner:
         trajs = await runner.collect(2, group=2)
     await pool.close()
     assert [t.status for t in trajs] == [Status.TRUNCATED] * 2
@@ -149,7 +152,7 @@ async def test_infra_failures_are_retried_with_a_fresh_sandbox(opener: DirOpener
 
     pool = SandboxPool(2, opener=opener)
     async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=2,
-                      retries=2) as runner:
+                      assembly=AssemblyConfig(retries=2)) as runner:
         trajs = await runner.collect(3)
     await pool.close()
     for traj in trajs:
@@ -174,7 +177,7 @@ async def test_setup_and_policy_failures_are_retried_then_recorded(opener: DirOp
 
     pool = SandboxPool(2, opener=opener)
     async with Runner([FileEnv], ScriptedPolicy(respond), pool=pool, sandbox_capacity=2,
-                      retries=1, seed=5) as runner:
+                      assembly=AssemblyConfig(retries=1), seed=5) as runner:
         trajs = await runner.collect(8)
     await pool.close()
     doomed = [t for t in trajs if t.id.startswith(DOOMED)]
@@ -203,7 +206,7 @@ class Strict(cr.TextEnv):
 
 async def test_agent_errors_are_recorded_not_retried() -> None:
     policy = ScriptedPolicy(["fine", "boom"])
-    async with Runner([Strict], policy, retries=3) as runner:
+    async with Runner([Strict], policy, assembly=AssemblyConfig(retries=3)) as runner:
         [traj] = await runner.collect(1)
     assert traj.status is Status.AGENT_ERROR and traj.attempts == 1
     assert "blew up" in traj.error and traj.trainable and traj.turns == 2
@@ -223,8 +226,8 @@ async def test_max_staleness_cuts_and_restarts_old_episodes() -> None:
         return "-5"
 
     policy = ScriptedPolicy(respond)
-    async with Runner(["corral/guess-number-v0"], policy, max_turns=2,
-                      max_staleness=0) as runner:
+    async with Runner(["corral/guess-number-v0"], policy, limits=EpisodeLimits(max_turns=2),
+                      assembly=AssemblyConfig(max_staleness=0)) as runner:
         pending = asyncio.ensure_future(runner.collect(2))
         await both_running.wait()
         policy.set_version(1)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from corral.cli import app
 from corral.errors import CorralError
-from corral.runner import Runner, SandboxPool, ScriptedPolicy, write_report
+from corral.runner import AssemblyConfig, Runner, SandboxPool, ScriptedPolicy, write_report
 
 from runner_helpers import DirOpener, FileEnv, arithmetic_solver, file_solver
 
@@ -32,7 +32,8 @@ async def test_report_has_timeline_histograms_and_stats(tmp_path: Path,
                             else arithmetic_solver(call))
     pool = SandboxPool(2, opener=opener)
     async with Runner([FileEnv, "corral/arithmetic-v0"], policy, pool=pool, sandbox_capacity=2,
-                      run_dir=tmp_path, filter_zero_variance=False) as runner:
+                      run_dir=tmp_path,
+                      assembly=AssemblyConfig(filter_zero_variance=False)) as runner:
         async for batch in runner.batches(size=4, group=2, max_batches=2):
             policy.set_version(policy.version + 1)
             runner.on_policy_update(policy.version)

@@ -9,7 +9,7 @@ import pytest
 
 import corral as cr
 from corral.runner import Runner, ScriptedPolicy, Status
-from corral.runner.scripted import ScriptedCall
+from corral.runner.policy import ScriptedCall
 from corral.sandbox.images import ensure_base_image
 
 from runner_helpers import tool_call

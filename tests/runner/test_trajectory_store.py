@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.runner import Runner, ScriptedPolicy, Trajectory, TrajectoryStore
+from corral.runner import AssemblyConfig, Runner, ScriptedPolicy, Trajectory, TrajectoryStore
 from corral.runner.store import StoreMismatch, load_run
 
 from runner_helpers import arithmetic_solver
@@ -79,7 +79,7 @@ def test_torn_last_line_is_cut_and_writing_continues(tmp_path: Path) -> None:
 async def test_resumed_batches_skip_consumed_groups_and_reuse_stored_work(tmp_path: Path) -> None:
     first_policy = ScriptedPolicy(arithmetic_solver)
     async with Runner(["corral/arithmetic-v0"], first_policy, run_dir=tmp_path, seed=3,
-                      filter_zero_variance=False) as runner:
+                      assembly=AssemblyConfig(filter_zero_variance=False)) as runner:
         first = [b async for b in runner.batches(size=4, group=2, max_batches=2)]
         launched = runner.counts["launched"]
     consumed = {t.group_id for b in first for t in b.trajectories}
@@ -88,7 +88,7 @@ async def test_resumed_batches_skip_consumed_groups_and_reuse_stored_work(tmp_pa
 
     second_policy = ScriptedPolicy(arithmetic_solver)
     async with Runner(["corral/arithmetic-v0"], second_policy, run_dir=tmp_path, seed=3,
-                      filter_zero_variance=False) as runner:
+                      assembly=AssemblyConfig(filter_zero_variance=False)) as runner:
         [batch] = [b async for b in runner.batches(size=4, group=2, max_batches=1)]
         resumed = runner.counts["resumed"]
     assert not consumed & {t.group_id for t in batch.trajectories}

@@ -70,3 +70,38 @@ def test_errors_are_one_line_and_nonzero() -> None:
         assert message in out.stderr, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_validate_exit_code_gates_ci(tmp_path: Path) -> None:
+    """A failed validation exits 1 (the docs promise it; CI gates on it); a passing one 0."""
+    (tmp_path / "gate.py").write_text(textwrap.dedent('''
+        import corral as cr
+
+        @cr.environment("gate/echo-v0", tasks=[{"word": "hi"}])
+        def echo(task):
+            return f"Say {task.word}"
+
+        @echo.reward
+        def same(task, completion):
+            return completion == task.word
+
+        @echo.solution
+        def oracle(task):
+            return task.word
+
+        @cr.environment("gate/broken-v0", tasks=[{"word": "hi"}])
+        def broken(task):
+            return f"Say {task.word}"
+
+        @broken.reward
+        def never(task, completion):
+            return 0.0
+
+        @broken.solution
+        def wrong(task):
+            return "nope"
+    '''))
+    good = corral("-i", "gate.py", "validate", "gate/echo-v0", cwd=tmp_path)
+    bad = corral("-i", "gate.py", "validate", "gate/broken-v0", cwd=tmp_path)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert bad.returncode == 1 and "FAILED" in bad.stdout, bad.stdout + bad.stderr

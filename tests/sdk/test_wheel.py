@@ -26,7 +26,7 @@ def test_wheel_installs_and_imports_every_subpackage(tmp_path: Path) -> None:
     wheel = next((tmp_path / "dist").glob("corral-*.whl"))
     names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)],
                            capture_output=True, text=True, check=True).stdout
-    for top in ("sdk/", "registry/", "runner/", "trainer/", "envs/"):
+    for top in ("sdk/", "registry/", "runner/", "trainer/", "envs/", "cli/"):
         assert f"\n{top}" not in names, f"wheel ships a top-level {top}"
     assert "corral/envs/text/corral.toml" in names
 

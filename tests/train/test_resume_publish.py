@@ -13,11 +13,8 @@ import httpx
 import torch
 import pytest
 
-from corral.runner import LocalPolicy
-from corral.runner.models import load_model
-from corral.runner.policy import GenerationRequest
-from corral.runner.serve import PolicyServer
-from corral.trainer import Trainer, TrainerConfig
+from corral.runner.policy import GenerationRequest, LocalPolicy, PolicyServer, load_model
+from corral.trainer import StepConfig, Trainer
 from corral.trainer.publish import ServePolicyPublisher
 
 # Not imported from conftest: with tests/trainer collected too, `conftest` names that one.
@@ -80,7 +77,7 @@ async def test_publish_to_serve_policy(tmp_path):
     served = LocalPolicy("tiny")
     with PolicyServer(served) as server:
         publish = ServePolicyPublisher(server.url, tmp_path / "pub", tokenizer=tokenizer)
-        trainer = Trainer(model, tokenizer, TrainerConfig(dtype="float32"), publish)
+        trainer = Trainer(model, tokenizer, StepConfig(dtype="float32"), publish)
         with torch.no_grad():  # weights the server does not have yet
             for p in model.parameters():
                 p.add_(0.01)

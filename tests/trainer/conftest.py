@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaForCausalLM
 from trainer_helpers import tiny_model
 
-from corral.trainer import TrainerConfig
+from corral.trainer import StepConfig
 
 
 @pytest.fixture(autouse=True)
@@ -26,5 +26,5 @@ def model() -> LlamaForCausalLM:
 
 
 @pytest.fixture
-def fp32_config() -> TrainerConfig:
-    return TrainerConfig(lr=1e-3, micro_batch_size=2, dtype="float32")
+def fp32_config() -> StepConfig:
+    return StepConfig(lr=1e-3, micro_batch_size=2, dtype="float32")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from corral.runner.trajectory import Batch, Status
-from corral.trainer import TrainerConfig, build_tensor_batch, group_advantages, policy_loss
+from corral.trainer import StepConfig, build_tensor_batch, group_advantages, policy_loss
 from corral.trainer.loss import token_logprobs
 
 from trainer_helpers import make_traj
@@ -34,7 +34,7 @@ def test_padding_masks_and_advantages():
     broken = make_traj(None, "x", "h", [1], [4], 1.0)
     broken.status = Status.INFRA_ERROR
     tb = build_tensor_batch(Batch(groups=[[a, b], [c, d, broken]], policy_version=3),
-                            TrainerConfig(adv_eps=0.0))
+                            StepConfig(adv_eps=0.0))
     assert tb.size == 4 and tb.excluded == 1 and tb.zero_variance_groups == 1
     assert tb.sample_ids == ["a", "b", "c", "d"]
     assert tb.input_ids.shape == (4, 7)

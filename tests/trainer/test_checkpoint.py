@@ -6,11 +6,11 @@ import pytest
 import torch
 from trainer_helpers import graded_batch, params, same, tiny_model
 
-from corral.trainer import Trainer, TrainerConfig
+from corral.trainer import StepConfig, Trainer
 
 
 def test_resume_gives_the_identical_next_step(tmp_path):
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, dtype="float32")
+    cfg = StepConfig(lr=1e-3, micro_batch_size=2, dtype="float32")
     first, second = graded_batch(tiny_model()), graded_batch(tiny_model(), shift=-0.01)
     trainer = Trainer(tiny_model(), None, cfg)
     assert trainer.step(first).applied
@@ -32,7 +32,7 @@ def test_resume_gives_the_identical_next_step(tmp_path):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_resume_loads_the_saved_model_itself(tmp_path, tied):
-    trainer = Trainer(tiny_model(tied=tied), None, TrainerConfig(dtype="float32"))
+    trainer = Trainer(tiny_model(tied=tied), None, StepConfig(dtype="float32"))
     trainer.step(graded_batch(tiny_model()))
     trainer.save_checkpoint(tmp_path / "ckpt")
     resumed = Trainer.resume(tmp_path / "ckpt", device="cpu")
@@ -43,7 +43,7 @@ def test_resume_loads_the_saved_model_itself(tmp_path, tied):
     assert all(torch.equal(opt_a[k]["exp_avg"], opt_b[k]["exp_avg"]) for k in opt_a)
     # a config given at resume time wins over the saved hyperparameters
     lower = Trainer.resume(tmp_path / "ckpt", model=tiny_model(tied=tied),
-                           config=TrainerConfig(dtype="float32", lr=1e-7))
+                           config=StepConfig(dtype="float32", lr=1e-7))
     assert lower.optimizer.param_groups[0]["lr"] == 1e-7
     # in place into a fresh model too (save_pretrained drops the tied lm_head copy)
     fresh = tiny_model(seed=5, tied=tied)
@@ -52,7 +52,7 @@ def test_resume_loads_the_saved_model_itself(tmp_path, tied):
 
 
 def test_checkpoints_replace_atomically_and_fall_back(tmp_path):
-    trainer = Trainer(tiny_model(), None, TrainerConfig(dtype="float32"))
+    trainer = Trainer(tiny_model(), None, StepConfig(dtype="float32"))
     target = tmp_path / "ckpt"
     trainer.save_checkpoint(target)
     trainer.step(graded_batch(tiny_model()))
@@ -67,7 +67,7 @@ def test_checkpoints_replace_atomically_and_fall_back(tmp_path):
 
 
 def test_resume_into_a_different_architecture_is_a_clear_error(tmp_path):
-    trainer = Trainer(tiny_model(), None, TrainerConfig(dtype="float32"))
+    trainer = Trainer(tiny_model(), None, StepConfig(dtype="float32"))
     trainer.save_checkpoint(tmp_path / "ckpt")
     other = torch.nn.Sequential(torch.nn.Linear(3, 3))
     with pytest.raises(ValueError, match="do not match the model"):

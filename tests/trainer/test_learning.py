@@ -9,7 +9,7 @@ import torch
 from trainer_helpers import sample_group, tiny_model
 
 from corral.runner.trajectory import Batch
-from corral.trainer import Trainer, TrainerConfig, supervised_warmup
+from corral.trainer import StepConfig, Trainer, supervised_warmup
 
 GOOD = set(range(32))  # 1/8 of the vocabulary
 PROMPTS = ([1, 2, 3], [4, 5, 6])
@@ -32,7 +32,7 @@ def good_mass(model: torch.nn.Module) -> float:
 def test_grpo_steps_raise_the_probability_of_rewarded_tokens():
     model = tiny_model(seed=3)
     published = []
-    trainer = Trainer(model, None, TrainerConfig(lr=2e-2, micro_batch_size=8, dtype="float32"),
+    trainer = Trainer(model, None, StepConfig(lr=2e-2, micro_batch_size=8, dtype="float32"),
                       publish=lambda m, v: published.append(v))
     gen = torch.Generator().manual_seed(0)
     start = good_mass(model)
@@ -68,7 +68,7 @@ class ByteTokenizer:
 def test_supervised_warmup_imitates_oracle_completions():
     model = tiny_model(seed=4)
     published = []
-    trainer = Trainer(model, ByteTokenizer(), TrainerConfig(micro_batch_size=4, dtype="float32"),
+    trainer = Trainer(model, ByteTokenizer(), StepConfig(micro_batch_size=4, dtype="float32"),
                       publish=lambda m, v: published.append(v))
     examples = [("2+2=", "4"), ("3+3=", "6"), ("1+1=", "2"), "hello"]
     results = supervised_warmup(trainer, examples, steps=25, batch_size=4, lr=1e-2)
@@ -86,7 +86,7 @@ def test_reset_optimizer_makes_the_next_step_a_fresh_first_step():
     """After `reset_optimizer` an update equals a new trainer's first update on the same
     weights (AdamW's moments from earlier steps no longer push the weights)."""
     model = tiny_model(seed=5)
-    config = TrainerConfig(lr=1e-2, micro_batch_size=4, dtype="float32")
+    config = StepConfig(lr=1e-2, micro_batch_size=4, dtype="float32")
     trainer = Trainer(model, ByteTokenizer(), config)
     examples = [("2+2=", "4"), ("3+3=", "6")]
     for _ in range(3):
@@ -105,8 +105,8 @@ def test_reset_optimizer_makes_the_next_step_a_fresh_first_step():
 
 def test_lr_warmup_rises_linearly_and_restarts_after_reset():
     model = tiny_model(seed=6)
-    trainer = Trainer(model, None, TrainerConfig(lr=1e-3, lr_warmup_steps=4, micro_batch_size=8,
-                                                 dtype="float32"))
+    trainer = Trainer(model, None, StepConfig(lr=1e-3, lr_warmup_steps=4, micro_batch_size=8,
+                                              dtype="float32"))
     gen = torch.Generator().manual_seed(1)
     seen = []
     for step in range(6):

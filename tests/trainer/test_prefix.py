@@ -8,7 +8,7 @@ import torch
 from trainer_helpers import make_traj, params, tiny_model
 
 from corral.runner.trajectory import Batch
-from corral.trainer import Trainer, TrainerConfig
+from corral.trainer import StepConfig, Trainer
 from corral.trainer.batching import build_tensor_batch
 from corral.trainer.prefix import shared_prefix_length, suffix_logits
 
@@ -79,8 +79,8 @@ def test_shared_prefix_step_equals_the_plain_step():
     results, weights = [], []
     for share in (0, 4):
         model = copy.deepcopy(base)
-        trainer = Trainer(model, None, TrainerConfig(lr=1e-2, micro_batch_size=6,
-                                                     dtype="float32", share_prefix_min=share))
+        trainer = Trainer(model, None, StepConfig(lr=1e-2, micro_batch_size=6,
+                                                  dtype="float32", share_prefix_min=share))
         assert trainer._shared_prefix(build_tensor_batch(batch, trainer.config)) == (len(SYSTEM) if share
                                                                         else 0)
         results.append(trainer.step(batch))
@@ -101,8 +101,8 @@ def test_behaviour_logprobs_of_the_shared_path_are_the_exact_ones():
     the plain forward's logprobs, so nothing is masked or dropped as stale."""
     model = tiny_model(seed=7)
     batch = shared_system_batch(model)
-    trainer = Trainer(model, None, TrainerConfig(lr=1e-3, micro_batch_size=6, dtype="float32",
-                                                 share_prefix_min=4))
+    trainer = Trainer(model, None, StepConfig(lr=1e-3, micro_batch_size=6, dtype="float32",
+                                              share_prefix_min=4))
     result = trainer.step(batch)
     assert result.applied
     assert result.staleness.dropped_divergence == 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from corral.trainer import (ThrottleController, TrainerConfig, assess_staleness,
+from corral.trainer import (StepConfig, ThrottleController, assess_staleness,
                             importance_weights, numerics_report)
 
 
@@ -28,7 +28,7 @@ def _inputs():
 def test_divergence_and_age_hand_values():
     cur, beh, mask, versions = _inputs()
     report = assess_staleness(cur, beh, mask, versions, 5,
-                              TrainerConfig(divergence_threshold=0.1, max_staleness=3))
+                              StepConfig(divergence_threshold=0.1, max_staleness=3))
     # r = 2 -> k3 = (2 - 1) - ln 2 = 0.3069 ; r = e^0.1 -> k3 = 0.00517, mean over 2 tokens
     k_small = math.expm1(0.1) - 0.1
     assert report.divergences.tolist() == pytest.approx([0.0, 1 - math.log(2), k_small / 2],
@@ -47,8 +47,8 @@ def test_divergence_and_age_hand_values():
 def test_downweight_scales_by_threshold_over_divergence():
     cur, beh, mask, versions = _inputs()
     report = assess_staleness(cur, beh, mask, versions, 5,
-                              TrainerConfig(divergence_threshold=0.1, max_staleness=10,
-                                            divergence_action="downweight"))
+                              StepConfig(divergence_threshold=0.1, max_staleness=10,
+                                         divergence_action="downweight"))
     assert report.weights.tolist() == pytest.approx([1.0, 0.1 / (1 - math.log(2)), 1.0])
     assert report.downweighted == 1 and report.dropped_divergence == 0
 

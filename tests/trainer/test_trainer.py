@@ -10,7 +10,7 @@ import torch
 from trainer_helpers import graded_batch, make_traj, on_policy_batch, params, same, tiny_model
 
 from corral.runner.trajectory import Batch
-from corral.trainer import Trainer, TrainerConfig
+from corral.trainer import StepConfig, Trainer
 
 
 def capture_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -44,7 +44,7 @@ def reference_on_policy_grads(model, batch: Batch, eps: float = 0.2) -> dict[str
 
 def test_zero_staleness_is_exactly_the_on_policy_update():
     batch = graded_batch(tiny_model())
-    cfg = TrainerConfig(micro_batch_size=2, dtype="float32", grad_clip=0, clip_eps_high=0.2)
+    cfg = StepConfig(micro_batch_size=2, dtype="float32", grad_clip=0, clip_eps_high=0.2)
     trainer = Trainer(tiny_model(), None, cfg)
     grads = capture_grads(trainer)
     result = trainer.step(batch)
@@ -62,7 +62,7 @@ def test_zero_staleness_is_exactly_the_on_policy_update():
 
 def test_importance_weights_scale_the_gradient():
     # behaviour logprobs 0.05 lower everywhere: w = e^0.05 on every token (inside all bounds)
-    cfg = TrainerConfig(micro_batch_size=6, dtype="float32", grad_clip=0)
+    cfg = StepConfig(micro_batch_size=6, dtype="float32", grad_clip=0)
     on = Trainer(tiny_model(), None, cfg)
     on_grads = capture_grads(on)
     on.step(graded_batch(tiny_model()))
@@ -84,7 +84,7 @@ def _with_stale_member(model, stale_completion, *, shift=0.0, version=0):
 
 
 def test_samples_above_divergence_threshold_are_dropped():
-    cfg = TrainerConfig(micro_batch_size=2, dtype="float32", divergence_threshold=0.05)
+    cfg = StepConfig(micro_batch_size=2, dtype="float32", divergence_threshold=0.05)
     runs = []
     for completion in ([20, 21, 22], [30, 31, 32]):  # the stale sample's content differs
         trainer = Trainer(tiny_model(), None, cfg)
@@ -110,7 +110,7 @@ def test_samples_above_divergence_threshold_are_dropped():
 
 
 def test_age_backstop_drops_old_samples_even_without_divergence():
-    cfg = TrainerConfig(micro_batch_size=8, dtype="float32", max_staleness=2)
+    cfg = StepConfig(micro_batch_size=8, dtype="float32", max_staleness=2)
     trainer = Trainer(tiny_model(), None, cfg, version=5)
     batch = graded_batch(tiny_model(), version=5)
     batch.groups[0].append(make_traj(tiny_model(), "old", "g0", [1, 2, 3], [20, 21], 0.6,
@@ -125,8 +125,8 @@ def test_age_backstop_drops_old_samples_even_without_divergence():
 
 
 def test_downweighted_sample_counts_less():
-    cfg = TrainerConfig(micro_batch_size=8, dtype="float32", divergence_threshold=0.05,
-                        divergence_action="downweight", is_mode="none")
+    cfg = StepConfig(micro_batch_size=8, dtype="float32", divergence_threshold=0.05,
+                     divergence_action="downweight", is_mode="none")
     trainer = Trainer(tiny_model(), None, cfg)
     result = trainer.step(_with_stale_member(tiny_model(), [20, 21, 22], shift=-1.0))
     assert result.applied and result.metrics["staleness/downweighted"] == 1.0
@@ -136,7 +136,7 @@ def test_downweighted_sample_counts_less():
 
 def test_nan_loss_stops_the_step_and_the_next_step_continues(caplog):
     published = []
-    trainer = Trainer(tiny_model(), None, TrainerConfig(dtype="float32"),
+    trainer = Trainer(tiny_model(), None, StepConfig(dtype="float32"),
                       publish=lambda m, v: published.append(v))
     before = params(trainer.model)
     bad = graded_batch(tiny_model())
@@ -153,7 +153,7 @@ def test_nan_loss_stops_the_step_and_the_next_step_continues(caplog):
 
 
 def test_inf_gradient_stops_the_step():
-    trainer = Trainer(tiny_model(), None, TrainerConfig(dtype="float32"))
+    trainer = Trainer(tiny_model(), None, StepConfig(dtype="float32"))
     before = params(trainer.model)
     weight = trainer.model.model.layers[0].mlp.up_proj.weight
     handle = weight.register_hook(lambda g: g * float("inf"))
@@ -167,7 +167,7 @@ def test_inf_gradient_stops_the_step():
 
 def test_batch_without_learnable_signal_is_a_logged_skip(caplog):
     published = []
-    trainer = Trainer(tiny_model(), None, TrainerConfig(dtype="float32"),
+    trainer = Trainer(tiny_model(), None, StepConfig(dtype="float32"),
                       publish=lambda m, v: published.append(v))
     before = params(trainer.model)
     flat = graded_batch(tiny_model())
@@ -185,7 +185,7 @@ def test_batch_without_learnable_signal_is_a_logged_skip(caplog):
 
 def test_publish_gets_the_model_and_the_new_version():
     calls = []
-    trainer = Trainer(tiny_model(), None, TrainerConfig(dtype="float32"),
+    trainer = Trainer(tiny_model(), None, StepConfig(dtype="float32"),
                       publish=lambda m, v: calls.append((m, v)))
     for _ in range(2):
         result = trainer.step(graded_batch(tiny_model()))
@@ -195,7 +195,7 @@ def test_publish_gets_the_model_and_the_new_version():
     async def reload(model, version):
         return version
 
-    async_trainer = Trainer(tiny_model(), None, TrainerConfig(dtype="float32"), publish=reload)
+    async_trainer = Trainer(tiny_model(), None, StepConfig(dtype="float32"), publish=reload)
     with pytest.raises(TypeError, match="synchronous"):
         async_trainer.step(graded_batch(tiny_model()))
     asyncio.run(asyncio.sleep(0))  # the refused coroutine was closed, nothing is pending
@@ -212,19 +212,19 @@ def test_rollout_temperature_is_respected():
     traj = batch.groups[0][0]
     traj.logprobs = [lp if m else 0.0 for lp, m in zip(hot, traj.loss_mask)]
     single = Batch(groups=[[traj, batch.groups[0][1]]], policy_version=0)
-    warm = Trainer(tiny_model(), None, TrainerConfig(dtype="float32", temperature=2.0))
+    warm = Trainer(tiny_model(), None, StepConfig(dtype="float32", temperature=2.0))
     result = warm.step(single)
     assert result.staleness.divergences[0] < 1e-10
-    cold = Trainer(tiny_model(), None, TrainerConfig(dtype="float32"))
+    cold = Trainer(tiny_model(), None, StepConfig(dtype="float32"))
     assert cold.step(single).staleness.divergences[0] > 1e-3
 
 
 def test_bfloat16_compute_keeps_fp32_master_weights_and_reports_the_gap():
-    trainer = Trainer(tiny_model(), None, TrainerConfig(dtype="bfloat16"))
+    trainer = Trainer(tiny_model(), None, StepConfig(dtype="bfloat16"))
     result = trainer.step(graded_batch(tiny_model()))  # behaviour logprobs are float32
     assert trainer.compute_dtype == torch.bfloat16 and result.applied
     assert next(trainer.model.parameters()).dtype == torch.float32
     # bf16 vs fp32 on the same weights: a real but small gap, below the warning levels
     assert 0 < result.numerics.aligned.mean_abs < trainer.config.numerics_warn_mean_abs
     assert result.numerics.warning is None
-    assert Trainer(tiny_model(), None, TrainerConfig()).compute_dtype == torch.float32  # auto
+    assert Trainer(tiny_model(), None, StepConfig()).compute_dtype == torch.float32  # auto

@@ -40,7 +40,7 @@ _TOOLS = """\
 {"name": "click", "arguments": {"selector": "#submit"}}
 </tool_call>
 {"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
-"""
+"""  # noqa: E501 (a tool schema as models see it: one JSON line)
 
 
 def _arithmetic() -> str:

@@ -67,7 +67,7 @@ CHAT_TEMPLATE = r"""
 {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
-"""
+"""  # noqa: E501 (Jinja: a line break inside a tag would change the rendering)
 
 
 def default_device() -> str:
@@ -95,7 +95,7 @@ def build_tokenizer(vocab: int = 1024, extra_text: Sequence[str] = ()
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from corral.runner._corpus import corpus
+    from ._corpus import corpus
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -128,7 +128,8 @@ def build_tiny_model(path: str | os.PathLike[str], *, vocab: int = 1024, hidden:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     if hidden % heads:
-        raise ModelError(f"hidden={hidden} is not divisible by heads={heads}; pick sizes that divide")
+        raise ModelError(f"hidden={hidden} is not divisible by heads={heads}; pick sizes that "
+                         "divide")
     out = Path(path)
     tokenizer = build_tokenizer(vocab, extra_text)
     stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("</s>", "<|im_end|>")]
@@ -195,7 +196,8 @@ def load_tokenizer(model: str | os.PathLike[str]) -> "PreTrainedTokenizerBase":
 
 
 def load_model(model: str | os.PathLike[str], device: str | None = None,
-               dtype: "torch.dtype | None" = None) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+               dtype: "torch.dtype | None" = None
+               ) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
     """Load `(model, tokenizer)` from a local directory or `"tiny"`, in eval mode.
 
     Raises `ModelError` when the path does not exist or does not hold a causal LM.
@@ -208,7 +210,8 @@ def load_model(model: str | os.PathLike[str], device: str | None = None,
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"{str(path)!r} has an unreadable config.json: {_first_line(exc)}") from exc
+        raise ModelError(f"{str(path)!r} has an unreadable config.json: "
+                         f"{_first_line(exc)}") from exc
     try:
         lm = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
     except ValueError as exc:

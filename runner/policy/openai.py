@@ -35,8 +35,8 @@ import aiohttp
 import orjson
 
 from corral.errors import PolicyError
-from corral.runner.policy import Generation, GenerationRequest, Policy, Tokenizer
-from corral.runner.router import Router
+from .base import Generation, GenerationRequest, Policy, Tokenizer
+from .router import Router
 
 log = logging.getLogger(__name__)
 VERSION_HEADER = "X-Policy-Version"
@@ -60,7 +60,7 @@ class OpenAIPolicy(Policy):
         if not urls:
             raise ValueError("OpenAIPolicy needs at least one base URL")
         if isinstance(tokenizer, (str, os.PathLike)):
-            from corral.runner.models import load_tokenizer
+            from .models import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer  # type: ignore[assignment]
@@ -141,9 +141,9 @@ class OpenAIPolicy(Policy):
 
     def _body(self, request: GenerationRequest, model: str) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "prompt": list(request.prompt_ids),
-                                "max_tokens": request.max_tokens, "temperature": request.temperature,
-                                "top_p": request.top_p, "logprobs": 1, "return_token_ids": True,
-                                **self.extra_body}
+                                "max_tokens": request.max_tokens,
+                                "temperature": request.temperature, "top_p": request.top_p,
+                                "logprobs": 1, "return_token_ids": True, **self.extra_body}
         if request.stop:
             body["stop"] = list(request.stop)
         if request.seed is not None:
@@ -192,7 +192,8 @@ class OpenAIPolicy(Policy):
             data = answer.json()
             choice = data["choices"][0]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise PolicyError(f"{replica} sent a completion without choices: {answer.text[:200]}") from exc
+            raise PolicyError(f"{replica} sent a completion without choices: "
+                              f"{answer.text[:200]}") from exc
         logprobs = choice.get("logprobs") or {}
         token_ids = choice.get("token_ids")
         if token_ids is None:

@@ -28,9 +28,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.errors import PolicyError
-from corral.runner.chat import encode_prompt, parse_assistant_text
-from corral.runner.local_policy import LocalPolicy
-from corral.runner.policy import Generation, GenerationRequest
+from .base import Generation, GenerationRequest
+from .chat import encode_prompt, parse_assistant_text
+from .local import LocalPolicy
 
 log = logging.getLogger(__name__)
 VERSION_HEADER = "X-Policy-Version"
@@ -141,7 +141,8 @@ def create_app(policy: LocalPolicy) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": policy.name, "object": "model",
-                                            "owned_by": "corral", "policy_version": policy.version}]}
+                                            "owned_by": "corral",
+                                            "policy_version": policy.version}]}
 
     @app.post("/reload")
     async def reload(body: ReloadRequest) -> dict[str, Any]:
@@ -177,11 +178,13 @@ def create_app(policy: LocalPolicy) -> FastAPI:
         try:
             prompt = encode_prompt(policy.tokenizer, body.messages, tools=tools)
         except Exception as exc:  # jinja errors name the bad message; report them as 400
-            raise ValueError(f"messages could not be rendered with the chat template: {exc}") from exc
+            raise ValueError(f"messages could not be rendered with the chat template: "
+                             f"{exc}") from exc
         limit = body.max_completion_tokens or body.max_tokens
         if limit is None:
             room = (policy.max_positions or 0) - len(prompt)
-            limit = min(DEFAULT_CHAT_MAX_TOKENS, room) if policy.max_positions else DEFAULT_CHAT_MAX_TOKENS
+            limit = (min(DEFAULT_CHAT_MAX_TOKENS, room) if policy.max_positions
+                     else DEFAULT_CHAT_MAX_TOKENS)
 
         def make(ids: list[int], j: int) -> GenerationRequest:
             return GenerationRequest(prompt_ids=ids, max_tokens=limit, temperature=body.temperature,

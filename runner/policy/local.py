@@ -3,7 +3,7 @@
 Requests from concurrent coroutines are decoded together with a KV cache in a worker thread, so
 the event loop stays free. Batching is continuous: between two decode steps, waiting requests
 are prefilled and join the running batch (up to `max_batch` rows); rows that finish (stop
-token, stop string, `max_tokens`) leave it at once (see `corral.runner._decode`).
+token, stop string, `max_tokens`) leave it at once (see `corral.runner.policy.decode`).
 
 Behaviour log-probabilities: for each sampled token, `log_softmax(logits / temperature)` at that
 token, in fp32, *before* top-p truncation (the distribution a trainer recomputes from logits).
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from corral.errors import PolicyError
-from corral.runner._decode import DecodeBatch, Row
-from corral.runner.models import load_model, stop_token_ids
-from corral.runner.policy import Generation, GenerationRequest, Policy
+from .base import Generation, GenerationRequest, Policy
+from .decode import DecodeBatch, Row
+from .models import load_model, stop_token_ids
 
 if TYPE_CHECKING:
     import torch
@@ -108,13 +108,15 @@ class LocalPolicy(Policy):
         self.stop_ids = set(eos_token_ids) if eos_token_ids else stop_token_ids(model, tokenizer)
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id
+        pad = pad if pad is not None else tokenizer.eos_token_id
         self._pad = int(pad if pad is not None else 0)
         self._version = version
         self._rng = torch.Generator().manual_seed(seed)
         params = inspect.signature(type(model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep")
+                              if k in params), None)
         # Thread hand-off: coroutines put requests in the inbox; the decode thread runs while
         # there is work. Weight swaps wait until no row is in flight (see _exclusive).
         self._inbox: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
@@ -178,12 +180,14 @@ class LocalPolicy(Policy):
             raise ValueError("prompt_ids is empty; send at least one token")
         bad = next((t for t in ids if not 0 <= int(t) < self.vocab_size), None)
         if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {request.max_tokens}")
         if self.max_positions and len(ids) + request.max_tokens > self.max_positions:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({request.max_tokens}) exceeds "
-                             f"the model's {self.max_positions} positions; shorten one of them")
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({request.max_tokens}) "
+                             f"exceeds the model's {self.max_positions} positions; shorten one "
+                             "of them")
         if not 0.0 < request.top_p <= 1.0 or request.temperature < 0:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
 

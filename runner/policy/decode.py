@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from corral.runner.policy import GenerationRequest
+from .base import GenerationRequest
 
 
 @dataclass(slots=True)
@@ -63,7 +63,8 @@ class DecodeBatch:
                  sample: Callable[..., tuple[torch.Tensor, torch.Tensor]],
                  advance: Callable[[Row, int, float], None], pad_id: int,
                  device: torch.device, default_generator: torch.Generator) -> None:
-        self._forward, self._new_cache, self._sample, self._advance = forward, new_cache, sample, advance
+        self._forward, self._new_cache = forward, new_cache
+        self._sample, self._advance = sample, advance
         self._pad, self._device, self._rng = pad_id, device, default_generator
         self.rows: list[Row] = []
         self.can_merge = True

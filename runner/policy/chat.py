@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from corral.errors import ModelError
-from corral.runner.policy import Tokenizer
+from .base import Tokenizer
 from corral.toolcalls import (ToolCallParseError, parse_openai_tool_calls, parse_tool_calls,
                               strip_tool_calls)
 from corral.types import ToolCall
@@ -35,7 +35,8 @@ _DEFAULT_CONTEXT: list[dict[str, Any]] = [
 
 # --- rendering ----------------------------------------------------------------------------
 def render(tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], *,
-           tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = False) -> str:
+           tools: Sequence[dict[str, Any]] | None = None,
+           add_generation_prompt: bool = False) -> str:
     """The chat template's text for `messages` (no tokenization)."""
     return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
                                          add_generation_prompt=add_generation_prompt,
@@ -219,7 +220,8 @@ class ChatTranscript:
         return parsed
 
     def add_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Append tool results / user messages and the next generation prompt; returns the new ids."""
+        """Append tool results / user messages and the next generation prompt; returns the new
+        ids."""
         new: list[int] = []
         if self._last_generated is not None:
             new.extend(turn_end_ids(self.tokenizer, self._last_generated))

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
-from corral.runner.policy import Generation, GenerationRequest, Policy, Tokenizer
+from .base import Generation, GenerationRequest, Policy, Tokenizer
 
 IM_START, IM_END, EOS, PAD = "<|im_start|>", "<|im_end|>", "</s>", "<pad>"
 _SPECIALS = [IM_START, IM_END, EOS, PAD]

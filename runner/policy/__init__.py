@@ -1,0 +1,46 @@
+"""`corral.runner.policy`: the inference side of the runner (DESIGN §6).
+
+The runner core (episodes, executors, the `Runner`) needs only the contract in `base`: a
+`Policy` takes a `GenerationRequest` of token ids and returns a `Generation`. Everything else
+here is one engine or a helper of one:
+
+* `base`: `Policy`, `GenerationRequest`, `Generation`, `Tokenizer` (no dependencies);
+* `local` + `decode`: `LocalPolicy`, in-process transformers + torch with continuous batching;
+* `openai` + `router`: `OpenAIPolicy` over OpenAI-compatible servers, `Router` across replicas;
+* `serve`: `corral serve-policy`, an OpenAI-compatible server over a `LocalPolicy`;
+* `models`: the tiny model builder and the checked local loader;
+* `chat`: chat templates as token ids (`ChatTranscript`), tool calls parsed from output;
+* `scripted`: `ScriptedPolicy`, a dependency-free policy for tests and benchmarks.
+
+The contract and `ChatTranscript` (what the episode loop uses; both light) are imported eagerly;
+the engines load on first use, so importing the runner core does not import torch,
+transformers, FastAPI or aiohttp.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .base import Generation, GenerationRequest, Policy, Tokenizer
+from .chat import ChatTranscript
+
+_LAZY = {
+    "LocalPolicy": "local", "OpenAIPolicy": "openai", "Router": "router",
+    "PolicyServer": "serve", "create_app": "serve",
+    "build_tiny_model": "models", "load_model": "models", "load_tokenizer": "models",
+    "ScriptedPolicy": "scripted", "ScriptedCall": "scripted", "ByteTokenizer": "scripted",
+}
+
+__all__ = ["ChatTranscript", "Generation", "GenerationRequest", "Policy", "Tokenizer"]
+__all__ += sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

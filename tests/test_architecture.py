@@ -1,0 +1,182 @@
+"""The layers run one way and close no cycle (docs/architecture.md).
+
+The import graph is built from the package's own source with `ast`, mapped as the package
+installs (setup.py's folder → import name table), so it sees every `import` and `from … import`,
+including those inside functions and `TYPE_CHECKING` blocks: a lazy import that runs up a layer
+is still an arrow the wrong way.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _setup_roots() -> dict[str, str]:
+    """setup.py's `ROOTS` (import name → folder), the same table the wheel is built from."""
+    for node in ast.parse((ROOT / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "ROOTS":
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no ROOTS table")
+
+
+ROOTS = _setup_roots()
+
+# Lowest first. A module may import its own layer or a lower one. The registry sits above the
+# built-in envs: it indexes their manifests (envs never import the registry).
+LAYERS = ("corral", "corral.envs", "corral.registry", "corral.runner", "corral.trainer",
+          "corral.cli")
+# (importer, imported) pairs that may break the rule, each with its reason. Keep it empty.
+ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the deepest layer prefix of `module`."""
+    best = 0
+    for rank, prefix in enumerate(LAYERS):
+        if module == prefix or module.startswith(prefix + "."):
+            best = max(best, rank)
+    return best
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the distribution: import name → source file."""
+    modules = {}
+    for package, folder in ROOTS.items():
+        base = ROOT / folder
+        for path in base.rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """importer → the package modules it imports (a name resolves to its longest module)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".") if is_package else module.split(".")[:-1]
+                    base = base[:len(base) - node.level + 1]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                # `from pkg import sub` depends on the module pkg.sub when there is one, else
+                # on pkg (a name defined in its __init__).
+                names = [f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in modules else stem
+                         for alias in node.names]
+            for name in names:
+                target = resolve(name) if name.split(".")[0] == "corral" else None
+                if target and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in list(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph(package_modules())
+
+
+def test_graph_sees_the_package(graph: dict[str, set[str]]) -> None:
+    # A broken walker would find nothing and pass everything: check known arrows are seen.
+    assert "corral.catalog" in graph["corral.environment"]
+    assert "corral.runner" in graph["corral.trainer.loop"] or any(
+        t.startswith("corral.runner.") for t in graph["corral.trainer.loop"])
+    assert len(package_modules()) > 100
+
+
+def test_no_import_runs_up_a_layer(graph: dict[str, set[str]]) -> None:
+    upward = sorted(f"{src} -> {dst}" for src, targets in graph.items() for dst in targets
+                    if layer_of(dst) > layer_of(src) and (src, dst) not in ALLOWED)
+    assert not upward, "imports running up a layer:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
+    found = [c for c in cycles(graph)
+             if not all((a, b) in ALLOWED for a in c for b in graph[a] if b in c)]
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_checker_catches_an_upward_import_and_a_cycle() -> None:
+    graph = {"corral.env": {"corral.runner.pool"}, "corral.a": {"corral.b"},
+             "corral.b": {"corral.a"}}
+    assert layer_of("corral.runner.pool") > layer_of("corral.env")
+    assert cycles(graph) == [["corral.a", "corral.b"]]
+
+
+def test_facade_is_lazy_and_complete() -> None:
+    """`import corral` loads no upper layer; every facade name resolves; dir() lists them."""
+    code = """
+import sys, corral as cr
+assert not [m for m in sys.modules if m.split('.')[:2] in (['corral', 'registry'],
+            ['corral', 'runner'], ['corral', 'trainer'], ['corral', 'cli'])], sorted(sys.modules)
+for name in cr.__all__:
+    getattr(cr, name)
+assert {'mix', 'deprecate', 'make', 'runner', 'trainer'} <= set(dir(cr))
+assert cr.runner.Runner.__name__ == 'Runner' and cr.trainer.TrainConfig.__name__ == 'TrainConfig'
+print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
