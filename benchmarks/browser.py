@@ -18,7 +18,7 @@ Measured side by side in one run:
 4. Corral: N episodes at a time on one warm browser (one context each).
 Plus warm/cold reset latency and the cost of one observation (Corral's single-evaluate walker
 vs CDP's full AX tree vs Playwright's aria snapshot). Every browser, the peers' included, runs
-the binary Corral's pool runs (`corral.browser.pool.CHROMIUM`: Debian's headless shell when
+the binary Corral's pool runs (`corral.sandbox.browser.chromium.CHROMIUM`: Debian's headless shell when
 installed, as Playwright itself uses for headless runs), so the rows differ only in the loop.
 """
 
@@ -67,8 +67,8 @@ def sync_loop(episodes: list[dict]) -> tuple[float, int]:
     """BrowserGym-style episodes, one at a time: (seconds, successes)."""
     from playwright.sync_api import sync_playwright
 
-    from corral.browser.pool import CHROMIUM, LAUNCH_ARGS
-    from corral.browser.site import TaskServer
+    from corral.sandbox.browser.chromium import CHROMIUM, LAUNCH_ARGS
+    from corral.sandbox.browser.site import TaskServer
 
     server = TaskServer()
     ok = 0
@@ -105,8 +105,8 @@ async def bare_async_loop(episodes: list[dict]) -> tuple[float, int]:
     origin policy, no checks: (seconds, successes). The cost floor of an isolated episode."""
     from playwright.async_api import async_playwright
 
-    from corral.browser.pool import CHROMIUM, LAUNCH_ARGS
-    from corral.browser.site import SITE_HEADER, TaskServer
+    from corral.sandbox.browser.chromium import CHROMIUM, LAUNCH_ARGS
+    from corral.sandbox.browser.site import SITE_HEADER, TaskServer
 
     server = TaskServer()
     ok = 0
@@ -189,7 +189,7 @@ PEER = textwrap.dedent('''
 
 def browsergym(python: str, episodes: list[dict]) -> list[dict]:
     """Run BrowserGym on the same pages in its own venv; one result per delay setting."""
-    from corral.browser.pool import CHROMIUM
+    from corral.sandbox.browser.chromium import CHROMIUM
 
     spec = {"pages": [click_page(t) for t in episodes], "targets": [t["target"] for t in episodes],
             "delays": [0.5, 0.0], "chromium": CHROMIUM}
@@ -298,7 +298,7 @@ def main() -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     episodes = tasks(args.sync_episodes)
 
-    from corral.browser.pool import CHROMIUM
+    from corral.sandbox.browser.chromium import CHROMIUM
 
     print(f"task {ENV_ID}; machine: {__import__('os').cpu_count()} cores, load "
           f"{load_average()}; every browser here runs {CHROMIUM}")

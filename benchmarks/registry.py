@@ -1,6 +1,8 @@
-"""Registry benchmarks: catalog `make`/`list` speed (issue 2) and release publish/pull (issue 5).
+"""Registry benchmarks: catalog `make`/`list` speed (issue 2), release publish/pull (issue 5),
+hostile uploads and resolve cost (issue 14).
 
     .venv/bin/python benchmarks/registry.py [--repeat N] [--tasks 10000] [--release-repeat 3]
+                                            [--only catalog|release|hostile]
 
 Each measurement is a function returning a dict of figures; `main()` runs them all and prints
 them, one `name=value` line each, so results can be pasted into docs/benchmarks.md.
@@ -11,11 +13,17 @@ verify every file hash and commit into a clean local store. Each publish starts 
 copy of the env folder (nothing cached in the process), as `corral publish` in a new process
 would; `*_cli_s` figures are whole `corral` processes, Python start-up included. The HTTP
 figures run against `corral registry serve` in its own process on 127.0.0.1.
+
+Hostile figures (issue 14): for each crafted archive of `tests/faults/hostile_archives.py`, the
+time `corral registry serve` takes to refuse its upload and how far the server's peak memory
+(VmHWM, reset through /proc/PID/clear_refs) rises above its size before the upload; then the
+median resolve time of an env whose releases carry a description of `--description-bytes`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -27,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import httpx
 
@@ -35,6 +43,9 @@ import corral as cr
 from corral.registry import Catalog
 from corral.registry.store import LocalStore
 from corral.registry.transfer import publish, pull
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "faults"))
+from hostile_archives import write_all  # noqa: E402  (the crafted archives of the fault tests)
 
 TOKEN = "bench-token-0001"
 ENV_PY = """from pathlib import Path
@@ -147,19 +158,7 @@ def _corral(*args: str, home: Path) -> float:
 def bench_publish_pull_http(work: Path, template: Path, repeat: int) -> dict[str, float]:
     """Publish to and pull from `corral registry serve` over loopback HTTP: in-process client
     calls and whole `corral publish` / `corral pull` processes."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "corral.cli", "registry", "serve",
-                               "--registry", str(work / "server"), "--port", str(port),
-                               "--token", f"bench:{TOKEN}"], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while not _healthy(url):
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the registry server did not start")
-            time.sleep(0.05)
+    with _server(work / "server") as (url, _):
         publish_s, pull_s, cli_publish_s, cli_pull_s = [], [], [], []
         for i in range(repeat):
             start = time.perf_counter()
@@ -174,13 +173,72 @@ def bench_publish_pull_http(work: Path, template: Path, repeat: int) -> dict[str
                                          home=home))
             cli_pull_s.append(_corral("pull", f"bench/big-v1@3.0.{i}", "--registry", url,
                                       home=home))
-    finally:
-        server.terminate()
-        server.wait(30)
     return {"publish_10k_http_median_s": statistics.median(publish_s),
             "pull_10k_http_median_s": statistics.median(pull_s),
             "publish_10k_http_cli_s": statistics.median(cli_publish_s),
             "pull_10k_http_cli_s": statistics.median(cli_pull_s)}
+
+
+@contextlib.contextmanager
+def _server(home: Path) -> Iterator[tuple[str, int]]:
+    """`corral registry serve` over `home` in its own process: (url, pid)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "corral.cli", "registry", "serve",
+                               "--registry", str(home), "--port", str(port),
+                               "--token", f"bench:{TOKEN}", "--token", f"acme:{TOKEN}"],
+                              stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(url):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the registry server did not start")
+            time.sleep(0.05)
+        yield url, server.pid
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def _kib(pid: int, field: str) -> int:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if x.startswith(field + ":"))
+    return int(line.split()[1])
+
+
+def bench_hostile_uploads(work: Path, template: Path, repeat: int) -> dict[str, float]:
+    """Time to refuse each crafted archive and the server's peak memory growth meanwhile."""
+    figures: dict[str, float] = {}
+    with _server(work / "hostile-server") as (url, pid):
+        for case, archive in write_all(work / "hostile").items():
+            data = archive.read_bytes()
+            before = _kib(pid, "VmRSS")
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset the peak (VmHWM)
+            start = time.perf_counter()
+            status = httpx.put(f"{url}/api/releases", content=data, timeout=600,
+                               headers={"Authorization": f"Bearer {TOKEN}"}).status_code
+            case = case.replace("-", "_")
+            figures[f"hostile_{case}_upload_kib"] = len(data) / 1024
+            figures[f"hostile_{case}_refuse_s"] = time.perf_counter() - start
+            figures[f"hostile_{case}_server_peak_mib"] = (_kib(pid, "VmHWM") - before) / 1024
+            figures[f"hostile_{case}_status"] = status
+    return figures
+
+
+def bench_resolve(work: Path, template: Path, repeat: int, *, versions: int = 5,
+                  description_bytes: int = 64 << 10) -> dict[str, float]:
+    """Median `resolve` of an env with `versions` releases, each with a description of
+    `description_bytes` (64 KiB, the cap, by default), from a local store."""
+    store = LocalStore(work / "resolve-store")
+    folder = write_big_env(work / "resolve-env", 100)
+    with open(folder / "corral.toml", "a") as fh:  # [[env]] is the file's last table
+        fh.write(f'description = "{"d" * description_bytes}"\n')
+    for i in range(versions):
+        publish(folder, registry=store, version=f"1.0.{i}")
+    return {f"resolve_{versions}_versions_{description_bytes >> 10}kib_description_median_ms":
+            _median_ms(lambda: store.resolve("bench/big-v1"), max(repeat, 50))}
 
 
 def _healthy(url: str) -> bool:
@@ -193,6 +251,7 @@ def _healthy(url: str) -> bool:
 BENCHMARKS: list[Callable[..., dict[str, float]]] = [bench_make, bench_list]
 RELEASE_BENCHMARKS: list[Callable[..., dict[str, float]]] = [bench_publish_pull_local,
                                                              bench_publish_pull_http]
+HOSTILE_BENCHMARKS: list[Callable[..., dict[str, float]]] = [bench_hostile_uploads, bench_resolve]
 
 
 def main() -> None:
@@ -201,15 +260,24 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks of the released env")
     parser.add_argument("--release-repeat", type=int, default=3,
                         help="samples per publish/pull timing")
+    parser.add_argument("--only", choices=["catalog", "release", "hostile"],
+                        help="run one group of benchmarks")
     args = parser.parse_args()
-    for bench in BENCHMARKS:
+    for bench in BENCHMARKS if args.only in (None, "catalog") else []:
         for name, value in bench(repeat=args.repeat).items():
             print(f"{name}={value:.3f}")
+    groups = {"release": RELEASE_BENCHMARKS, "hostile": HOSTILE_BENCHMARKS}
+    chosen = [b for group, benches in groups.items() if args.only in (None, group)
+              for b in benches]
+    if not chosen:
+        return
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
         work = Path(tmp)
-        template = write_big_env(work / "template", args.tasks)
+        # The hostile group needs no big env: a placeholder folder stands for the template.
+        template = write_big_env(work / "template", args.tasks) if args.only != "hostile" \
+            else work
         os.environ["CORRAL_HOME"] = str(work / "home")  # never touch the user's store
-        for bench in RELEASE_BENCHMARKS:
+        for bench in chosen:
             for name, value in bench(work, template, args.release_repeat).items():
                 print(f"{name}={value:.3f}", flush=True)
 

@@ -95,6 +95,12 @@ async def corral(backend: str, image: str, n: int) -> dict[str, float]:
         lambda: sh.run("echo hi"), n * 5)
     res[f"corral {backend} shell round trip '/bin/true'"] = await atimed(
         lambda: sh.run("/bin/true"), n * 5)
+    # host-side file operations (the env's setup files, the agent's write_file/read_file tools)
+    payload = b"x" * 4096
+    res[f"corral {backend} write_file 4 KiB"] = await atimed(
+        lambda: sb.write_file("/tmp/bench/deep/file.txt", payload), n * 5)
+    res[f"corral {backend} read_file 4 KiB"] = await atimed(
+        lambda: sb.read_file("/tmp/bench/deep/file.txt"), n * 5)
     t = time.perf_counter()
     for s in made:
         await s.close()
@@ -105,18 +111,25 @@ async def corral(backend: str, image: str, n: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=20, help="samples per figure (median)")
+    parser.add_argument("--only", choices=["bwrap"], default=None,
+                        help="measure only this backend (no ratios)")
     args = parser.parse_args()
     image = ensure_base_image()
     try:
-        res = raw_docker(image, args.n)
-        res.update(asyncio.run(corral("docker", image, args.n)))
-        res.update(asyncio.run(corral("bwrap", image, args.n)))
+        if args.only:
+            res = asyncio.run(corral(args.only, image, args.n))
+        else:
+            res = raw_docker(image, args.n)
+            res.update(asyncio.run(corral("docker", image, args.n)))
+            res.update(asyncio.run(corral("bwrap", image, args.n)))
     finally:
         gc(RUN)
     width = max(map(len, res))
     print(f"{'figure (median ms, n=' + str(args.n) + ')':<{width}}  value")
     for name, ms in res.items():
         print(f"{name:<{width}}  {ms:8.2f}")
+    if args.only:
+        return
     raw_start = res["raw docker SDK create+start"]
     d_rt = res["corral docker shell round trip 'true'"]
     b_rt = res["corral bwrap shell round trip 'true'"]

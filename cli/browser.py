@@ -19,7 +19,7 @@ browser_app = typer.Typer(help="Browser environments: images and observations.",
 @browser_app.command("image")
 def image(tag: str = typer.Option("corral/chromium:bookworm", help="tag to create")) -> None:
     """Build the containerized-mode Chromium image (cached: no-op if present; minutes if not)."""
-    from corral.browser.image import ensure_chromium_image
+    from corral.sandbox.browser.image import ensure_chromium_image
 
     build_image(tag, ensure_chromium_image)
 
@@ -30,7 +30,6 @@ def observe(env_id: str = typer.Argument(..., help="a browser environment id"),
             container: bool = typer.Option(False, help="run Chromium in a container")) -> None:
     """Reset a browser env and print the first observation (instruction, tabs, tree)."""
     import corral as cr
-    from corral.browser import close_pools
 
     async def run() -> str:
         overrides = {"sandbox": cr.Browser(mode="container")} if container else {}
@@ -40,9 +39,8 @@ def observe(env_id: str = typer.Argument(..., help="a browser environment id"),
         try:
             text, _ = await env.areset(seed=seed)
             return text
-        finally:
+        finally:  # the env's standalone sandbox closes its own Chromium
             await env.aclose()
-            await close_pools()
 
     console.print(asyncio.run(run()), highlight=False, markup=False)
 

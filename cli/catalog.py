@@ -12,7 +12,7 @@ from rich.table import Table
 from corral.agents import AGENTS, EpisodeResult, play
 from corral.errors import CorralError
 
-from .common import console
+from .common import backend_help, check_backend_option, console
 
 
 def _kind_and_tasks(spec: Any) -> tuple[str, str]:
@@ -93,12 +93,14 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
                                   help=f"Scripted agent: {', '.join(AGENTS)}."),
         n: int = typer.Option(5, "--n", "-n", min=1, help="Episodes to run."),
         seed: int = typer.Option(0, "--seed", help="Seed of the first episode."),
-        backend: str = typer.Option(None, "--backend", help="Sandbox backend (docker|bwrap).")) -> None:
+        backend: str = typer.Option(None, "--backend",
+                                    help=f"Sandbox backend: {backend_help()}.")) -> None:
     """Run episodes with a scripted agent and print their rewards."""
     import corral.registry as registry
 
     if agent not in AGENTS:
         raise CorralError(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
+    check_backend_option(backend)
     overrides = {"backend": backend} if backend else {}
 
     async def episodes() -> list[EpisodeResult]:

@@ -49,3 +49,22 @@ def import_user_modules(names: list[str]) -> None:
                 importlib.import_module(name)
             except ModuleNotFoundError as exc:
                 raise CorralError(f"--import {name}: module not found ({exc.name})") from None
+
+
+def backend_help(kind: str | None = None) -> str:
+    """`auto | docker | bwrap ...`: the backends of the table (serving `kind`), for help texts."""
+    from corral.sandbox import AUTO, backend_names
+
+    return " | ".join([AUTO, *backend_names(kind)])
+
+
+def check_backend_option(name: str | None, kind: str | None = None) -> None:
+    """Exit with one line (naming the closest backends) unless `name` is unset, "auto" or a
+    backend of the table serving `kind`."""
+    from corral.sandbox import check_backend
+
+    if name is not None:
+        try:
+            check_backend(name, kind)
+        except CorralError as exc:
+            fail(str(exc))

@@ -82,8 +82,7 @@ def _validate(plan: DemoPlan) -> Table:
     for column in ("env", "backend", "tasks", "oracle", "no-op", "ok", "seconds"):
         table.add_column(column)
     for env_id in [*TEXT_ENVS, TERMINAL_ENV]:
-        backend = "docker" if env_id == TERMINAL_ENV else None
-        report = asyncio.run(validate(env_id, backend=backend, limit=plan.validate_limit))
+        report = asyncio.run(validate(env_id, limit=plan.validate_limit))
         table.add_row(env_id, report.backend or "-", str(report.tasks_checked),
                       f"{report.oracle_pass_rate:.0%}", f"{report.noop_pass_rate:.0%}",
                       "yes" if report.ok else "[red]no[/]", f"{report.seconds:.1f}")
@@ -97,7 +96,7 @@ async def _collect(plan: DemoPlan, run_dir: Path) -> tuple[Table, dict[str, Any]
     started = time.perf_counter()
     async with Runner([TERMINAL_ENV, *TEXT_ENVS], policy, sandbox_capacity=4,
                       inference_concurrency=16, limits=EpisodeLimits(max_tokens=32),
-                      sandbox_backend="docker", run_dir=run_dir) as runner:
+                      run_dir=run_dir) as runner:
         trajs = await runner.collect(plan.collect, group=2)
         stats = runner.stats()
     seconds = time.perf_counter() - started

@@ -7,6 +7,7 @@ import socket
 import typer
 
 from corral.errors import CorralError
+from corral.runner.policy.base import RELOAD_TOKEN_ENV
 
 from .common import fail
 
@@ -27,7 +28,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve-policy")
     def serve_policy(
-        model: str = typer.Argument(..., help="A local model directory (save_pretrained) or 'tiny'."),
+        model: str = typer.Argument(..., help="A local model directory (save_pretrained) or "
+                                    "'tiny'."),
         host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
         port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
         device: str = typer.Option(None, help="torch device (default: cuda if present, else cpu)."),
@@ -35,11 +37,26 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(None, min=1, help="torch CPU threads for decoding "
                                     "(1 is fastest for tiny models on a busy CPU)."),
         log_level: str = typer.Option("info", help="uvicorn log level."),
+        max_generations: int = typer.Option(256, min=1, help="Most generations (prompts × n) "
+                                            "one request may ask for; more is answered 400."),
+        reload_token: str = typer.Option(None, envvar=RELOAD_TOKEN_ENV, help="Token that "
+                                         "POST /reload must send as `Authorization: Bearer`. "
+                                         "Without it /reload is refused (403)."),
+        allow_unauthenticated_reload: bool = typer.Option(
+            False, "--allow-unauthenticated-reload", help="Accept /reload without a token from "
+            "loopback clients; only with a loopback --host. Sandboxes with host networking can "
+            "reach loopback: prefer --reload-token."),
     ) -> None:
         """Serve MODEL with /v1/completions, /v1/chat/completions, /reload and /version."""
         from corral.runner import LocalPolicy
-        from corral.runner.policy.serve import serve
+        from corral.runner.policy.serve import ServeConfig, serve
 
+        try:
+            config = ServeConfig(max_generations=max_generations, reload_token=reload_token,
+                                 allow_unauthenticated_reload=allow_unauthenticated_reload)
+            config.check_host(host)
+        except ValueError as exc:
+            fail(str(exc))
         problem = _port_free(host, port)
         if problem:
             fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
@@ -47,4 +64,4 @@ def register(app: typer.Typer) -> None:
             policy = LocalPolicy(model, device=device, max_batch=max_batch, threads=threads)
         except (CorralError, ValueError, RuntimeError) as exc:
             fail(str(exc))
-        serve(policy, host=host, port=port, log_level=log_level)
+        serve(policy, host=host, port=port, log_level=log_level, config=config)

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import console
+from .common import backend_help, check_backend_option, console
 
 
 def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
@@ -98,7 +98,8 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(128, min=1, help="Tokens per generation."),
         temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature."),
         retries: int = typer.Option(2, min=0, help="Retries of infrastructure failures."),
-        sandbox_backend: str = typer.Option("auto", help="auto | docker | bwrap."),
+        sandbox_backend: str = typer.Option("auto", help=f"{backend_help()} (preferred for the "
+                                            "kinds of sandbox it opens)."),
         episode_deadline: float = typer.Option(None, help="Seconds per episode."),
         turn_deadline: float = typer.Option(None, help="Seconds per turn."),
         device: str = typer.Option(None, help="torch device for a local policy."),
@@ -107,6 +108,7 @@ def register(app: typer.Typer) -> None:
         """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
         from corral.runner import AssemblyConfig, EpisodeLimits
 
+        check_backend_option(sandbox_backend)
         model = make_policy(policy, tokenizer=tokenizer, device=device)
         limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens,
                                temperature=temperature, episode_deadline=episode_deadline,

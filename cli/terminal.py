@@ -15,7 +15,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import console, fail
+from .common import backend_help, check_backend_option, console, fail
 
 if TYPE_CHECKING:
     from corral.registry.validate import EpisodeCheck, ValidationReport
@@ -35,8 +35,8 @@ def _load_harbor_paths(paths: list[Path], namespace: str = "harbor") -> dict[str
 # --- validate -------------------------------------------------------------------------------------
 def validate_command(
     env_id: str = typer.Argument(..., help="Environment id, e.g. corral/term-files-v0."),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="Sandbox backend for "
-                                          "terminal envs: docker | bwrap."),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="Sandbox backend: "
+                                          f"{backend_help()}."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Check the first N tasks "
                                         "(default: all up to 50, else the first 50; 0 = all)."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1,
@@ -48,8 +48,7 @@ def validate_command(
     """Run every task's oracle (must pass) and a no-op agent (must fail) in real sandboxes."""
     from corral.registry.validate import checked_count, validate
 
-    if backend not in (None, "docker", "bwrap"):
-        fail(f"--backend must be docker or bwrap, got {backend!r}")
+    check_backend_option(backend)
     _load_harbor_paths(harbor)
     from corral.registry import make
 

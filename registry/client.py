@@ -81,15 +81,21 @@ class RegistryClient:
         return ReleaseRecord.model_validate_json(
             self._request("GET", "/api/resolve", params={"ref": ref}).content)
 
-    def download(self, sha: str, dest: Path) -> Path:
-        """Stream an archive into `dest`."""
+    def download(self, sha: str, dest: Path, *, max_bytes: int | None = None) -> Path:
+        """Stream an archive into `dest`, refusing one over `max_bytes` as it arrives (a
+        hostile or broken server cannot fill the disk)."""
         try:
             with self._http.stream("GET", f"/api/releases/{quote(sha)}/archive") as response:
                 if response.status_code != 200:
                     response.read()
                     _check(response, self.url)
+                size = 0
                 with open(dest, "wb") as fh:
                     for chunk in response.iter_bytes(_CHUNK):
+                        size += len(chunk)
+                        if max_bytes is not None and size > max_bytes:
+                            raise LimitExceeded(f"archive sha256:{sha[:12]}… from {self.url} is "
+                                                f"over the {max_bytes:,}-byte limit")
                         fh.write(chunk)
         except httpx.HTTPError as exc:
             raise RegistryUnavailable(f"registry {self.url}: download failed: {exc}") from None

@@ -408,7 +408,7 @@ def _scan_members(tar: TarReader, limits: Limits, dest: Path | None) -> ReleaseM
             if member.size > limits.max_manifest_bytes:
                 raise LimitExceeded(f"{MANIFEST_NAME} is {member.size:,} bytes, over the "
                                     f"{limits.max_manifest_bytes:,}-byte limit")
-            manifest = ReleaseManifest.from_json(b"".join(tar.chunks(member)))
+            manifest = _parse_manifest(b"".join(tar.chunks(member)), limits)
             _check_manifest(manifest, limits)
             continue
         if not member.name.startswith(FILES_PREFIX):
@@ -437,6 +437,17 @@ def _scan_members(tar: TarReader, limits: Limits, dest: Path | None) -> ReleaseM
         raise ReleaseError(f"archive lacks {len(missing)} file(s) its manifest lists, e.g. "
                            f"{missing[0]!r}")
     return manifest
+
+
+def _parse_manifest(blob: bytes, limits: Limits) -> ReleaseManifest:
+    # Count the file entries before parsing: each has one "sha256" key (a string value cannot
+    # hold that token, its quotes would be escaped), and parsing a 16 MiB manifest of 150,000
+    # tiny entries would build ~200 MiB of objects before `max_files` could refuse it.
+    entries = blob.count(b'"sha256"')
+    if entries > limits.max_files:
+        raise LimitExceeded(f"manifest lists {entries:,} files, over the limit of "
+                            f"{limits.max_files:,} (max_files)")
+    return ReleaseManifest.from_json(blob)
 
 
 def _check_member(member: Member, limits: Limits) -> None:

@@ -363,8 +363,9 @@ class LocalStore:
                                   f"{self.blobs}; pull it again")
         return path
 
-    def download(self, sha: str, dest: Path) -> Path:
-        """Copy an archive to `dest` (interface parity with `RegistryClient`)."""
+    def download(self, sha: str, dest: Path, *, max_bytes: int | None = None) -> Path:
+        """Copy an archive to `dest` (interface parity with `RegistryClient`; `max_bytes` is
+        checked by `add_temp`, which reads the size before anything else)."""
         shutil.copyfile(self.archive(sha), dest)
         return dest
 

@@ -21,12 +21,9 @@ Only what releases need is understood: ustar (POSIX or GNU magic) headers, PAX `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Iterator
+from typing import IO, Iterator, Protocol
 
 from .errors import LimitExceeded, ReleaseError
-
-if TYPE_CHECKING:
-    from .release import Limits
 
 BLOCK = 512
 _CHUNK = 1 << 20
@@ -34,6 +31,14 @@ _ZERO_BLOCK = bytes(BLOCK)
 _MAGICS = (b"ustar\x0000", b"ustar  \x00")
 _EXTENDED = {b"x": "PAX extended", b"L": "GNU long name", b"K": "GNU long link name"}
 REGULAR, HARD_LINK, SYMLINK = b"0", b"1", b"2"
+
+
+class ReaderLimits(Protocol):
+    """The fields of `release.Limits` this reader enforces (a protocol: no import back)."""
+
+    max_files: int
+    max_header_bytes: int
+    max_expanded_bytes: int
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ class TarReader:
     """Iterate the members of the uncompressed tar stream `fileobj` under `limits`; read a
     member's data with `chunks(member)` before moving on (unread data is skipped)."""
 
-    def __init__(self, fileobj: IO[bytes], limits: "Limits") -> None:
+    def __init__(self, fileobj: IO[bytes], limits: ReaderLimits) -> None:
         self._fh = fileobj
         self._limits = limits
         self._expanded = 0
@@ -138,7 +143,9 @@ class TarReader:
 def _parse_header(block: bytes) -> tuple[bytes, int, str, str]:
     """(type, size, name, linkname) of a ustar header block, checksum and fields verified."""
     stored = _octal(block[148:156], "checksum")
-    if stored != sum(block[:148]) + 8 * 32 + sum(block[156:]):
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    signed = unsigned - 256 * sum(b >= 128 for b in block[:148] + block[156:])  # old Sun tars
+    if stored not in (unsigned, signed):
         raise ReleaseError("archive header checksum mismatch: not a tar archive, or corrupt")
     if block[257:265] not in _MAGICS:
         raise ReleaseError("archive header is not ustar: not a release archive")

@@ -64,7 +64,7 @@ def pull(ref: str, *, source: str | Path | Store | None,
         except ReleaseNotFound:
             pass
         with dest.temp_file() as (tmp, _):  # locked: a `recover` meanwhile leaves it alone
-            store.download(record.sha256, tmp)
+            store.download(record.sha256, tmp, max_bytes=dest.limits.max_total_bytes)
             result = dest.add_temp(tmp, expect_sha=record.sha256)
     finally:
         if store is not source:  # opened here from a path or URL

@@ -25,6 +25,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, Field
 
 from corral.agents import EpisodeResult, play
+from corral.sandbox import AUTO, SandboxOpener, resolve_backend
 
 log = logging.getLogger(__name__)
 
@@ -124,16 +125,6 @@ def checked_count(size: int, limit: int | None) -> int:
     return size if limit <= 0 else min(size, limit)
 
 
-async def _resolve_backend(env: Any) -> str:
-    """The backend a terminal env's sandboxes will really use ('auto' resolved)."""
-    choice = str(getattr(env, "backend", "auto"))
-    if choice != "auto":
-        return choice
-    from corral.sandbox import docker_available
-
-    return "docker" if await asyncio.to_thread(docker_available) else "bwrap"
-
-
 def _summary(task: Any) -> str:
     fields = task.fields() if hasattr(task, "fields") else {}
     text = ", ".join(f"{k}={v}" for k, v in fields.items() if not isinstance(v, (dict, list)))
@@ -168,7 +159,10 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     size = len(probe.tasks)
     count = checked_count(size, limit)
     kind = getattr(probe, "kind", None)
-    used_backend = await _resolve_backend(probe) if kind == "terminal" else backend
+    spec = probe.sandbox_spec
+    # the backend the env's sandboxes really use ("auto" resolved by the backend table)
+    used_backend = (await resolve_backend(spec, str(getattr(probe, "backend", None) or AUTO))
+                    if spec is not None else backend)
     await probe.aclose()
 
     gate = asyncio.Semaphore(max(1, concurrency))
@@ -177,6 +171,8 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     async def episode(index: int, agent: AgentName) -> None:
         async with gate:
             instance = factory()
+            if instance.sandbox_spec is not None:  # browser contexts share one Chromium
+                instance.sandbox_provider = sandboxes
             try:
                 result = await play(instance, agent, seed=index, options={"task_index": index})
             except Exception as exc:  # an author bug (setup, oracle) fails this task, not the run
@@ -190,8 +186,9 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
             on_episode(index, agent, check)
 
     started, stamp = time.monotonic(), _dt.datetime.now(_dt.timezone.utc).isoformat()
-    await asyncio.gather(*(episode(i, agent) for i in range(count)
-                           for agent in ("oracle", "noop")))
+    async with SandboxOpener(backend or AUTO, run_id=kwargs["run_id"]) as sandboxes:
+        await asyncio.gather(*(episode(i, agent) for i in range(count)
+                               for agent in ("oracle", "noop")))
     tasks = [TaskCheck(index=i, task_id=probe.tasks[i].id, summary=_summary(probe.tasks[i]),
                        oracle=results[(i, "oracle")], noop=results[(i, "noop")])
              for i in range(count)]

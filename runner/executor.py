@@ -47,8 +47,9 @@ class EnvSource:
 
     @property
     def pooled(self) -> bool:
-        """Whether its sandboxes come from the pool (terminal sandboxes do)."""
-        return self.spec is not None and getattr(self.spec, "kind", None) == "terminal"
+        """Whether its sandboxes come from the pool (every env with a sandbox: text envs have
+        none)."""
+        return self.spec is not None
 
 
 @contextlib.asynccontextmanager
@@ -110,7 +111,7 @@ class LocalExecutor:
         self.made = len(probes)
 
     def _attach(self, env: Any) -> Any:
-        if env.sandbox_spec is not None and getattr(env.sandbox_spec, "kind", None) == "terminal":
+        if env.sandbox_spec is not None:
             env.sandbox_provider = self.pool
         return env
 

@@ -20,6 +20,11 @@ its own. What it does for a run:
 - **replacement**: a warm sandbox found dead, one whose reset failed, and one released as not
   reusable are closed in the background; a fresh one is started in their place when needed.
 
+Sandboxes of every kind are pooled alike: terminal ones (docker, bwrap) and browser contexts.
+The pool opens them through a `SandboxOpener`, which owns what the backends keep warm (the
+Chromium processes behind the browser contexts) and is closed with the pool, so nothing a run
+started outlives it.
+
 Stats: starts, reuses, failures, replacements, evictions and the full list of acquire waits.
 """
 
@@ -35,6 +40,7 @@ from typing import Any, Awaitable, Callable, NamedTuple
 
 from corral.errors import InfraError, SandboxError
 from corral.runner.trajectory import Span
+from corral.sandbox import SandboxOpener
 from corral.sandbox.base import Sandbox
 from corral.sandbox.spec import SandboxSpec
 
@@ -96,13 +102,14 @@ class SandboxPool:
 
     def __init__(self, capacity: int = 8, *, backend: str = "auto", run_id: str = "adhoc",
                  opener: Opener | None = None) -> None:
-        """`opener(spec, env_id)` starts one sandbox (default: `corral.sandbox.open_sandbox` on
-        `backend`, labelled with `run_id`)."""
+        """`opener(spec, env_id)` starts one sandbox (default: a `SandboxOpener` preferring
+        `backend` (a name of the backend table, or "auto"), labelling them with `run_id`)."""
         if capacity < 1:
             raise ValueError(f"sandbox capacity must be at least 1, got {capacity}")
         self.capacity = capacity
         self.backend = backend
         self.run_id = run_id
+        self.sandboxes = SandboxOpener(backend, run_id=run_id)
         self._opener = opener or self._open
         self.stats = PoolStats()
         self._warm: dict[str, deque[_Entry]] = {}
@@ -253,9 +260,7 @@ class SandboxPool:
         return _Entry(sandbox, key, spec, env_id)
 
     async def _open(self, spec: SandboxSpec, env_id: str) -> Sandbox:
-        from corral.sandbox import open_sandbox
-
-        return await open_sandbox(spec, self.backend, run_id=self.run_id, env_id=env_id)
+        return await self.sandboxes.open(spec, env_id=env_id)
 
     def _wanted(self, key: str) -> int:
         """Idle sandboxes of `key` to keep: the target, capped by demand and capacity."""
@@ -346,7 +351,8 @@ class SandboxPool:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
-        """Close every sandbox the pool holds (warm and still in use); idempotent."""
+        """Close every sandbox the pool holds (warm and still in use), then what their
+        backends keep warm; idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -355,6 +361,7 @@ class SandboxPool:
         self._warm.clear()
         self._in_use.clear()
         await asyncio.gather(*(self._close_entry(e) for e in entries), return_exceptions=True)
+        await self.sandboxes.close()
         async with self._cond:
             self._cond.notify_all()
 

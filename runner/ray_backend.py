@@ -96,8 +96,7 @@ class RayEpisodeWorker:
             return self.free[index].pop()
         env = self.factories[index]()
         self.made += 1
-        spec = env.sandbox_spec
-        if spec is not None and getattr(spec, "kind", None) == "terminal":
+        if env.sandbox_spec is not None:  # every kind of sandbox is pooled (runner.pool)
             env.sandbox_provider = self._ensure_pool()
         return env
 

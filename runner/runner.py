@@ -38,7 +38,6 @@ import math
 import os
 import random
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Sequence
@@ -57,11 +56,6 @@ from corral.runner.trajectory import Batch, Status, Trajectory
 log = logging.getLogger(__name__)
 
 TrajectoryCallback = Callable[[Trajectory], None]
-
-# Open Runners that run browser envs, per event loop (see `Runner._release_browsers`).
-_browser_runners: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int]" = \
-    weakref.WeakKeyDictionary()
-
 
 @dataclass
 class _Flight:
@@ -135,7 +129,6 @@ class Runner:
         self._listeners: list[TrajectoryCallback] = []
         self._started = False
         self._closing = False
-        self._uses_browsers = False
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def __aenter__(self) -> "Runner":
@@ -180,11 +173,6 @@ class Runner:
                                     run_id=self.run_id)
         self.executor = self._make_executor(probes)
         await self._prewarm()
-        self._uses_browsers = any(getattr(source.spec, "kind", None) == "browser"
-                                  for source in self.sources)
-        if self._uses_browsers:
-            loop = asyncio.get_running_loop()
-            _browser_runners[loop] = _browser_runners.get(loop, 0) + 1
         self._started = True
 
     def _make_executor(self, probes: list[Any]) -> Executor:
@@ -231,24 +219,10 @@ class Runner:
             await self.executor.close()
         if self.pool is not None:
             await (self.pool.close() if self._own_pool else self.pool.drain())
-        await self._release_browsers()
         if self.run_dir is not None:
             await asyncio.to_thread(self.write_metrics)
         if self.store is not None:
             self.store.close()
-
-    async def _release_browsers(self) -> None:
-        """The last open Runner of this event loop that ran browser envs closes the loop's
-        browser pools (their Chromium processes would otherwise outlive the run)."""
-        if not self._uses_browsers:
-            return
-        loop = asyncio.get_running_loop()
-        _browser_runners[loop] -= 1
-        if _browser_runners[loop] == 0:
-            del _browser_runners[loop]
-            from corral.browser import close_pools
-
-            await close_pools()
 
     # --- planning ------------------------------------------------------------------------------
     def plan_group(self, group: int) -> tuple[int, int]:

@@ -36,6 +36,11 @@ class DuplicateRegistration(RegistryError):
     """An id is already registered with a different entry point."""
 
 
+class UnknownBackend(CorralError, ValueError):
+    """No sandbox backend has this name, or it cannot serve the spec (the message names the
+    closest ones)."""
+
+
 class AuthoringError(CorralError, TypeError):
     """An environment, tool, reward or task definition is malformed."""
 

@@ -7,8 +7,9 @@ tag the new tokens with `version`.
 
 * `LocalPublisher(policy)`: in-process, `LocalPolicy.load_weights(state_dict, version)`.
   Tested.
-* `ServePolicyPublisher(url, checkpoint_dir)`: `save_pretrained` into a fresh directory, then
-  `POST /reload {"path", "version"}` on `corral serve-policy`. Tested against a real server.
+* `ServePolicyPublisher(url, checkpoint_dir, token=...)`: `save_pretrained` into a fresh
+  directory, then `POST /reload {"path", "version"}` on `corral serve-policy` with the server's
+  reload token (default: `CORRAL_RELOAD_TOKEN`). Tested against a real server.
 * `SGLangPublisher(url, checkpoint_dir)`: `save_pretrained`, then SGLang's
   `POST /update_weights_from_disk {"model_path": DIR}`. SGLang reports no version, so call
   `runner.on_policy_update(version)` (the loop does) to re-tag. NOT tested here (no SGLang).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ import httpx
 import torch
 
 from corral.errors import PolicyError
+from corral.runner.policy.base import RELOAD_TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +54,10 @@ class CheckpointPublisher(abc.ABC):
     removed, so a server that is still reading the previous one is not disturbed."""
 
     def __init__(self, url: str, checkpoint_dir: str | Path, *, tokenizer: Any = None,
-                 timeout: float = 600.0, keep: int = 2) -> None:
+                 timeout: float = 600.0, keep: int = 2, token: str | None = None) -> None:
+        """`token`, when given, is sent as `Authorization: Bearer` with every reload call."""
         self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.checkpoint_dir = Path(checkpoint_dir)
         self.tokenizer = tokenizer
         self.timeout = timeout
@@ -71,7 +76,8 @@ class CheckpointPublisher(abc.ABC):
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            response = httpx.post(f"{self.url}{path}", json=body, timeout=self.timeout)
+            response = httpx.post(f"{self.url}{path}", json=body, headers=self._headers,
+                                  timeout=self.timeout)
         except httpx.HTTPError as exc:
             raise PolicyError(f"weight reload at {self.url}{path} failed: {exc}; is the "
                               "server running?") from None
@@ -90,7 +96,13 @@ class CheckpointPublisher(abc.ABC):
 
 class ServePolicyPublisher(CheckpointPublisher):
     """`corral serve-policy`: `POST /reload {"path": DIR, "version": N}`; the server then tags
-    every token it samples with version N."""
+    every token it samples with version N. `token` defaults to `CORRAL_RELOAD_TOKEN`, the
+    variable serve-policy reads its reload token from."""
+
+    def __init__(self, url: str, checkpoint_dir: str | Path, *, token: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(url, checkpoint_dir, token=token or os.environ.get(RELOAD_TOKEN_ENV),
+                         **kwargs)
 
     def _reload(self, path: Path, version: int) -> None:
         answer = self._post("/reload", {"path": str(path.resolve()), "version": version})

@@ -11,6 +11,9 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# Where `corral serve-policy` and its weight publisher read the `/reload` token from.
+RELOAD_TOKEN_ENV = "CORRAL_RELOAD_TOKEN"
+
 
 class Tokenizer(Protocol):
     """The part of a Hugging Face tokenizer the runner uses."""

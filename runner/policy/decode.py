@@ -9,6 +9,10 @@ one admission (a GRPO group's samples) are prefilled once and their cache rows c
 
 Merging needs plain per-layer key/value tensors (transformers' `DynamicCache`); for other cache
 types `can_merge` is False and the caller only admits rows into an empty batch.
+
+Failures stay with their request: `admit` changes nothing when it raises (the new rows are
+built completely before the running batch is touched), and a row whose `advance` raises leaves
+the batch as finished with `error` set while the other rows go on.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Row:
     stop_at: int | None = None  # char offset of a matched stop string in the decoded text
     admitted_at: float = 0.0
     done_at: float = 0.0
+    error: Exception | None = None  # set when this row alone failed; `finish` is then "error"
 
 
 def _layers(cache: Any) -> list[Any] | None:
@@ -99,20 +104,25 @@ class DecodeBatch:
         top_ps = torch.tensor([r.request.top_p for r in rows], device=self._device)
         gens = [torch.Generator().manual_seed(r.request.seed) if r.request.seed is not None
                 else self._rng for r in rows]
-        now = time.perf_counter()
-        for row in rows:
-            row.admitted_at = now
         if not self.rows:
             self._cache, self._mask, self._next_pos = cache, mask, positions[:, -1]
             self._logits, self._temps, self._top_ps, self._gens = logits, temps, top_ps, gens
             self.can_merge = _layers(cache) is not None
         else:
-            self._merge(cache, mask)
-            self._next_pos = torch.cat([self._next_pos, positions[:, -1]])
-            self._logits = torch.cat([self._logits, logits])
-            self._temps = torch.cat([self._temps, temps])
-            self._top_ps = torch.cat([self._top_ps, top_ps])
-            self._gens = self._gens + gens
+            # Everything is computed before anything is assigned: if one step raises, the
+            # running rows keep a consistent state and only the new rows fail.
+            layers, merged_mask = self._merged(cache, mask)
+            next_pos = torch.cat([self._next_pos, positions[:, -1]])
+            logits = torch.cat([self._logits, logits])
+            temps = torch.cat([self._temps, temps])
+            top_ps = torch.cat([self._top_ps, top_ps])
+            for layer, (keys, values) in zip(_layers(self._cache) or [], layers):
+                layer.keys, layer.values = keys, values
+            self._mask, self._next_pos, self._logits = merged_mask, next_pos, logits
+            self._temps, self._top_ps, self._gens = temps, top_ps, self._gens + gens
+        now = time.perf_counter()
+        for row in rows:
+            row.admitted_at = now
         self.rows.extend(rows)
         return len(prompts)
 
@@ -126,16 +136,19 @@ class DecodeBatch:
             mask[i, width - len(prompt):] = 1
         return ids.to(self._device), mask.to(self._device)
 
-    def _merge(self, cache: Any, mask: torch.Tensor) -> None:
+    def _merged(self, cache: Any, mask: torch.Tensor
+                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """Per-layer (keys, values) and the attention mask of the running rows followed by
+        the new ones, left-padded to one width; assigns nothing."""
         old, new = _layers(self._cache), _layers(cache)
         if old is None or new is None:
             raise RuntimeError("this model's KV cache cannot be merged; admit rows only into "
                                "an empty batch (check can_merge)")
         width = max(self._mask.shape[1], mask.shape[1])
-        for a, b in zip(old, new):
-            a.keys = torch.cat([_pad_left(a.keys, width, 2), _pad_left(b.keys, width, 2)])
-            a.values = torch.cat([_pad_left(a.values, width, 2), _pad_left(b.values, width, 2)])
-        self._mask = torch.cat([_pad_left(self._mask, width, 1), _pad_left(mask, width, 1)])
+        layers = [(torch.cat([_pad_left(a.keys, width, 2), _pad_left(b.keys, width, 2)]),
+                   torch.cat([_pad_left(a.values, width, 2), _pad_left(b.values, width, 2)]))
+                  for a, b in zip(old, new)]
+        return layers, torch.cat([_pad_left(self._mask, width, 1), _pad_left(mask, width, 1)])
 
     def step(self) -> list[Row]:
         """Sample one token for every row, drop finished rows, run the next forward pass.
@@ -144,7 +157,10 @@ class DecodeBatch:
         """
         tokens, logps = self._sample(self._logits, self._temps, self._top_ps, self._gens)
         for row, tok, lp in zip(self.rows, tokens.tolist(), logps.tolist()):
-            self._advance(row, tok, lp)
+            try:
+                self._advance(row, tok, lp)
+            except Exception as exc:  # noqa: BLE001 - e.g. a stop-string check: this row only
+                row.error, row.finish, row.done_at = exc, "error", time.perf_counter()
         done = [r for r in self.rows if r.finish is not None]
         keep = [j for j, r in enumerate(self.rows) if r.finish is None]
         if not keep:
@@ -158,6 +174,22 @@ class DecodeBatch:
         self._logits = self._forward(tokens[:, None], self._mask, self._next_pos[:, None],
                                      self._cache, False)
         return done
+
+    def remove(self, gone: Callable[[Row], bool]) -> list[Row]:
+        """Drop the rows for which `gone(row)` is true (their callers stopped waiting), so
+        they cost no more decode steps; returns them."""
+        flags = [gone(row) for row in self.rows]  # once: a caller may leave while we look
+        dropped = [row for row, flag in zip(self.rows, flags) if flag]
+        keep = [j for j, flag in enumerate(flags) if not flag]
+        if not dropped:
+            return []
+        if not keep:
+            self.rows, self._cache = [], None
+            return dropped
+        self._select(keep)
+        # Between steps the next logits are already computed: they lose the same rows.
+        self._logits = self._logits[torch.tensor(keep, device=self._device)]
+        return dropped
 
     def _select(self, keep: list[int]) -> None:
         index = torch.tensor(keep, device=self._device)

@@ -31,6 +31,7 @@ from corral.errors import PolicyError
 from .base import Generation, GenerationRequest, Policy
 from .decode import DecodeBatch, Row
 from .models import load_model, stop_token_ids
+from .sampling import check_sampling
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +68,23 @@ class _Pending:
 def _resolve(future: asyncio.Future, result: Any) -> None:
     if not future.done():
         (future.set_exception if isinstance(result, BaseException) else future.set_result)(result)
+
+
+def _answer(pending: _Pending, result: Any) -> None:
+    """Hand `result` (a `Generation` or an exception) to the coroutine awaiting `pending`,
+    from the decode thread; a loop that already ended has nobody left to answer."""
+    try:
+        pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
+    except RuntimeError:  # the loop closed between the check and the call
+        pass
+
+
+def _request_failure(exc: Exception) -> Exception:
+    """What the caller of one failed request sees: its own bad input stays a ValueError (a
+    client error), anything else is an engine failure (a PolicyError, retried elsewhere)."""
+    if isinstance(exc, (ValueError, PolicyError)):
+        return exc
+    return PolicyError(f"local generation failed for this request: {type(exc).__name__}: {exc}")
 
 
 class LocalPolicy(Policy):
@@ -174,7 +192,11 @@ class LocalPolicy(Policy):
         return await asyncio.to_thread(self.load_weights, weights, version)
 
     # --- generation -------------------------------------------------------------------------
-    def _check(self, request: GenerationRequest) -> None:
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise a one-line `ValueError` when `request` cannot run on this model: sampling
+        fields out of range (`corral.runner.policy.sampling`), token ids outside the
+        vocabulary, or a prompt + `max_tokens` longer than the model's context."""
+        check_sampling(request)
         ids = request.prompt_ids
         if not ids:
             raise ValueError("prompt_ids is empty; send at least one token")
@@ -182,18 +204,14 @@ class LocalPolicy(Policy):
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary "
                              f"[0, {self.vocab_size})")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {request.max_tokens}")
         if self.max_positions and len(ids) + request.max_tokens > self.max_positions:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({request.max_tokens}) "
                              f"exceeds the model's {self.max_positions} positions; shorten one "
                              "of them")
-        if not 0.0 < request.top_p <= 1.0 or request.temperature < 0:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
 
     async def generate(self, request: GenerationRequest) -> Generation:
         """Queue `request`; it joins the running batch at the next step."""
-        self._check(request)
+        self.validate(request)
         wake = self._ensure_worker()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -248,6 +266,12 @@ class LocalPolicy(Policy):
         try:
             with torch.inference_mode():
                 while True:
+                    if self._closed:  # shutdown: stop mid-batch, do not decode to the end
+                        self._fail_rows(batch.rows, PolicyError(
+                            "LocalPolicy was closed while this request was decoding"))
+                        return
+                    # Callers that went away (client disconnect, server shutdown) free their row.
+                    batch.remove(lambda row: row.payload.future.cancelled())
                     open_slots = self.max_batch - len(batch)
                     admitting = self._swaps_waiting == 0 and not self._closed
                     if admitting and open_slots > 0 and (batch.can_merge or not batch):
@@ -258,37 +282,64 @@ class LocalPolicy(Policy):
                     self.stats.batch_sizes[len(batch)] += 1
                     for row in batch.step():
                         self._finish(row)
-        except Exception as exc:  # noqa: BLE001 - every waiter must hear about the failure
+        except Exception as exc:  # noqa: BLE001 - a batched step failed: every row hears of it
             log.exception("local generation failed")
-            error = PolicyError(f"local generation failed: {type(exc).__name__}: {exc}")
-            for row in batch.rows:
-                row.payload.loop.call_soon_threadsafe(_resolve, row.payload.future, error)
+            self._fail_rows(batch.rows, PolicyError(
+                f"local generation failed: {type(exc).__name__}: {exc}"))
         finally:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
 
+    def _fail_rows(self, rows: list[Row], error: Exception) -> None:
+        for row in rows:
+            _answer(row.payload, error)
+
     def _admit(self, batch: DecodeBatch, pending: list[_Pending]) -> None:
+        """Prefill `pending` into `batch`. A request that cannot be admitted fails alone: the
+        group is retried one request at a time to find it, and the running rows are untouched
+        (`DecodeBatch.admit` changes nothing when it raises)."""
         if not pending:
             return
         if batch:
             self.stats.joined_running += len(pending)
         self.stats.admissions += 1
         self.stats.requests += len(pending)
-        prefilled = batch.admit([Row(p.request, self._version, payload=p) for p in pending])
+        rows = [Row(p.request, self._version, payload=p) for p in pending]
+        try:
+            prefilled = batch.admit(rows)
+        except Exception as exc:  # noqa: BLE001 - find the culprit below, fail only it
+            if len(rows) == 1:
+                log.warning("request refused at admission: %s: %s", type(exc).__name__, exc)
+                _answer(rows[0].payload, _request_failure(exc))
+                return
+            prefilled = 0
+            for row in rows:
+                try:
+                    prefilled += batch.admit([row])
+                except Exception as one:  # noqa: BLE001
+                    log.warning("request refused at admission: %s: %s", type(one).__name__, one)
+                    _answer(row.payload, _request_failure(one))
         self.stats.shared_prefills += len(pending) - prefilled
 
     def _finish(self, row: Row) -> None:
-        text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
+        pending: _Pending = row.payload
+        if row.error is not None:  # this row alone failed mid-decode (see DecodeBatch.step)
+            _answer(pending, _request_failure(row.error))
+            return
+        try:
+            text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
+        except Exception as exc:  # noqa: BLE001 - one undecodable row must not end the batch
+            _answer(pending, _request_failure(exc))
+            return
         if row.stop_at is not None:  # OpenAI semantics: the stop string is not in the text
             text = text[:row.stop_at]
         self.stats.generated_tokens += len(row.ids)
-        pending: _Pending = row.payload
         gen = Generation(token_ids=row.ids, logprobs=row.logprobs, text=text, version=row.version,
                          finish_reason=row.finish or "length",
                          queue_seconds=max(0.0, row.admitted_at - pending.enqueued),
                          decode_seconds=row.done_at - row.admitted_at)
-        pending.loop.call_soon_threadsafe(_resolve, pending.future, gen)
+        _answer(pending, gen)
 
     def _new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -342,16 +393,23 @@ class LocalPolicy(Policy):
             row.done_at = time.perf_counter()
 
     async def close(self) -> None:
-        """Stop the batching task and fail requests still waiting; idempotent."""
+        """Stop the batching task and fail every request, waiting or decoding; idempotent.
+
+        The decode thread notices at its next step (one forward pass) and fails its rows with
+        `PolicyError`, so a server shutting down does not wait for generations to end."""
         self._closed = True
         worker, self._worker = self._worker, None
         if worker is not None and not worker.done():
-            worker.cancel()
-            try:
-                await worker
-            except (asyncio.CancelledError, RuntimeError):
-                pass
+            if self._loop is asyncio.get_running_loop():
+                worker.cancel()
+                try:
+                    await worker
+                except (asyncio.CancelledError, RuntimeError):
+                    pass
+            elif self._loop is not None and not self._loop.is_closed():
+                # Serving another loop (a server thread closing a policy a test loop used):
+                # tasks are cancelled on their own loop's thread.
+                self._loop.call_soon_threadsafe(worker.cancel)
         error = PolicyError("LocalPolicy was closed before this request ran")
         for pending in self._take(10**9):
-            if not pending.loop.is_closed():
-                pending.loop.call_soon_threadsafe(_resolve, pending.future, error)
+            _answer(pending, error)

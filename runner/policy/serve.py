@@ -7,6 +7,13 @@ in the output become OpenAI `tool_calls`), `GET /health`, `GET /version`, and `P
 (load a `save_pretrained` checkpoint, bump the policy version). Every response carries the
 version in its body (`policy_version`) and in the `X-Policy-Version` header.
 
+Hostile input fails alone: bodies are validated as they are parsed (`wire`, `sampling`; 400
+with an OpenAI error body), a model name other than the served one is a 404, one request asks
+for at most `ServeConfig.max_generations` generations (prompts × n), and `/reload` needs the
+reload token (refused when none is configured, unless the operator allows unauthenticated
+reloads on a loopback-only server). Stopping (SIGTERM, Ctrl-C, `stop()`) fails the requests in
+flight with 503 at the next decode step instead of waiting for them to finish.
+
 `create_app(policy)` builds the app; `PolicyServer` runs it on a background thread (tests,
 benchmarks; `AppServer` does the same for any ASGI app); `serve` runs it in the foreground (the
 CLI).
@@ -15,72 +22,80 @@ CLI).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
+import ipaddress
 import logging
 import socket
 import threading
 import time
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from corral.errors import PolicyError
-from .base import Generation, GenerationRequest
+from .base import RELOAD_TOKEN_ENV, Generation, GenerationRequest
 from .chat import encode_prompt, parse_assistant_text
 from .local import LocalPolicy
+from .sampling import seed_for_sample
+from .wire import (ApiError, ChatRequest, CompletionRequest, ReloadRequest, api_error_handler,
+                   error_response, stops, validation_error_handler)
 
 log = logging.getLogger(__name__)
 VERSION_HEADER = "X-Policy-Version"
 DEFAULT_CHAT_MAX_TOKENS = 512
+# After a stop is asked, uvicorn waits this long for connections to drain, then cancels them.
+SHUTDOWN_GRACE_S = 3.0
 
 
-class CompletionRequest(BaseModel):
-    """`/v1/completions` body (OpenAI fields; unknown fields are accepted and ignored)."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = Field(1, ge=1, le=64)
-    stop: str | list[str] | None = None
-    logprobs: int | None = None
-    seed: int | None = None
-    stream: bool = False
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
-class ChatRequest(BaseModel):
-    """`/v1/chat/completions` body."""
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Limits and access control of one server.
 
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = Field(1, ge=1, le=64)
-    stop: str | list[str] | None = None
-    logprobs: bool = False
-    seed: int | None = None
-    stream: bool = False
+    `reload_token`: `POST /reload` must send `Authorization: Bearer <token>`. Without one,
+    `/reload` answers 403, unless `allow_unauthenticated_reload` (then the server must listen
+    on loopback only, see `check_host`, and the caller must connect from loopback). Loopback
+    alone is no protection: sandboxes with host networking reach it, hence the token default.
+    """
+
+    max_generations: int = 256  # prompts × n of one request
+    reload_token: str | None = None
+    allow_unauthenticated_reload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_generations < 1:
+            raise ValueError(f"max_generations must be at least 1, got {self.max_generations}")
+        if self.reload_token is not None and not self.reload_token.strip():
+            raise ValueError("the reload token is empty; set a non-empty --reload-token or "
+                             f"unset {RELOAD_TOKEN_ENV}")
+
+    def check_host(self, host: str) -> None:
+        """Refuse unauthenticated reloads on a server reachable from other machines."""
+        if self.allow_unauthenticated_reload and not self.reload_token and not is_loopback(host):
+            raise ValueError(f"unauthenticated /reload is only allowed on a loopback address, "
+                             f"not {host!r}; set --reload-token (or {RELOAD_TOKEN_ENV}) instead")
 
 
-class ReloadRequest(BaseModel):
-    """`/reload` body: a checkpoint directory saved with `save_pretrained`."""
-
-    path: str
-    version: int | None = None
-
-
-def _stops(stop: str | list[str] | None) -> list[str]:
-    return [stop] if isinstance(stop, str) else list(stop or [])
+def _prompt_count(prompt: Any) -> int:
+    """How many prompts a `prompt` field holds, before anything is tokenized."""
+    if isinstance(prompt, str) or (prompt and all(isinstance(p, int) for p in prompt)):
+        return 1
+    return len(prompt)
 
 
 def _prompts(policy: LocalPolicy, prompt: Any) -> list[list[int]]:
@@ -93,36 +108,77 @@ def _prompts(policy: LocalPolicy, prompt: Any) -> list[list[int]]:
     return [policy.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
 
-def _check_request(stream: bool) -> None:
-    if stream:
-        raise ValueError("stream=true is not supported by corral serve-policy; send stream=false")
+def _check_model(policy: LocalPolicy, name: str | None) -> None:
+    if name is not None and name != policy.name:
+        raise ApiError(404, f"the model {name!r} does not exist on this server; it serves "
+                            f"{policy.name!r} (see GET /v1/models)",
+                       param="model", code="model_not_found")
 
 
-def _seeded(seed: int | None, j: int) -> int | None:
-    return None if seed is None else seed + j  # n samples of one seeded request must differ
+def _check_count(config: ServeConfig, prompts: int, n: int) -> None:
+    if prompts * n > config.max_generations:
+        raise ApiError(400, f"{prompts} prompts × n={n} asks for {prompts * n} generations; this "
+                            f"server answers at most {config.max_generations} per request "
+                            "(serve-policy --max-generations); split the request", param="n")
 
 
-async def _generate_all(policy: LocalPolicy, prompts: list[list[int]], n: int,
-                        make: Any) -> list[tuple[list[int], Generation]]:
-    jobs = [(ids, policy.generate(make(ids, j))) for ids in prompts for j in range(n)]
-    results = await asyncio.gather(*(job for _, job in jobs))
-    return [(ids, gen) for (ids, _), gen in zip(jobs, results)]
+async def _generate_all(policy: LocalPolicy, requests: list[GenerationRequest]
+                        ) -> list[Generation]:
+    """Generate every request, all validated before any is queued; if one fails, the others
+    are cancelled (their rows leave the batch) and the failure is answered."""
+    for request in requests:
+        policy.validate(request)
+    tasks = [asyncio.ensure_future(policy.generate(r)) for r in requests]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
-def create_app(policy: LocalPolicy) -> FastAPI:
-    """The FastAPI app serving `policy`."""
-    app = FastAPI(title="corral serve-policy")
-    app.state.policy = policy
+def _reload_guard(config: ServeConfig) -> Callable[[Request], Awaitable[None]]:
+    """The dependency that admits a `/reload` call (see `ServeConfig`)."""
+    token = (config.reload_token or "").encode()
+
+    async def authorize(request: Request) -> None:
+        if token:
+            scheme, _, sent = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(sent.strip().encode(), token):
+                raise ApiError(401, "POST /reload needs the header `Authorization: Bearer TOKEN` "
+                                    f"with the server's reload token ({RELOAD_TOKEN_ENV})",
+                               kind="authentication_error", code="invalid_reload_token",
+                               headers={"WWW-Authenticate": "Bearer"})
+            return
+        client = request.client.host if request.client else ""
+        if not config.allow_unauthenticated_reload or not is_loopback(client):
+            raise ApiError(403, "POST /reload is disabled: start serve-policy with --reload-token "
+                                f"(or {RELOAD_TOKEN_ENV}) to enable it",
+                           kind="permission_error", code="reload_disabled")
+    return authorize
+
+
+def create_app(policy: LocalPolicy, config: ServeConfig | None = None) -> FastAPI:
+    """The FastAPI app serving `policy`; it closes `policy` when it shuts down."""
+    config = config or ServeConfig()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await policy.close()  # for ASGI servers other than ours (see _Server)
+
+    app = FastAPI(title="corral serve-policy", lifespan=lifespan)
+    app.state.policy, app.state.config = policy, config
+    app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
 
     @app.exception_handler(ValueError)
     async def bad_request(_: Request, exc: ValueError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}},
-                            status_code=400)
+        return error_response(400, str(exc))
 
     @app.exception_handler(PolicyError)
     async def unavailable(_: Request, exc: PolicyError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc), "type": "server_error"}},
-                            status_code=503)
+        return error_response(503, str(exc), kind="server_error")
 
     @app.middleware("http")
     async def version_header(request: Request, call_next: Any) -> Any:
@@ -144,7 +200,7 @@ def create_app(policy: LocalPolicy) -> FastAPI:
                                             "owned_by": "corral",
                                             "policy_version": policy.version}]}
 
-    @app.post("/reload")
+    @app.post("/reload", dependencies=[Depends(_reload_guard(config))])
     async def reload(body: ReloadRequest) -> dict[str, Any]:
         started = time.perf_counter()
         new = await policy.aload_weights(body.path, body.version)
@@ -152,14 +208,15 @@ def create_app(policy: LocalPolicy) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> dict[str, Any]:
-        _check_request(body.stream)
-
-        def make(ids: list[int], j: int) -> GenerationRequest:
-            return GenerationRequest(prompt_ids=ids, max_tokens=body.max_tokens,
-                                     temperature=body.temperature, top_p=body.top_p,
-                                     stop=_stops(body.stop), seed=_seeded(body.seed, j))
-
-        results = await _generate_all(policy, _prompts(policy, body.prompt), body.n, make)
+        _check_model(policy, body.model)
+        _check_count(config, _prompt_count(body.prompt), body.n)
+        prompts = _prompts(policy, body.prompt)
+        pairs = [(ids, GenerationRequest(prompt_ids=ids, max_tokens=body.max_tokens,
+                                         temperature=body.temperature, top_p=body.top_p,
+                                         stop=stops(body.stop), seed=seed_for_sample(body.seed, j)))
+                 for ids in prompts for j in range(body.n)]
+        results = list(zip((ids for ids, _ in pairs),
+                           await _generate_all(policy, [r for _, r in pairs])))
         choices = []
         for index, (ids, gen) in enumerate(results):
             logprobs = None
@@ -173,7 +230,8 @@ def create_app(policy: LocalPolicy) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest) -> dict[str, Any]:
-        _check_request(body.stream)
+        _check_model(policy, body.model)
+        _check_count(config, 1, body.n)
         tools = None if body.tool_choice == "none" else body.tools
         try:
             prompt = encode_prompt(policy.tokenizer, body.messages, tools=tools)
@@ -181,17 +239,15 @@ def create_app(policy: LocalPolicy) -> FastAPI:
             raise ValueError(f"messages could not be rendered with the chat template: "
                              f"{exc}") from exc
         limit = body.max_completion_tokens or body.max_tokens
-        if limit is None:
+        if limit is None:  # at least 1, so a too-long prompt is reported as such
             room = (policy.max_positions or 0) - len(prompt)
-            limit = (min(DEFAULT_CHAT_MAX_TOKENS, room) if policy.max_positions
+            limit = (max(1, min(DEFAULT_CHAT_MAX_TOKENS, room)) if policy.max_positions
                      else DEFAULT_CHAT_MAX_TOKENS)
-
-        def make(ids: list[int], j: int) -> GenerationRequest:
-            return GenerationRequest(prompt_ids=ids, max_tokens=limit, temperature=body.temperature,
-                                     top_p=body.top_p, stop=_stops(body.stop),
-                                     seed=_seeded(body.seed, j))
-
-        results = await _generate_all(policy, [prompt], body.n, make)
+        requests = [GenerationRequest(prompt_ids=prompt, max_tokens=limit,
+                                      temperature=body.temperature, top_p=body.top_p,
+                                      stop=stops(body.stop), seed=seed_for_sample(body.seed, j))
+                    for j in range(body.n)]
+        results = [(prompt, gen) for gen in await _generate_all(policy, requests)]
         choices = []
         for index, (_, gen) in enumerate(results):
             parsed = parse_assistant_text(gen.text)
@@ -225,11 +281,38 @@ def _envelope(kind: str, policy: LocalPolicy, choices: list[dict[str, Any]],
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
+class _Server(uvicorn.Server):
+    """uvicorn that awaits `before_shutdown` as soon as it is asked to stop (SIGTERM, Ctrl-C,
+    `should_exit`): uvicorn would otherwise wait, without limit, for every request in flight
+    to finish before the app's own shutdown runs. Draining is bounded by SHUTDOWN_GRACE_S."""
+
+    def __init__(self, config: uvicorn.Config,
+                 before_shutdown: Callable[[], Awaitable[None]] | None = None) -> None:
+        super().__init__(config)
+        self._before_shutdown = before_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._before_shutdown is not None:
+            try:
+                await asyncio.wait_for(self._before_shutdown(), SHUTDOWN_GRACE_S)
+            except Exception:  # noqa: BLE001 - stopping must go on whatever the hook did
+                log.exception("shutdown hook failed; stopping anyway")
+        await super().shutdown(sockets)
+
+
+def _uvicorn_config(app: Any, **kwargs: Any) -> uvicorn.Config:
+    return uvicorn.Config(app, timeout_graceful_shutdown=SHUTDOWN_GRACE_S, **kwargs)
+
+
 def serve(policy: LocalPolicy, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "info") -> None:
-    """Serve `policy` in the foreground until interrupted."""
-    uvicorn.Server(uvicorn.Config(create_app(policy), host=host, port=port,
-                                  log_level=log_level)).run()
+          log_level: str = "info", config: ServeConfig | None = None) -> None:
+    """Serve `policy` in the foreground until interrupted (SIGTERM or Ctrl-C: requests in
+    flight are answered 503 and the process exits within seconds)."""
+    config = config or ServeConfig()
+    config.check_host(host)
+    app = create_app(policy, config)
+    _Server(_uvicorn_config(app, host=host, port=port, log_level=log_level),
+            before_shutdown=policy.close).run()
 
 
 class AppServer:
@@ -239,14 +322,15 @@ class AppServer:
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
-                 startup_timeout: float = 30.0) -> None:
+                 startup_timeout: float = 30.0,
+                 before_shutdown: Callable[[], Awaitable[None]] | None = None) -> None:
         self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         self._startup_timeout = startup_timeout
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self._server = _Server(_uvicorn_config(app, log_level="warning"), before_shutdown)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=f"corral-app-server-{self.port}", daemon=True)
 
@@ -280,9 +364,13 @@ class AppServer:
 
 
 class PolicyServer(AppServer):
-    """`create_app(policy)` on a background thread (tests, benchmarks, in-process serving)."""
+    """`create_app(policy, config)` on a background thread (tests, benchmarks, in-process
+    serving). Stopping it closes `policy`."""
 
     def __init__(self, policy: LocalPolicy, host: str = "127.0.0.1", port: int = 0,
-                 startup_timeout: float = 30.0) -> None:
-        super().__init__(create_app(policy), host, port, startup_timeout)
-        self.policy = policy
+                 startup_timeout: float = 30.0, config: ServeConfig | None = None) -> None:
+        config = config or ServeConfig()
+        config.check_host(host)
+        super().__init__(create_app(policy, config), host, port, startup_timeout,
+                         before_shutdown=policy.close)
+        self.policy, self.config = policy, config

@@ -1,19 +1,16 @@
-"""Browser sandboxes and environments (DESIGN §3-§4): Playwright's async API over Debian's
-Chromium, many isolated contexts per warm browser, or Chromium in a container over CDP.
+"""Browser environments (DESIGN §3): `BrowserEnv` and its BrowserGym-style actions, on the
+browser sandbox backend (`corral.sandbox.browser`: warm Chromium, contexts, the task-site
+server, observations).
 
-Modules, one job each: `pool` (warm browsers, contexts), `sandbox` (one episode's context, tabs
-and origin policy), `observe` (accessibility tree with bids), `actions` (actions on bids and the
-BrowserGym-style action parser), `site` (the local task-site server), `env` (`BrowserEnv`),
-`container` (containerized mode), `image` (the `corral/chromium:bookworm` image).
+Modules: `env` (`BrowserEnv`, `Ref`), `actions` (actions on bids and the action parser). The
+names authors use from the sandbox side (pages, sites, observations) are re-exported here.
 """
 
 from __future__ import annotations
 
+from ..sandbox.browser import (BrowserPool, BrowserSandbox, Observation, Request, Response,
+                               SiteSession, html_page, task_server)
 from .env import BrowserEnv, Ref
-from .observe import Observation
-from .pool import BrowserPool, close_pools, get_pool
-from .sandbox import BrowserSandbox
-from .site import Request, Response, SiteSession, html_page, task_server
 
 __all__ = ["BrowserEnv", "BrowserPool", "BrowserSandbox", "Observation", "Ref", "Request",
-           "Response", "SiteSession", "close_pools", "get_pool", "html_page", "task_server"]
+           "Response", "SiteSession", "html_page", "task_server"]

@@ -21,9 +21,9 @@ from ..errors import AgentError, BrowserError
 from ..tools import ToolSpec
 from ..toolcalls import ToolCallParseError
 from ..types import ToolCall
-from .observe import ACT_JS, BID_PATTERN
-from .sandbox import BrowserSandbox, origin_of
-from .site import BLANK_PATH
+from ..sandbox.browser.observe import ACT_JS, BID_PATTERN
+from ..sandbox.browser.sandbox import BrowserSandbox, origin_of
+from ..sandbox.browser.site import BLANK_PATH
 
 
 class ActionError(AgentError):

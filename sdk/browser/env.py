@@ -36,15 +36,17 @@ from playwright.async_api import Error as PlaywrightError
 from ..env import Action, Env, Episode
 from ..errors import AgentError, BrowserError
 from ..sandbox.spec import Browser
+from ..terminal import default_run_id
 from ..toolcalls import ToolCallParseError
 from ..tools import tool
 from ..types import Task, ToolCall
+from ..sandbox import open_sandbox
+from ..sandbox.browser.observe import Observation
+from ..sandbox.browser.pool import BrowserPool
+from ..sandbox.browser.sandbox import BrowserSandbox
+from ..sandbox.browser.site import Page
 from . import actions
 from .actions import ActionError, looks_like_actions, parse_actions, require_browser
-from .observe import Observation
-from .pool import BrowserPool
-from .sandbox import BrowserSandbox
-from .site import Page
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +112,16 @@ class BrowserEnv(Env):
 
     # --- sandbox and episode plumbing ------------------------------------------------------------
     async def open_sandbox(self, task: Task) -> BrowserSandbox:
+        """A context from the env's own `pool` when it has one, else a standalone browser
+        sandbox (a Chromium of its own, closed with it). In a run the runner's pool provides
+        sandboxes instead and this is not called."""
         spec = self.sandbox_spec if isinstance(self.sandbox_spec, Browser) else Browser()
-        return await BrowserSandbox.create(spec, pool=self.pool)
+        if self.pool is not None:
+            return await BrowserSandbox.create(spec, pool=self.pool)
+        sandbox = await open_sandbox(spec, env_id=self.env_id or type(self).__name__,
+                                     run_id=str(self.config.get("run_id") or default_run_id()))
+        assert isinstance(sandbox, BrowserSandbox)
+        return sandbox
 
     def injections(self, episode: Episode) -> dict[str, Any]:
         """Adds `page` (the active tab) and `site` (the task's SiteSession) for tools/rewards."""

@@ -1,8 +1,10 @@
 """The sandbox contract every backend implements (DESIGN §4).
 
-A sandbox is one isolated place where an episode's commands run. Backends (`docker`, `bwrap`,
-`browser`) live in their own modules and are interchangeable behind this interface. Everything
-is async: a backend never blocks the event loop (synchronous SDKs run in threads).
+A sandbox is one isolated place where an episode's commands run. A backend is two classes in
+its own module: a `Sandbox` (one running sandbox) and a `Backend` (opens sandboxes for specs and
+owns what it keeps warm between them), plus its pydantic `BackendConfig`; one row of the table
+in `backends.py` names them. Everything is async: a backend never blocks the event loop
+(synchronous SDKs run in threads).
 """
 
 from __future__ import annotations
@@ -11,9 +13,14 @@ import abc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, ClassVar, Mapping
 
-from ..errors import InfraError
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import InfraError, SandboxError
+
+if TYPE_CHECKING:
+    from .spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 # what starting a shell ahead of use may raise; its first real use raises it again
@@ -148,6 +155,57 @@ class Sandbox(abc.ABC):
         return True
 
     async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def unsupported(self, what: str) -> SandboxError:
+        """The error for a call that means nothing on this backend (a shell in a browser)."""
+        return SandboxError(f"the {self.backend} backend has no {what}")
+
+
+class BackendConfig(BaseModel):
+    """A backend's own options (one pydantic class per backend, as SWE-ReX's deployment
+    configs); what an env asks of a sandbox is its spec, not this."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Backend(abc.ABC):
+    """A backend in use: it opens sandboxes for specs and owns whatever it keeps warm between
+    them (nothing for a container engine; Chromium processes for the browser). Whoever makes
+    one closes it (`close()` or `async with`), after the sandboxes it opened."""
+
+    name: ClassVar[str] = "abstract"
+
+    def __init__(self, config: BackendConfig | None = None, *, run_id: str = "adhoc") -> None:
+        self.config = config
+        self.run_id = run_id
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether this backend can run here ("auto" takes the first available one)."""
+        return True
+
+    @abc.abstractmethod
+    async def open(self, spec: "SandboxSpec", *, env_id: str = "", image: str | None = None,
+                   build: bool = True) -> Sandbox:
+        """Start one sandbox for `spec`, labelled with this backend's run and `env_id`.
+        `image` is an already resolved image tag (backends without images ignore it); `build`
+        allows building a missing image from the spec's Dockerfile."""
+
+    async def open_standalone(self, spec: "SandboxSpec", *, env_id: str = "",
+                              image: str | None = None, build: bool = True) -> Sandbox:
+        """One sandbox for a caller that keeps no backend: what the backend would keep warm is
+        made for this sandbox alone and released when it closes. Backends that keep nothing
+        warm open as usual."""
+        return await self.open(spec, env_id=env_id, image=image, build=build)
+
+    async def close(self) -> None:
+        """Release what the backend keeps warm. Idempotent."""
+
+    async def __aenter__(self) -> "Backend":
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -41,9 +41,10 @@ from typing import Mapping
 from ..errors import SandboxDied, SandboxError
 from . import _procs
 from ._proto import ShellSession, Transport, run_command
-from .base import ExecResult, Sandbox, Shell
+from .base import BackendConfig, ExecResult, Sandbox, Shell
 from .docker import CAP_ADD
-from .images import cache_dir, export_rootfs, rootfs_config
+from .image_backend import ImageBackend
+from .images import cache_dir, cached_rootfs, export_rootfs, rootfs_config
 from .spec import Terminal
 
 log = logging.getLogger(__name__)
@@ -383,3 +384,20 @@ def _wait_empty(cgroup: Cgroup, limit: float = 5.0) -> None:
                 except (ProcessLookupError, ValueError):
                     pass
             time.sleep(0.005)
+
+
+class BwrapConfig(BackendConfig):
+    """Options of the bwrap backend: none yet (rootfs exports and sandbox dirs live under
+    `$CORRAL_CACHE`)."""
+
+
+class BwrapBackend(ImageBackend):
+    """The `bwrap` row of the backend table: bubblewrap on the image's exported rootfs."""
+
+    name = "bwrap"
+    sandbox_class = BwrapSandbox
+
+    async def image_for(self, spec: Terminal, env_id: str, build: bool) -> str:
+        if not spec.dockerfile and cached_rootfs(spec.image) is not None:
+            return spec.image  # already exported in this process: no daemon round trip
+        return await super().image_for(spec, env_id, build)

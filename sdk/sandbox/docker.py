@@ -48,8 +48,9 @@ from typing import Any, Callable, Mapping, TypeVar
 from ..errors import SandboxDied, SandboxError
 from . import _fifo, _procs
 from ._proto import ShellSession, Transport, ansi_c_quote, run_command
-from .base import PREPARE_ERRORS, ExecResult, Sandbox, Shell
-from .images import LABEL_MANAGED, cache_dir, docker_client, missing_image
+from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Sandbox, Shell
+from .image_backend import ImageBackend
+from .images import LABEL_MANAGED, cache_dir, docker_available, docker_client, missing_image
 from .spec import Terminal
 
 log = logging.getLogger(__name__)
@@ -444,3 +445,19 @@ def _tar(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:
             info.size, info.mode, info.mtime = len(data), mode, now
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+class DockerConfig(BackendConfig):
+    """Options of the docker backend: none yet (the daemon is `DOCKER_HOST`'s, else the local
+    socket; the sandbox's limits are its spec's)."""
+
+
+class DockerBackend(ImageBackend):
+    """The `docker` row of the backend table: a container per sandbox."""
+
+    name = "docker"
+    sandbox_class = DockerSandbox
+
+    @classmethod
+    def available(cls) -> bool:
+        return docker_available()

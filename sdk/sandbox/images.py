@@ -53,6 +53,16 @@ def docker_client() -> Any:
     return client
 
 
+@functools.cache
+def docker_available() -> bool:
+    """Whether a Docker daemon answers here (cached for the process)."""
+    try:
+        docker_client()
+        return True
+    except SandboxError:
+        return False
+
+
 def cache_dir() -> Path:
     """Root of Corral's caches: $CORRAL_CACHE, else ~/.cache/corral."""
     return Path(os.environ.get("CORRAL_CACHE") or Path.home() / ".cache" / "corral")

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .backends import check_backend
+
 _MEMORY = re.compile(r"^\d+(\.\d+)?[kmgKMG]?[bB]?$")
 
 
@@ -25,7 +27,7 @@ class SandboxSpec(BaseModel):
 
 
 class Terminal(SandboxSpec):
-    """A Linux sandbox for terminal tasks (docker or bubblewrap backend).
+    """A Linux sandbox for terminal tasks (on a terminal backend: docker, bwrap, ...).
 
     Give either `image` (a local image tag) or `dockerfile` (a path, built locally by
     `corral image build`, tagged by content hash).
@@ -44,7 +46,12 @@ class Terminal(SandboxSpec):
     files: dict[str, str] = Field(default_factory=dict, description="path -> content at start")
     command_timeout: float = Field(30.0, gt=0)
     output_limit: int = Field(1 << 20, gt=0)
-    backend: Literal["auto", "docker", "bwrap"] = "auto"
+    backend: str = Field("auto", description="a terminal backend of the table, or 'auto'")
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        return check_backend(value, "terminal")
 
     @field_validator("memory")
     @classmethod

@@ -3,6 +3,9 @@ every awkward element, and (slow tests) the containerized-mode image built once.
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,7 +72,7 @@ async def awkward(pool: BrowserPool) -> Any:
 @pytest.fixture(scope="session")
 def chromium_image(dockerd: None) -> str:
     """corral/chromium:bookworm, built once (minutes) when missing."""
-    from corral.browser.image import ensure_chromium_image
+    from corral.sandbox.browser.image import ensure_chromium_image
 
     return ensure_chromium_image()
 
@@ -84,3 +87,47 @@ def elements(env: BrowserEnv) -> dict[str, str]:
         if node.bid and node.name and node.role not in ("LabelText", "paragraph"):
             found.setdefault(node.name, node.bid)
     return found
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process started (directly or not) by `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # the process ended while we looked
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def executable(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def chromium_processes() -> set[int]:
+    """This test process's Chromium descendants (browsers, renderers, helpers)."""
+    return {pid for pid in descendants(os.getpid()) if "chromium" in executable(pid)}
+
+
+def still_running(pids: set[int], within: float = 5.0) -> set[int]:
+    """Those of `pids` still alive after waiting up to `within` s for them to exit (helpers a
+    closed Chromium leaves, reparented away from this process, take a moment to go)."""
+    deadline = time.monotonic() + within
+    alive = set(pids)
+    while alive:
+        alive = {pid for pid in alive if Path(f"/proc/{pid}").exists()
+                 and "chromium" in executable(pid)}
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return alive

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import re
 
-from corral.browser import close_pools, get_pool
 from corral.runner import EpisodeLimits, Runner, ScriptedPolicy, Status
 from corral.runner.policy import ScriptedCall
+
+from .conftest import chromium_processes, still_running
 
 ENV_ID = "corral/web-click-button-v0"
 
@@ -46,20 +47,24 @@ def wrong_clicker(call: ScriptedCall) -> str:
 
 
 async def test_runner_collects_browser_episodes_concurrently() -> None:
-    try:
-        policy = ScriptedPolicy(clicker)
-        async with Runner([ENV_ID], policy, seed=3,
-                          limits=EpisodeLimits(max_tokens=128)) as runner:
-            trajs = await runner.collect(6, group=2)
-        async with Runner([ENV_ID], ScriptedPolicy(wrong_clicker), seed=4,
-                          limits=EpisodeLimits(max_tokens=128)) as runner:
-            wrong = await runner.collect(2)
-            runner_pool = get_pool("host")
-            browsers = get_pool("host").browsers
-        # the last Runner that ran browser envs closed the loop's browser pool
-        assert runner_pool._closed
-    finally:
-        await close_pools()
+    before = chromium_processes()  # the session's shared pool may be running already
+    policy = ScriptedPolicy(clicker)
+    async with Runner([ENV_ID], policy, seed=3,
+                      limits=EpisodeLimits(max_tokens=128)) as runner:
+        trajs = await runner.collect(6, group=2)
+    async with Runner([ENV_ID], ScriptedPolicy(wrong_clicker), seed=4,
+                      limits=EpisodeLimits(max_tokens=128)) as runner:
+        wrong = await runner.collect(2)
+        assert runner.pool is not None
+        browser = runner.pool.sandboxes.backends["browser"]
+        browsers = sum(pool.browsers for pool in browser.pools.values())
+        started = chromium_processes() - before
+        assert started  # the run's Chromium (browser, zygotes, renderers) is up while it runs
+        pooled = runner.pool.stats
+    # closing a Runner closes its sandbox pool, and the pool its browsers: nothing outlives it
+    assert still_running(started) == set()
+    assert chromium_processes() - before == set()
+    assert pooled.acquires == 2 and pooled.starts >= 2  # contexts came through the pool
     assert [t.status for t in trajs] == [Status.COMPLETE] * 6, [t.error for t in trajs]
     assert [t.reward for t in trajs] == [1.0] * 6
     assert len({t.task_id for t in trajs}) == 3  # 3 groups of 2 samples of one task
@@ -70,4 +75,4 @@ async def test_runner_collects_browser_episodes_concurrently() -> None:
     assert policy.stats.requests == sum(t.turns for t in trajs) == 12
     assert [t.status for t in wrong] == [Status.COMPLETE] * 2
     assert [t.reward for t in wrong] == [0.0, 0.0]
-    assert browsers == 1  # every episode was a context of the loop's one warm browser
+    assert browsers == 1  # every episode was a context of the run's one warm browser

@@ -10,7 +10,7 @@ import pytest
 import corral as cr
 from corral.agents import play
 from corral.browser import BrowserPool, BrowserSandbox, html_page, task_server
-from corral.browser.container import ContainerLauncher
+from corral.sandbox.browser.container import ContainerLauncher
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 

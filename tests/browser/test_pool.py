@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import corral as cr
 from corral.browser import BrowserPool, BrowserSandbox, html_page, task_server
-from corral.browser.pool import CHROMIUM, HEADLESS_SHELL
+from corral.sandbox.browser.chromium import CHROMIUM, HEADLESS_SHELL
+
+from .conftest import descendants, executable
 
 SPEC = cr.Browser(navigation_timeout=60, action_timeout=30)
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process started (directly or not) by `pid`, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue  # the process ended while we looked
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def executable(pid: int) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return ""
 
 
 async def test_host_pool_runs_debians_headless_shell(pool: BrowserPool) -> None:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from corral.errors import PolicyError
 from corral.runner.policy import GenerationRequest, LocalPolicy, OpenAIPolicy
 from corral.runner.policy.chat import encode_prompt, parse_assistant_text
-from corral.runner.policy.serve import AppServer, PolicyServer
+from corral.runner.policy.serve import AppServer, PolicyServer, ServeConfig
 
 from .conftest import TOOL_ANSWER, TOOL_PROMPT, TOOLS
 
@@ -68,8 +68,10 @@ async def test_openai_policy_is_token_in_token_out(server: PolicyServer, policy:
 
 
 async def test_chat_tools_and_reload(tiny_path: Path, tool_model_path: Path, tokenizer) -> None:
-    with PolicyServer(LocalPolicy(tiny_path, max_batch=4)) as running:
-        async with httpx.AsyncClient(base_url=running.url, timeout=60) as http:
+    config = ServeConfig(reload_token="test-token")
+    with PolicyServer(LocalPolicy(tiny_path, max_batch=4), config=config) as running:
+        async with httpx.AsyncClient(base_url=running.url, timeout=60,
+                                     headers={"Authorization": "Bearer test-token"}) as http:
             body = {"model": "tiny", "messages": TOOL_PROMPT, "tools": TOOLS, "max_tokens": 30,
                     "temperature": 0, "logprobs": True}
             before = (await http.post("/v1/chat/completions", json=body)).json()

@@ -16,8 +16,8 @@ import pytest
 from corral.dataset import Dataset
 from corral.registry.build import build_release
 from corral.registry.errors import ReleaseError
-from corral.registry.release import (MANIFEST_NAME, Limits, ReleaseManifest, SemVer, read_release,
-                                     unpack)
+from corral.registry.release import (MANIFEST_NAME, FileEntry, Limits, ReleaseManifest, SemVer,
+                                     content_digest, read_release, unpack)
 from corral.registry.store import LocalStore
 
 from registry_helpers import store_is_empty
@@ -99,10 +99,10 @@ def test_packing_refuses_unsafe_folders(make_env, tmp_path: Path) -> None:
 
 
 # --- hostile archives ----------------------------------------------------------------------------
-def _archive(path: Path, manifest: dict,
-             members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+def _archive(path: Path, manifest: dict, members: list[tuple[tarfile.TarInfo, bytes | None]],
+             format: int = tarfile.PAX_FORMAT) -> Path:
     with open(path, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w") as tar:
+            tarfile.open(fileobj=gz, mode="w", format=format) as tar:
         blob = json.dumps(manifest).encode()
         info = tarfile.TarInfo(MANIFEST_NAME)
         info.size = len(blob)
@@ -203,3 +203,30 @@ def test_manifest_model_rejects_bad_fields(good) -> None:
     manifest, _ = good
     with pytest.raises(ReleaseError, match="content_sha256"):
         ReleaseManifest.from_json(json.dumps(_with(manifest, content_sha256="abc")))
+
+
+@pytest.mark.parametrize("format", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_archives_of_other_tar_writers_are_read(format: int, good, tmp_path: Path) -> None:
+    """The bounded reader understands each way a long name is written: a PAX `path` record, a
+    GNU `././@LongLink` member, a ustar prefix field."""
+    manifest, files = good
+    deep = "d" * 60 + "/" + "e" * 60 + "/long_name.py"  # over ustar's 100-byte name field
+    files = {**files, deep: b"print('long')\n"}
+    manifest = _with(manifest, files={**manifest["files"], deep: {
+        "sha256": hashlib.sha256(files[deep]).hexdigest(), "size": len(files[deep]),
+        "executable": False}})
+    manifest["content_sha256"] = content_digest(
+        {k: FileEntry(**v) for k, v in manifest["files"].items()})
+    archive = _archive(tmp_path / "other.tar.gz", manifest, _members(files), format=format)
+    unpack(archive, tmp_path / "out")
+    assert (tmp_path / "out" / deep).read_bytes() == files[deep]
+
+
+def test_a_corrupt_header_is_refused(good, tmp_path: Path) -> None:
+    manifest, files = good
+    archive = _archive(tmp_path / "ok.tar.gz", manifest, _members(files))
+    raw = bytearray(gzip.decompress(archive.read_bytes()))
+    raw[5] ^= 0x01  # the first header's name: its checksum no longer matches
+    (tmp_path / "bad.tar.gz").write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(ReleaseError, match="checksum mismatch"):
+        read_release(tmp_path / "bad.tar.gz")

@@ -14,8 +14,8 @@ import pytest
 
 from corral.registry.build import build_release
 from corral.registry.client import RegistryClient
-from corral.registry.errors import AuthError, ReleaseNotFound, VersionConflict
-from corral.registry.release import read_release
+from corral.registry.errors import AuthError, LimitExceeded, ReleaseNotFound, VersionConflict
+from corral.registry.release import Limits, collect_files, pack, read_release
 from corral.registry.store import LocalStore, Profile, TaskPassRate
 from corral.registry.transfer import publish, pull
 from registry_helpers import (OTHER_TOKEN, TOKEN, free_port, is_up, serve_process, store_is_empty,
@@ -192,3 +192,29 @@ def test_load_200_pulls_and_20_publishes(server, tmp_path: Path) -> None:
     for sha in expected.values():  # every release intact on disk
         read_release(server.store.archive(sha))
     assert RegistryClient(server.url).resolve("acme/load-v1").version == "2.0.19"
+
+
+def test_a_description_over_its_cap_is_refused_at_publish(server, make_env, tmp_path: Path
+                                                          ) -> None:
+    """A description is parsed on every resolve of its env, so it is capped (64 KiB): `publish`
+    refuses it before uploading, and the server refuses an archive that skipped the check."""
+    folder, env_id = make_env(3)
+    toml = folder / "corral.toml"
+    toml.write_text(toml.read_text().replace('"Repeat a word."', f'"{"d" * (100 << 10)}"'))
+    with pytest.raises(LimitExceeded, match="manifest field 'description' is 102,400 bytes, over "
+                                            "the 65,536-byte limit; keep long documentation"):
+        publish(folder, registry=server.url, token=TOKEN)
+    assert store_is_empty(server.store)
+    # An older client does not check: pack with the cap lifted and upload the bytes by hand.
+    manifest = build_release(folder := make_env(3)[0], out_dir=tmp_path / "small").manifest
+    manifest = manifest.model_copy(update={"description": "d" * (100 << 10)})
+    archive = tmp_path / "big-description.tar.gz"
+    with open(archive, "wb") as fh:
+        pack(manifest, collect_files(folder), fh, limits=Limits(max_description_bytes=1 << 20))
+    response = httpx.put(f"{server.url}/api/releases", content=archive.read_bytes(),
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 413
+    assert response.json() == {"error": "LimitExceeded", "detail": (
+        "manifest field 'description' is 102,400 bytes, over the 65,536-byte limit; keep long "
+        "documentation in a README file of the env")}
+    assert store_is_empty(server.store)

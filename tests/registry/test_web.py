@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
-from corral.browser.pool import CHROMIUM, LAUNCH_ARGS
+from corral.sandbox.browser.chromium import CHROMIUM, LAUNCH_ARGS
 from corral.registry.store import Profile, TaskPassRate
 from corral.registry.transfer import publish
 

@@ -14,6 +14,7 @@ import torch
 import pytest
 
 from corral.runner.policy import GenerationRequest, LocalPolicy, PolicyServer, load_model
+from corral.runner.policy.serve import ServeConfig
 from corral.trainer import StepConfig, Trainer
 from corral.trainer.publish import ServePolicyPublisher
 
@@ -75,8 +76,9 @@ def test_cli_errors_are_one_line(tmp_path):
 async def test_publish_to_serve_policy(tmp_path):
     model, tokenizer = load_model("tiny")
     served = LocalPolicy("tiny")
-    with PolicyServer(served) as server:
-        publish = ServePolicyPublisher(server.url, tmp_path / "pub", tokenizer=tokenizer)
+    with PolicyServer(served, config=ServeConfig(reload_token="publish-token")) as server:
+        publish = ServePolicyPublisher(server.url, tmp_path / "pub", tokenizer=tokenizer,
+                                       token="publish-token")
         trainer = Trainer(model, tokenizer, StepConfig(dtype="float32"), publish)
         with torch.no_grad():  # weights the server does not have yet
             for p in model.parameters():

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from ..errors import ImageBuildError
-from ..sandbox.images import LABEL_MANAGED, docker_client, ensure_base_image, image_exists
+from ...errors import ImageBuildError
+from ..images import LABEL_MANAGED, docker_client, ensure_base_image, image_exists
 
 log = logging.getLogger(__name__)
 

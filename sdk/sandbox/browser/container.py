@@ -19,10 +19,10 @@ from typing import Awaitable, Callable
 
 from playwright.async_api import Browser, Playwright
 
-from ..errors import BrowserError, ImageNotFound
-from ..sandbox.images import LABEL_MANAGED, docker_client, image_exists
+from ...errors import BrowserError, ImageNotFound
+from ..images import LABEL_MANAGED, docker_client, image_exists
+from .chromium import LAUNCH_ARGS
 from .image import CHROMIUM_IMAGE
-from .pool import LAUNCH_ARGS
 
 log = logging.getLogger(__name__)
 

@@ -8,54 +8,32 @@ acquire. A warm context is made whole ahead of time (its route, its init script,
 on the task sites' origin, and in host mode the site token it will send), so a reset costs one
 navigation and one observation; a released context is closed in the background, so the episode
 that gave it back does not wait for Chromium to tear it down. Playwright objects belong to the
-event loop that made them, so pools are per loop: `get_pool()` returns the running loop's pool
-for a mode (host, or a container image).
+event loop that made them, so a pool serves the loop it was started on; whoever makes a pool
+closes it (the browser backend, `backend.py`, does for the sandboxes it opens).
 
 Launchers say how a browser comes to exist: `HostLauncher` starts Debian's Chromium here;
-`corral.browser.container.ContainerLauncher` starts it in a container and connects over CDP.
+`corral.sandbox.browser.container.ContainerLauncher` starts it in a container and connects over CDP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import secrets
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 from urllib.parse import urlsplit
 
 from playwright.async_api import Browser, BrowserContext, Page, Playwright, Route, async_playwright
 
-from ..errors import BrowserError
+from ...errors import BrowserError
+from .chromium import CHROMIUM, LAUNCH_ARGS
 from .observe import POPUP_JS
 from .site import SITE_HEADER
 
 log = logging.getLogger(__name__)
 
-FULL_CHROMIUM = "/usr/bin/chromium"
-# Debian's headless shell (package chromium-headless-shell, the same build as chromium), the
-# binary itself rather than its /usr/bin wrapper script (which stays alive as its parent): it
-# has no browser UI layer to start and drive, so at equal load a warm reset takes about half
-# the time and episodes/s are about 2.5x (docs/benchmarks.md). The full browser serves where
-# the shell is missing.
-HEADLESS_SHELL = "/usr/lib/chromium/chromium-headless-shell"
-CHROMIUM = HEADLESS_SHELL if os.access(HEADLESS_SHELL, os.X_OK) else FULL_CHROMIUM
-# Chromium keeps only the last --disable-features switch, and Playwright passes its own list
-# first: ours repeats Playwright's (1.65: PaintHolding, ThirdPartyStoragePartitioning, the
-# redirect fix for Fetch interception, ...) so that adding Translate does not drop them.
-PLAYWRIGHT_DISABLED = ("AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileOnBrowserClose",
-                       "HttpsUpgrades", "HttpsFirstBalancedModeAutoEnable", "LensOverlay",
-                       "MediaRouter", "PaintHolding", "ThirdPartyStoragePartitioning",
-                       "AvoidCorsURLLoaderRestartOnRedirect", "OptimizationHints",
-                       "NetworkTimeServiceQuerying", "AimEnabled", "PreconnectToSearch")
-LAUNCH_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--disable-quic",
-               "--no-first-run",
-               "--disable-features=" + ",".join(("Translate",) + PLAYWRIGHT_DISABLED),
-               "--disable-extensions", "--mute-audio", "--disable-breakpad")
 Viewport = tuple[int, int]
 
 
@@ -327,8 +305,18 @@ class BrowserPool:
         """Live browsers in the pool."""
         return sum(1 for s in self._slots if not s.dead)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> "BrowserPool":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
-        """Close every browser and the Playwright driver."""
+        """Close every browser and the Playwright driver. Idempotent."""
         self._closed = True
         for task in list(self._refills):
             task.cancel()
@@ -352,33 +340,3 @@ async def _quietly(awaitable: Awaitable[Any]) -> None:
         await awaitable
     except Exception as exc:
         log.debug("teardown step failed: %s", exc)
-
-
-_pools: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, BrowserPool]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def get_pool(mode: str = "host", image: str | None = None) -> BrowserPool:
-    """The running event loop's pool for `mode` ("host" or "container" with `image`)."""
-    loop = asyncio.get_running_loop()
-    pools = _pools.setdefault(loop, {})
-    key = mode if mode == "host" else f"container:{image}"
-    pool = pools.get(key)
-    if pool is None or pool._closed:
-        if mode == "host":
-            from .site import task_server
-
-            pool = BrowserPool(HostLauncher(), warm_url=task_server().blank_url)
-        else:
-            from .container import ContainerLauncher
-
-            pool = BrowserPool(ContainerLauncher(image))
-        pools[key] = pool
-    return pool
-
-
-async def close_pools() -> None:
-    """Close every pool of the running loop (tests and CLI call this at the end)."""
-    loop = asyncio.get_running_loop()
-    for pool in list(_pools.pop(loop, {}).values()):
-        await pool.close()

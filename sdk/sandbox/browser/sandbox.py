@@ -1,6 +1,6 @@
 """`BrowserSandbox`: one episode's isolated browser context, its tabs and its origin policy.
 
-    sb = await BrowserSandbox.create(cr.Browser())          # a context from the warm pool
+    sb = await BrowserSandbox.create(cr.Browser(), pool=pool)   # a context from a warm pool
     try:
         await sb.open_site(pages)                           # allow and serve the task's site
         await sb.page.goto(sb.sites[0].url("/"))
@@ -22,17 +22,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 from urllib.parse import urlsplit
 
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page, Request, Route
 
-from ..errors import BrowserError
-from ..sandbox.base import SandboxStats
-from ..sandbox.spec import Browser
+from ...errors import BrowserError
+from ..base import ExecResult, Sandbox, SandboxStats, Shell
+from ..spec import Browser
 from .observe import SETTLE_JS, WALK_JS, Observation, parse_nodes
-from .pool import BrowserPool, ContextLease, get_pool
+from .pool import BrowserPool, ContextLease
 from .site import Page as SitePage
 from .site import SiteSession, task_server
 
@@ -48,14 +48,21 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}".lower()
 
 
-class BrowserSandbox:
-    """An isolated browser context for one episode (cookies, storage and cache of its own)."""
+class BrowserSandbox(Sandbox):
+    """An isolated browser context for one episode (cookies, storage and cache of its own).
+
+    Of the `Sandbox` contract it has `close`, `alive`, `stats` and `async with`; commands and
+    files mean nothing in a browser, so `exec`, `shell`, `read_file` and `write_file` raise
+    SandboxError naming the backend."""
 
     backend = "browser"
 
-    def __init__(self, spec: Browser, lease: ContextLease, container_mode: bool) -> None:
+    def __init__(self, spec: Browser, lease: ContextLease, container_mode: bool,
+                 owned_pool: BrowserPool | None = None) -> None:
+        super().__init__()
         self.spec = spec
         self.stats = SandboxStats(started_at=time.monotonic())
+        self.owned_pool = owned_pool  # closed with the sandbox (a standalone sandbox's browser)
         self.lease = lease
         self.context = lease.context
         self.pages: list[Page] = []
@@ -79,25 +86,23 @@ class BrowserSandbox:
 
     # --- lifecycle ------------------------------------------------------------------------
     @classmethod
-    async def create(cls, spec: Browser | None = None, *,
-                     pool: BrowserPool | None = None) -> "BrowserSandbox":
-        """A sandbox on a fresh context from `pool` (default: the loop's pool for spec.mode)."""
+    async def create(cls, spec: Browser | None = None, *, pool: BrowserPool,
+                     own_pool: bool = False) -> "BrowserSandbox":
+        """A sandbox on a fresh context from `pool` (whose mode must be the spec's);
+        `own_pool=True` closes the pool with the sandbox, also when this fails."""
         spec = spec or Browser()
         started = time.monotonic()
-        container_mode = spec.mode == "container"
-        if pool is None:
-            if container_mode:
-                from .image import CHROMIUM_IMAGE
-
-                pool = get_pool("container", spec.image or CHROMIUM_IMAGE)
-            else:
-                pool = get_pool("host")
-        lease = await pool.acquire(tuple(spec.viewport))  # type: ignore[arg-type]
-        sandbox = cls(spec, lease, container_mode)
         try:
-            await sandbox._wire()
+            lease = await pool.acquire(tuple(spec.viewport))  # type: ignore[arg-type]
+            sandbox = cls(spec, lease, spec.mode == "container", pool if own_pool else None)
+            try:
+                await sandbox._wire()
+            except BaseException:
+                await lease.release()
+                raise
         except BaseException:
-            await lease.release()
+            if own_pool:
+                await pool.close()
             raise
         sandbox.stats.start_seconds = time.monotonic() - started
         return sandbox
@@ -132,17 +137,36 @@ class BrowserSandbox:
         server = task_server()
         for site in self.sites:
             server.close(site)
-        await self.lease.release()
+        try:
+            await self.lease.release()
+        finally:
+            if self.owned_pool is not None:
+                await self.owned_pool.close()
 
     @property
     def alive(self) -> bool:
         return not (self._closed or self._crashed or self.lease.browser_dead)
 
-    async def __aenter__(self) -> "BrowserSandbox":
-        return self
+    async def prepare(self) -> None:
+        """Nothing to start ahead: the context and its first page exist already."""
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    # --- the terminal half of the contract, meaningless here -------------------------------
+    async def exec(self, cmd: str | list[str], timeout: float | None = None,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   user: str | None = None) -> ExecResult:
+        self._refuse("commands (exec)")
+
+    async def shell(self) -> Shell:
+        self._refuse("shell")
+
+    async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        self._refuse("files (write_file)")
+
+    async def read_file(self, path: str) -> bytes:
+        self._refuse("files (read_file)")
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise self.unsupported(f"{what}; drive the page (`sandbox.page`) instead")
 
     # --- pages and tabs -------------------------------------------------------------------
     @property
