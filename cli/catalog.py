@@ -44,7 +44,8 @@ def list_envs(pattern: str = typer.Argument(None, help="Glob over ids, e.g. 'cor
 
 
 def info(env_id: str = typer.Argument(..., help="Environment id."),
-         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
+         as_json: bool = typer.Option(False, "--json",
+                                      help="Print JSON instead of tables.")) -> None:
     """Show an environment's spec, tools (with schemas) and dataset card."""
     import corral.registry as registry
 
@@ -56,7 +57,8 @@ def info(env_id: str = typer.Argument(..., help="Environment id."),
                 "source": spec.source, "tags": spec.tags, "description": spec.description,
                 "max_turns": env.max_turns,
                 "sandbox": env.sandbox_spec.model_dump() if env.sandbox_spec else None,
-                "tools": env.tool_schemas(), "rewards": {n: r.weight for n, r in env._rewards.items()},
+                "tools": env.tool_schemas(),
+                "rewards": {n: r.weight for n, r in env._rewards.items()},
                 "dataset": card}
     finally:
         env.close()
@@ -115,7 +117,8 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
     for column in ("episode", "task", "reward", "turns", "seconds", "note"):
         table.add_column(column)
     for i, result in enumerate(results):
-        note = result.infra_error or "; ".join(result.errors) or ("truncated" if result.truncated else "")
+        note = (result.infra_error or "; ".join(result.errors)
+                or ("truncated" if result.truncated else ""))
         table.add_row(str(seed + i), result.task_id, f"{result.reward:.2f}", str(result.turns),
                       f"{result.seconds:.2f}", note)
     console.print(table)

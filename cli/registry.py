@@ -17,7 +17,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import console
+from .common import console, fail
 
 REGISTRY_HELP = "Local store path or registry URL (default: $CORRAL_REGISTRY or ~/.corral)."
 registry_app = typer.Typer(help="Run a registry server.", no_args_is_help=True)
@@ -213,9 +213,32 @@ def serve(registry: Optional[str] = typer.Option(None, "--registry", "-r",
     serve_registry(registry, host=host, port=port, tokens=Tokens.parse(specs))
 
 
+def verify(store_dir: Optional[Path] = typer.Option(None, "--store", help="The local store "
+                                                   "(default: $CORRAL_HOME or ~/.corral).")
+           ) -> None:
+    """Re-hash every installed release against its manifest; exit 1 if any was changed."""
+    from corral.registry.store import LocalStore
+    from corral.registry.verify import verify_installs
+
+    store = LocalStore(store_dir)
+    try:
+        checks = verify_installs(store)
+    finally:
+        store.close()
+    for check in checks:
+        state = "[green]ok[/]" if check.ok else f"[red]changed[/] ({check.problem()})"
+        console.print(f"{check.env_id} sha256:{check.sha256[:12]} {state}", highlight=False)
+    bad = [check for check in checks if not check.ok]
+    if bad:
+        fail(f"{len(bad)} of {len(checks)} installed release(s) were changed after install; "
+             "reinstall them with `corral install ID`")
+    console.print(f"{len(checks)} installed release(s) verified", highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add the publishing and curation commands to the main CLI app."""
     for name, fn in (("publish", publish), ("pull", pull), ("install", install), ("yank", yank),
-                     ("search", search), ("lock", lock), ("profile", profile), ("dedup", dedup)):
+                     ("search", search), ("lock", lock), ("profile", profile), ("dedup", dedup),
+                     ("verify", verify)):
         app.command(name)(fn)
     app.add_typer(registry_app, name="registry")

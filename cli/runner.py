@@ -97,7 +97,8 @@ def register(app: typer.Typer) -> None:
         max_turns: int = typer.Option(None, min=1, help="Override the envs' max turns."),
         max_tokens: int = typer.Option(128, min=1, help="Tokens per generation."),
         temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature."),
-        retries: int = typer.Option(2, min=0, help="Retries of infrastructure failures."),
+        retries: int = typer.Option(None, min=0, help="Retries of infrastructure failures, with "
+                                                      "backoff (default: AssemblyConfig's, 3)."),
         sandbox_backend: str = typer.Option("auto", help=f"{backend_help()} (preferred for the "
                                             "kinds of sandbox it opens)."),
         episode_deadline: float = typer.Option(None, help="Seconds per episode."),
@@ -115,7 +116,8 @@ def register(app: typer.Typer) -> None:
                                turn_deadline=turn_deadline)
         kwargs = dict(seed=seed, sandbox_capacity=sandbox_capacity,
                       inference_concurrency=inference_concurrency, limits=limits,
-                      assembly=AssemblyConfig(retries=retries), sandbox_backend=sandbox_backend)
+                      assembly=AssemblyConfig(**({} if retries is None else {"retries": retries})),
+                      sandbox_backend=sandbox_backend)
         started = time.perf_counter()
         trajectories, _ = asyncio.run(_collect(list(env_ids), model, n, group, run_dir, kwargs))
         console.print(_summary(trajectories, time.perf_counter() - started))

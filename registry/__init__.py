@@ -38,6 +38,10 @@ default_catalog.add_source(builtin_specs)
 from .install import installed_specs as _installed_specs  # noqa: E402
 
 default_catalog.add_source(_installed_specs, override=True)
+# An installed release is re-hashed before its first `make` in a process (when cheap).
+from .verify import InstallGuard as _InstallGuard  # noqa: E402
+
+default_catalog.add_guard(_InstallGuard())
 if _os.environ.get("CORRAL_LOCK"):
     from .lock import LockGuard as _LockGuard
 
@@ -59,5 +63,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'corral.registry' has no attribute {name!r}")
 
 
-__all__ = ["Catalog", "EnvSpec", "ENTRY_POINT_GROUP", "builtin_specs", "default_catalog", "deprecate", "list",
+__all__ = ["Catalog", "EnvSpec", "ENTRY_POINT_GROUP", "builtin_specs", "default_catalog",
+           "deprecate", "list",
            "make", "parse_id", "register", "spec", *_LAZY]

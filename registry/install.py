@@ -25,6 +25,7 @@ from corral.catalog import Catalog, EnvSpec
 from .imports import finder, module_name_for
 from .release import ReleaseManifest, unpack
 from .store import LocalStore, ReleaseRecord, default_home
+from .verify import check_install
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +47,23 @@ def release_spec(manifest: ReleaseManifest, sha: str, module: str, path: Path) -
                    tags=list(manifest.tags), description=manifest.description,
                    source=f"release:sha256:{sha}",
                    metadata={"release": {"sha256": sha, "version": manifest.version,
-                                         "path": str(path)}})
+                                         "path": str(path), "manifest": manifest}})
 
 
 def unpack_release(store: LocalStore, record: ReleaseRecord) -> tuple[Path, str]:
-    """The release's install folder, unpacked (and verified) if it is not there yet."""
+    """The release's install folder, unpacked (and verified) if it is not there yet or its
+    files no longer match the release (a tampered install is replaced, never reused)."""
     module = module_name_for(record.sha256)
     target = store.installed / module
     if target.is_dir():
-        return target, module
+        check = check_install(target, record.manifest, record.sha256)
+        if check.ok:
+            return target, module
+        log.warning("replacing the changed install of %s at %s (%s)", record.ref, target,
+                    check.problem())
+        stale = target.with_name(f".{module}-stale-{uuid.uuid4().hex[:8]}")
+        os.rename(target, stale)
+        shutil.rmtree(stale, ignore_errors=True)
     staging = store.installed / f".{module}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         unpack(store.archive(record.sha256), staging, store.limits)

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.backoff import Backoff
 from corral.runner.trajectory import Batch, Status, Trajectory
 
 
@@ -74,16 +75,34 @@ class AssemblyConfig:
     max_staleness: int | None = None
     """On a policy update to version v, cut and restart episodes started before v - k;
     None lets in-flight episodes finish (every token carries its version)."""
-    retries: int = 2
-    """Extra attempts for a sample whose episode failed for infrastructure reasons."""
+    retries: int = 3
+    """Most extra attempts for a sample whose episode failed for infrastructure reasons, each
+    with a fresh sandbox after a backoff pause, within `retry_budget`."""
+    retry_backoff: float = 0.5
+    """Seconds before the first retry; retry k waits `retry_backoff * retry_backoff_factor**(k-1)`
+    capped at `retry_backoff_max`, each pause drawn between half of that and all of it (jitter:
+    episodes that failed together, e.g. in a daemon restart, do not all come back at once)."""
+    retry_backoff_factor: float = 2.0
+    """Growth of the pause from one retry to the next."""
+    retry_backoff_max: float = 8.0
+    """Longest pause before one retry, in seconds."""
+    retry_budget: float = 60.0
+    """Seconds after a sample's first infrastructure failure within which its retries may
+    start; a retry whose pause would end later is not made and the failure is final."""
 
     def __post_init__(self) -> None:
         if self.retries < 0 or self.overprovision < 0:
             raise ValueError("retries and overprovision must be >= 0")
+        self.backoff()  # validates the retry schedule
         if self.min_group_trainable < 1:
             raise ValueError("min_group_trainable must be at least 1")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError("max_staleness must be >= 0 (or None)")
+
+    def backoff(self) -> Backoff:
+        """The pause schedule between the retries of one sample."""
+        return Backoff(base=self.retry_backoff, factor=self.retry_backoff_factor,
+                       cap=self.retry_backoff_max, budget=self.retry_budget)
 
     def assembler(self) -> "BatchAssembler":
         """A fresh `BatchAssembler` with this configuration's filtering."""

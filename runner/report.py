@@ -43,7 +43,8 @@ def pyplot() -> Any:
 def plot_timeline(trajectories: Sequence[Trajectory], path: Path) -> Path:
     """One horizontal bar per trajectory (ordered by start), each phase in its colour."""
     plt = pyplot()
-    trajs = sorted((t for t in trajectories if t.spans), key=lambda t: min(s.start for s in t.spans))
+    trajs = sorted((t for t in trajectories if t.spans),
+                   key=lambda t: min(s.start for s in t.spans))
     trajs = trajs[:MAX_BARS]
     origin = min((s.start for t in trajs for s in t.spans), default=0.0)
     fig, ax = plt.subplots(figsize=(11, max(3.0, min(30.0, 0.12 * len(trajs) + 1.5))))
@@ -192,6 +193,7 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
                   for b in metrics.get("batches", [])]
     executor = metrics.get("executor", {})
     config = manifest.get("config", {})
+    run_rows = {**config, **metrics.get("counts", {}), **metrics.get("assembly", {})}
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Corral run report: {html.escape(root.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}
@@ -212,7 +214,7 @@ text-align:left}}img{{max-width:100%}}</style></head><body>
 <h2>Rewards</h2><img src="report/rewards.png" alt="reward histogram">
 <h2>Sandboxes</h2>{html_table(_flat(executor.get("pool")))}
 <h2>Policy and router</h2>{html_table(_flat(metrics.get("policy")))}
-<h2>Run</h2>{html_table(_flat({**config, **metrics.get("counts", {}), **metrics.get("assembly", {})}))}
+<h2>Run</h2>{html_table(_flat(run_rows))}
 </body></html>
 """
     path = root / "report.html"

@@ -14,7 +14,8 @@ in flight than sandbox capacity plus one group, it launches the next group, also
 consumer is busy training, until a whole batch of ready groups waits to be taken. Without
 this, sandboxes idle at every batch cut while the last groups finish. Each sample is a task on
 the event loop that runs one episode at a time through the `Executor` (within the run's
-`EpisodeLimits`), retrying infrastructure failures up to `retries` times, writes the finished
+`EpisodeLimits`), retrying infrastructure failures up to `retries` times with exponential
+backoff and jitter within `retry_budget` (`AssemblyConfig`), writes the finished
 trajectory to the store, then to the `BatchAssembler`. A batch is cut as soon as enough whole
 groups are ready (the straggler cut-off); everything still running keeps running and fills the
 next batch, so no work is thrown away.
@@ -33,6 +34,7 @@ import asyncio
 import dataclasses
 import hashlib
 import importlib
+import itertools
 import logging
 import math
 import os
@@ -52,6 +54,7 @@ from corral.runner.pool import SandboxPool
 from corral.fileio import write_json_atomic
 from corral.runner.store import METRICS, TrajectoryStore
 from corral.runner.trajectory import Batch, Status, Trajectory
+from corral.sandbox.reaper import reap_run
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,7 @@ class Runner:
         self.prewarm = prewarm
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_id = run_id or (self.run_dir.name if self.run_dir else f"corral-{os.getpid()}")
+        self._named = run_id is not None or run_dir is not None  # its sandboxes may outlive it
         self.seed = seed
         self.env_weights = list(env_weights) if env_weights else None
         self.backend = backend
@@ -168,6 +172,8 @@ class Runner:
             if stored:
                 log.info("resuming %s: %d trajectories stored, %d groups consumed",
                          self.run_dir, len(stored), len(self._consumed))
+        if self._named:  # a killed earlier process of this run may have left sandboxes
+            await asyncio.to_thread(reap_run, self.run_id)
         if self.pool is None:
             self.pool = SandboxPool(self.sandbox_capacity, backend=self.sandbox_backend,
                                     run_id=self.run_id)
@@ -279,12 +285,24 @@ class Runner:
     async def _run_item(self, item: WorkItem) -> None:
         assert self.executor is not None
         causes: list[str] = []
-        for attempt in range(1, self.assembly.retries + 2):
+        backoff = self.assembly.backoff()
+        first_failure: float | None = None
+        for attempt in itertools.count(1):
             traj = await self.executor.run(item, attempt)
             if traj.status is not Status.INFRA_ERROR:
                 break
             causes.append(traj.error or "unknown infrastructure error")
-            log.info("%s attempt %d failed (infra): %s", item.id, attempt, traj.error)
+            if first_failure is None:
+                first_failure = time.monotonic()
+            # an immediate retry meets the same fault (a daemon restarting takes seconds):
+            # wait, longer each time, within the retry budget
+            pause = (backoff.pause(attempt, time.monotonic() - first_failure)
+                     if attempt <= self.assembly.retries else None)
+            if pause is None:
+                break
+            log.info("%s attempt %d failed (infra): %s; retrying in %.2f s", item.id, attempt,
+                     traj.error, pause)
+            await asyncio.sleep(pause)
         if causes:
             traj.metadata["infra_causes"] = causes
         if self.store is not None:

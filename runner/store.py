@@ -7,7 +7,12 @@ Every line is written whole and fsync'd before the trajectory counts as collecte
 process killed at any instant leaves at most one torn last line, which `open` cuts off. Work
 items have deterministic ids (group index, sample index), so a resumed run with the same seed
 skips what is stored: nothing is lost (everything acknowledged is on disk) and nothing is
-duplicated (a stored id is never run again, and loading keeps the first copy of an id).
+duplicated (a stored result is never run again, and loading keeps one record per id).
+
+An infrastructure error (`status="infra_error"`, after the runner's retries) is stored but is
+not a result: the daemon may have been restarting, the host overloaded. A resumed run treats its
+work item as not done and runs it again; if that succeeds, the new line is the id's result.
+Loading keeps, per id, its first final (non-infra) record, else its last infra error.
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from corral.errors import CorralError
 from corral.fileio import write_json_atomic
-from corral.runner.trajectory import Trajectory
+from corral.runner.trajectory import Status, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,21 @@ def read_trajectories(path: Path) -> Iterator[dict[str, Any]]:
                 log.warning("skipping a corrupt line in %s", path)
 
 
+def _infra(record: dict[str, Any]) -> bool:
+    return record.get("status") == Status.INFRA_ERROR.value
+
+
+def select_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per id, in order of the id's first line: its first final (non-infra) record,
+    else its last infra error (see the module docstring)."""
+    chosen: dict[str, dict[str, Any]] = {}
+    for data in records:
+        old = chosen.get(data["id"])
+        if old is None or _infra(old):  # a later final result, or a later infra error, wins
+            chosen[data["id"]] = data
+    return list(chosen.values())
+
+
 class TrajectoryStore:
     """Append-only trajectory log of one run directory (see the module docstring)."""
 
@@ -59,7 +79,8 @@ class TrajectoryStore:
         self.path = self.run_dir / TRAJECTORIES
         self.manifest_path = self.run_dir / MANIFEST
         self.manifest: dict[str, Any] = {}
-        self._ids: set[str] = set()
+        self._ids: set[str] = set()  # ids with a final result: never written again
+        self._infra: set[str] = set()  # ids stored only as infrastructure errors so far
         self._fh: Any = None
         self._lock = threading.Lock()
         self._pending: list[tuple[list[Trajectory], asyncio.Future[None]]] = []
@@ -67,8 +88,9 @@ class TrajectoryStore:
 
     # --- opening and resuming ------------------------------------------------------------------
     def open(self, config: dict[str, Any]) -> list[Trajectory]:
-        """Create or resume the run; returns the trajectories already stored (first copy of
-        each id). Raises `StoreMismatch` if the directory holds a run with another config."""
+        """Create or resume the run; returns the results already stored (one per id; ids stored
+        only as infrastructure errors are not done and are left out). Raises `StoreMismatch` if
+        the directory holds a run with another config."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.manifest_path.exists():
             self.manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
@@ -86,11 +108,15 @@ class TrajectoryStore:
         write_json_atomic(self.manifest_path, self.manifest)
         self._truncate_torn_tail()
         stored: list[Trajectory] = []
-        for data in read_trajectories(self.path):
-            if data["id"] in self._ids:
-                continue
-            self._ids.add(data["id"])
-            stored.append(Trajectory.from_dict(data))
+        for data in select_records(read_trajectories(self.path)):
+            if _infra(data):
+                self._infra.add(data["id"])
+            else:
+                self._ids.add(data["id"])
+                stored.append(Trajectory.from_dict(data))
+        if self._infra:
+            log.info("%s: %d work items ended as infrastructure errors; they run again",
+                     self.run_dir, len(self._infra))
         self._fh = open(self.path, "ab")
         return stored
 
@@ -112,22 +138,29 @@ class TrajectoryStore:
         return trajectory_id in self._ids
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._ids | self._infra)
 
     def append_sync(self, trajectories: list[Trajectory]) -> int:
-        """Write trajectories not stored yet, one line each, then fsync; returns how many."""
+        """Write trajectories whose id has no final result stored yet (an infrastructure error
+        may be followed by a result), one line each, then fsync; returns how many."""
         if self._fh is None:
             raise CorralError("the trajectory store is not open; call open(config) first")
         with self._lock:
-            fresh = [t for t in trajectories if t.id not in self._ids]
+            fresh: dict[str, Trajectory] = {}  # per id, a final result beats an infra error
+            for t in trajectories:
+                held = fresh.get(t.id)
+                if t.id not in self._ids and (held is None or
+                                              held.status is Status.INFRA_ERROR):
+                    fresh[t.id] = t
             if not fresh:
                 return 0
             blob = b"".join(json.dumps(t.to_dict(), separators=(",", ":"), default=str).encode()
-                            + b"\n" for t in fresh)
+                            + b"\n" for t in fresh.values())
             self._fh.write(blob)
             self._fh.flush()
             os.fsync(self._fh.fileno())
-            self._ids.update(t.id for t in fresh)
+            for t in fresh.values():
+                (self._infra if t.status is Status.INFRA_ERROR else self._ids).add(t.id)
             return len(fresh)
 
     async def append(self, *trajectories: Trajectory) -> None:
@@ -173,17 +206,13 @@ class TrajectoryStore:
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Trajectory]]:
-    """The manifest and the stored trajectories of a run directory (read-only)."""
+    """The manifest and the stored trajectories of a run directory (read-only): one per id, its
+    result, else its last infrastructure error."""
     root = Path(run_dir)
     manifest_path = root / MANIFEST
     if not manifest_path.exists() and not (root / TRAJECTORIES).exists():
         raise CorralError(f"{root} is not a run directory (no {MANIFEST} or {TRAJECTORIES}); "
                           "pass the --run-dir of a `corral collect` run")
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    seen: set[str] = set()
-    trajectories = []
-    for data in read_trajectories(root / TRAJECTORIES):
-        if data["id"] not in seen:
-            seen.add(data["id"])
-            trajectories.append(Trajectory.from_dict(data))
-    return manifest, trajectories
+    records = select_records(read_trajectories(root / TRAJECTORIES))
+    return manifest, [Trajectory.from_dict(data) for data in records]

@@ -97,7 +97,8 @@ def make_agent(name: str) -> Agent:
 
 async def play(env: Env, agent: Agent | str, *, seed: int | None = None,
                options: dict[str, Any] | None = None) -> EpisodeResult:
-    """Run one full episode of `env` with `agent`; infrastructure errors are recorded, not raised."""
+    """Run one full episode of `env` with `agent`; infrastructure errors are recorded, not
+    raised."""
     agent = make_agent(agent) if isinstance(agent, str) else agent
     started = time.monotonic()
     result = EpisodeResult(env.env_id, "", agent.name, 0.0)

@@ -64,6 +64,7 @@ class EnvSpec:
     deprecated: str | None = None  # the replacement id, when deprecated
     source: str = "code"  # "code" | "manifest:<path>" | "entry-point:<dist>"
     metadata: dict[str, Any] = field(default_factory=dict)
+    override: bool = False  # registered from code to replace a built-in or installed env
 
     @property
     def namespace(self) -> str:
@@ -118,6 +119,9 @@ class Catalog:
         self._lock = threading.RLock()
         self._lazy_sources: list[tuple[Callable[[], Iterable[EnvSpec]], bool]] = []
         self._guards: list[Callable[[EnvSpec], None]] = []
+        # id -> why its code registration may not be used: it shadows a spec that a lazy
+        # source (built-in manifest, installed release) brought in after it was registered.
+        self._shadowed: dict[str, str] = {}
         if entry_points:
             self._lazy_sources.append((_entry_point_specs, False))
         self._discovered = not self._lazy_sources
@@ -126,19 +130,24 @@ class Catalog:
     def register(self, id: str, entry_point: str | Callable[..., Any], *,
                  kwargs: dict[str, Any] | None = None, kind: str | None = None,
                  tags: list[str] | None = None, description: str = "",
-                 deprecated: str | None = None, source: str = "code",
+                 deprecated: str | None = None, source: str = "code", override: bool = False,
                  **metadata: Any) -> EnvSpec:
-        """Register `entry_point` (a class/factory, or 'module:Name') under `id`."""
+        """Register `entry_point` (a class/factory, or 'module:Name') under `id`.
+
+        An id that is taken by another entry point (registered from code, a built-in manifest
+        or an installed release) raises `DuplicateRegistration`, now or at the first lookup of
+        `id` if the other source is read later; `override=True` replaces it on purpose.
+        """
         parse_id(id, require_version=True)
         spec = EnvSpec(id, entry_point, dict(kwargs or {}), kind, list(tags or []), description,
-                       deprecated, source, metadata)
+                       deprecated, source, metadata, override)
         with self._lock:
             existing = self._specs.get(id)
+            self._shadowed.pop(id, None)
             if existing is not None and not _same_target(existing, spec):
-                raise DuplicateRegistration(
-                    f"Environment {id!r} is already registered (entry point "
-                    f"{existing.entry_point_path}); bump the version to register "
-                    f"{spec.entry_point_path}")
+                if not override:
+                    raise DuplicateRegistration(_shadow_message(spec, existing))
+                existing = None
             if existing is not None:  # a lazy manifest entry being filled in by its module
                 spec = replace(existing, entry_point=entry_point,
                                kind=kind or existing.kind, tags=spec.tags or existing.tags,
@@ -169,6 +178,7 @@ class Catalog:
     def unregister(self, id: str) -> None:
         with self._lock:
             self._specs.pop(id, None)
+            self._shadowed.pop(id, None)
 
     # --- lookup ------------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -186,6 +196,9 @@ class Catalog:
             current = self._specs.get(spec.id)
             if current is None or (override and not current.loaded):
                 self._specs[spec.id] = spec
+            elif (current.source == "code" and not current.override
+                  and not _same_target(current, spec)):
+                self._shadowed[spec.id] = _shadow_message(current, spec)
 
     def spec(self, id: str) -> EnvSpec:
         """The spec for `id`; an unversioned id resolves to the latest version."""
@@ -195,12 +208,15 @@ class Catalog:
             spec = self._specs.get(id)
             if spec is None:
                 raise UnknownEnv(self._unknown_message(id, namespace, name))
-            return spec
-        versions = [s for s in self._specs.values()
-                    if s.namespace == namespace and s.name == name and not s.deprecated]
-        if not versions:
-            raise UnknownEnv(self._unknown_message(id, namespace, name))
-        return max(versions, key=lambda s: s.version)
+        else:
+            versions = [s for s in self._specs.values()
+                        if s.namespace == namespace and s.name == name and not s.deprecated]
+            if not versions:
+                raise UnknownEnv(self._unknown_message(id, namespace, name))
+            spec = max(versions, key=lambda s: s.version)
+        if spec.id in self._shadowed:
+            raise DuplicateRegistration(self._shadowed[spec.id])
+        return spec
 
     def make(self, id: str, **overrides: Any) -> Any:
         """Create an environment instance; `overrides` replace the spec's kwargs."""
@@ -245,6 +261,13 @@ class Catalog:
             return f"Environment {id!r} doesn't exist. Registered versions: {', '.join(versions)}."
         hint = closest(f"{namespace}/{name}", [s.id for s in self._specs.values()])
         return f"Environment `{name}` doesn't exist in namespace `{namespace}`.{hint}"
+
+
+def _shadow_message(new: EnvSpec, old: EnvSpec) -> str:
+    where = {"code": "from code"}.get(old.source, f"by {old.source}")
+    return (f"Environment {new.id!r} is already registered {where} (entry point "
+            f"{old.entry_point_path}); bump the version to register {new.entry_point_path}, or "
+            "pass override=True to replace it on purpose")
 
 
 def _same_target(a: EnvSpec, b: EnvSpec) -> bool:

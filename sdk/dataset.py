@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
@@ -49,9 +50,18 @@ class Dataset(Generic[T]):
         return cls(items.__getitem__, len(items), task_type=task_type, source="list")
 
     @classmethod
-    def from_jsonl(cls, path: str | Path, task_type: type[Task] = Task) -> "Dataset":
-        """One JSON object per line; blank lines are ignored."""
+    def from_jsonl(cls, path: str | Path, task_type: type[Task] = Task, *,
+                   relative_to: str | Path | None = None) -> "Dataset":
+        """One JSON object per line; blank lines are ignored.
+
+        A relative `path` resolves against `relative_to`, by default the folder of the module
+        that declares the tasks (the env's folder), never the current directory: an env loaded
+        from an installed release reads its own `tasks.jsonl`, wherever the process runs.
+        """
         path = Path(path)
+        if not path.is_absolute():
+            base = Path(relative_to) if relative_to is not None else _declaring_folder()
+            path = base / path
         if not path.exists():
             raise DatasetError(f"{path}: no such tasks file")
         items = []
@@ -164,7 +174,8 @@ class Dataset(Generic[T]):
         if not 0.0 < test_fraction < 1.0:
             raise DatasetError(f"test_fraction must be in (0, 1), got {test_fraction}")
         want_test = name == "test"
-        keep = [i for i in range(len(self)) if (split_position(self[i].id) < test_fraction) == want_test]
+        keep = [i for i in range(len(self))
+                if (split_position(self[i].id) < test_fraction) == want_test]
         subset = Dataset(lambda j: self[keep[j]], len(keep), task_type=self.task_type,
                          source=f"{self.source}[{name}]")
         return subset
@@ -179,3 +190,17 @@ class Dataset(Generic[T]):
 
     def __repr__(self) -> str:
         return f"Dataset({self._size} tasks, {self.task_type.__name__}, from {self.source})"
+
+
+# Frames of these modules are plumbing between the env author's call and `from_jsonl`.
+_PLUMBING = frozenset({__name__, "corral.environment"})
+
+
+def _declaring_folder() -> Path:
+    """The folder of the first module up the stack that is not Corral's own plumbing (the env
+    author's module); the current directory for code without a file (a REPL, `python -c`)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in _PLUMBING:
+        frame = frame.f_back
+    source = frame.f_globals.get("__file__") if frame is not None else None
+    return Path(source).resolve().parent if source else Path.cwd()

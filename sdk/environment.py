@@ -55,8 +55,13 @@ class FunctionEnv(TextEnv):
 def environment(id: str, *, tasks: Any = None, sandbox: SandboxSpec | None = None,
                 max_turns: int | None = None, tags: list[str] | tuple[str, ...] = (),
                 task_type: type[Task] | None = None, description: str | None = None,
-                register: bool = True, **metadata: Any) -> Callable[[Any], Any]:
-    """Declare an environment and register it under `id` (`namespace/name-vN`)."""
+                register: bool = True, override: bool = False,
+                **metadata: Any) -> Callable[[Any], Any]:
+    """Declare an environment and register it under `id` (`namespace/name-vN`).
+
+    An id already taken by another env (from code, a built-in or an installed release) raises
+    `DuplicateRegistration`; `override=True` replaces that env on purpose.
+    """
     from .catalog import default_catalog, parse_id
 
     parse_id(id, require_version=True)
@@ -86,7 +91,7 @@ def environment(id: str, *, tasks: Any = None, sandbox: SandboxSpec | None = Non
         if register:
             default_catalog.register(id, entry_point=cls, kind=cls.kind, tags=list(cls.tags),
                                      description=description or _first_line(cls.__doc__),
-                                     **metadata)
+                                     override=override, **metadata)
         return cls
 
     return wrap

@@ -79,6 +79,10 @@ class SandboxDied(SandboxError):
     """A sandbox went away mid-episode."""
 
 
+class SandboxUnavailable(SandboxError):
+    """The sandbox backend (e.g. the Docker daemon) did not answer within its wait."""
+
+
 class ImageNotFound(SandboxError):
     """An image is missing locally; the message names the command that builds it."""
 

@@ -35,10 +35,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from .env import Env
-from .errors import CorralError
 from .sandbox.base import ExecResult, Sandbox
 from .sandbox.spec import Terminal
 from .tools import reward, tool

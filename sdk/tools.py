@@ -88,7 +88,8 @@ class ToolSpec:
         try:
             hints = get_type_hints(fn)
         except Exception as exc:  # unresolvable forward reference in an author's annotations
-            raise AuthoringError(f"tool {fn.__qualname__}: cannot read type hints ({exc})") from None
+            raise AuthoringError(
+                f"tool {fn.__qualname__}: cannot read type hints ({exc})") from None
         fields: dict[str, Any] = {}
         for pname, param in inspect.signature(fn).parameters.items():
             if pname in INJECTED or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

@@ -63,7 +63,8 @@ def _tar(files: dict[str, str]) -> bytes:
         for path, content in files.items():
             data = content.encode()
             info = tarfile.TarInfo(path.lstrip("/"))
-            info.size, info.mode, info.mtime = len(data), 0o755 if path.endswith(".sh") else 0o644, time.time()
+            info.size, info.mtime = len(data), time.time()
+            info.mode = 0o755 if path.endswith(".sh") else 0o644
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 

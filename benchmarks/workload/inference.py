@@ -269,10 +269,12 @@ class ModelledServer:
             chosen = self.sessions.resolve(session, turn, text)
             out_text, out_ids, _ = self.scripter.turn(chosen, turn)
             timing = await replica.run(prompt, out_ids)
-            return {"id": f"cmpl-{replica.name}-{replica.stats.requests}", "object": "text_completion",
+            return {"id": f"cmpl-{replica.name}-{replica.stats.requests}",
+                    "object": "text_completion",
                     "model": MODEL, "policy_version": 0,
                     "choices": [{"index": 0, "text": out_text, "token_ids": out_ids,
-                                 "logprobs": {"token_logprobs": self.logprobs(chosen, turn, len(out_ids))},
+                                 "logprobs": {"token_logprobs":
+                                              self.logprobs(chosen, turn, len(out_ids))},
                                  "finish_reason": "stop", "policy_version": 0}],
                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out_ids)},
                     "timing": timing}
@@ -332,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer", default="tiny", help="model directory or 'tiny'")
     parser.add_argument("--workload-json", default="{}", help="WorkloadConfig fields as JSON")
     for f in CostModel.__dataclass_fields__.values():
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default),
+                            default=f.default)
     args = parser.parse_args(argv)
     from corral.runner.policy.models import load_tokenizer
 

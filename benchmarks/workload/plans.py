@@ -142,7 +142,8 @@ def instruction(index: int) -> str:
 
 def _command(config: WorkloadConfig, rng: random.Random, step: int) -> Command:
     size = min(config.output_bytes_max,
-               max(1, round(_lognormal(rng, config.output_bytes_median, config.output_bytes_sigma))))
+               max(1, round(_lognormal(rng, config.output_bytes_median,
+                                       config.output_bytes_sigma))))
     offset = rng.randrange(max(1, config.data_bytes - size))
     show = f"head -c {offset + size} /work/data.txt | tail -c {size}; echo"
     log = f"echo 'step {step}' >> /work/log"

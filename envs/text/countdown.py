@@ -52,11 +52,13 @@ def make_task(rng: random.Random, index: int) -> dict:
         expression = str(picked[0])
         for number in picked[1:]:
             op = rng.choice("+-*")
-            expression = f"({expression} {op} {number})" if op != "*" else f"{expression} * {number}"
+            expression = (f"({expression} {op} {number})" if op != "*"
+                          else f"{expression} * {number}")
         value, _ = evaluate(expression)
         if value.denominator == 1 and 1 <= value <= 500 and value not in numbers:
-            reference = expression[1:-1] if expression.startswith("(") and expression.endswith(")") \
-                and expression.count("(") == 1 else expression
+            wrapped = (expression.startswith("(") and expression.endswith(")")
+                       and expression.count("(") == 1)
+            reference = expression[1:-1] if wrapped else expression
             return {"numbers": numbers, "target": int(value), "reference": reference}
 
 
@@ -72,7 +74,8 @@ def check(task: CountdownTask, expression: str) -> bool:
 
 
 @cr.environment("corral/countdown-v0", tasks=cr.Dataset.procedural(make_task, size=100_000),
-                task_type=CountdownTask, max_turns=1, tags=["text", "math", "search", "single-turn"])
+                task_type=CountdownTask, max_turns=1,
+                tags=["text", "math", "search", "single-turn"])
 class Countdown(cr.TextEnv):
     """Reach a target number with the given numbers and + - * /."""
 

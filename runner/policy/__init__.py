@@ -8,6 +8,8 @@ here is one engine or a helper of one:
 * `local` + `decode`: `LocalPolicy`, in-process transformers + torch with continuous batching;
 * `openai` + `router`: `OpenAIPolicy` over OpenAI-compatible servers, `Router` across replicas;
 * `serve`: `corral serve-policy`, an OpenAI-compatible server over a `LocalPolicy`;
+* `sampling`: the limits every sampling field is checked against; `wire`: serve-policy's
+  validated request bodies and OpenAI-style errors;
 * `models`: the tiny model builder and the checked local loader;
 * `chat`: chat templates as token ids (`ChatTranscript`), tool calls parsed from output;
 * `scripted`: `ScriptedPolicy`, a dependency-free policy for tests and benchmarks.

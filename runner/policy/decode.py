@@ -150,10 +150,11 @@ class DecodeBatch:
                   for a, b in zip(old, new)]
         return layers, torch.cat([_pad_left(self._mask, width, 1), _pad_left(mask, width, 1)])
 
-    def step(self) -> list[Row]:
+    def step(self, finish: Callable[[Row], None] | None = None) -> list[Row]:
         """Sample one token for every row, drop finished rows, run the next forward pass.
 
-        Returns the rows that finished in this step.
+        Returns the rows that finished in this step; they are handed to `finish` first, before
+        the forward pass, so a forward pass that raises cannot take finished rows with it.
         """
         tokens, logps = self._sample(self._logits, self._temps, self._top_ps, self._gens)
         for row, tok, lp in zip(self.rows, tokens.tolist(), logps.tolist()):
@@ -165,10 +166,13 @@ class DecodeBatch:
         keep = [j for j, r in enumerate(self.rows) if r.finish is None]
         if not keep:
             self.rows, self._cache = [], None
-            return done
-        if done:
+        elif done:
             self._select(keep)
             tokens = tokens[torch.tensor(keep, device=self._device)]
+        for row in done if finish is not None else ():
+            finish(row)
+        if not keep:
+            return done
         self._mask = torch.cat([self._mask, self._mask.new_ones((len(self.rows), 1))], dim=1)
         self._next_pos = self._next_pos + 1
         self._logits = self._forward(tokens[:, None], self._mask, self._next_pos[:, None],

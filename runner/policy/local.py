@@ -17,6 +17,7 @@ Every returned token is therefore tagged with the version that really produced i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -280,8 +281,7 @@ class LocalPolicy(Policy):
                         return
                     self.stats.steps += 1
                     self.stats.batch_sizes[len(batch)] += 1
-                    for row in batch.step():
-                        self._finish(row)
+                    batch.step(self._finish)
         except Exception as exc:  # noqa: BLE001 - a batched step failed: every row hears of it
             log.exception("local generation failed")
             self._fail_rows(batch.rows, PolicyError(
@@ -406,10 +406,11 @@ class LocalPolicy(Policy):
                     await worker
                 except (asyncio.CancelledError, RuntimeError):
                     pass
-            elif self._loop is not None and not self._loop.is_closed():
+            elif self._loop is not None:
                 # Serving another loop (a server thread closing a policy a test loop used):
-                # tasks are cancelled on their own loop's thread.
-                self._loop.call_soon_threadsafe(worker.cancel)
+                # tasks are cancelled on their own loop's thread; a closed loop has none left.
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(worker.cancel)
         error = PolicyError("LocalPolicy was closed before this request ran")
         for pending in self._take(10**9):
             _answer(pending, error)

@@ -40,7 +40,7 @@ from ..terminal import default_run_id
 from ..toolcalls import ToolCallParseError
 from ..tools import tool
 from ..types import Task, ToolCall
-from ..sandbox import open_sandbox
+from ..sandbox.opener import SandboxOpener
 from ..sandbox.browser.observe import Observation
 from ..sandbox.browser.pool import BrowserPool
 from ..sandbox.browser.sandbox import BrowserSandbox
@@ -83,6 +83,9 @@ class BrowserEnv(Env):
         super().__init__(**kwargs)
         self.pool = pool
         self.last_observation: Observation | None = None
+        # Without a pool or a provider the env owns one opener, so its episodes share one warm
+        # Chromium (a context each) instead of launching a browser per reset; closed by aclose.
+        self._opener: SandboxOpener | None = None
 
     # --- author hooks -------------------------------------------------------------------------
     def site(self, task: Task) -> Mapping[str, Page]:
@@ -112,16 +115,24 @@ class BrowserEnv(Env):
 
     # --- sandbox and episode plumbing ------------------------------------------------------------
     async def open_sandbox(self, task: Task) -> BrowserSandbox:
-        """A context from the env's own `pool` when it has one, else a standalone browser
-        sandbox (a Chromium of its own, closed with it). In a run the runner's pool provides
-        sandboxes instead and this is not called."""
+        """A context from the env's `pool` when it was given one, else a context of the env's
+        own warm Chromium (opened on first use, closed by `aclose`). In a run the runner's pool
+        provides sandboxes instead and this is not called."""
         spec = self.sandbox_spec if isinstance(self.sandbox_spec, Browser) else Browser()
         if self.pool is not None:
             return await BrowserSandbox.create(spec, pool=self.pool)
-        sandbox = await open_sandbox(spec, env_id=self.env_id or type(self).__name__,
-                                     run_id=str(self.config.get("run_id") or default_run_id()))
+        if self._opener is None:
+            self._opener = SandboxOpener(run_id=str(self.config.get("run_id") or default_run_id()))
+        sandbox = await self._opener.open(spec, env_id=self.env_id or type(self).__name__)
         assert isinstance(sandbox, BrowserSandbox)
         return sandbox
+
+    async def aclose(self) -> None:
+        """Release the episode's sandbox, then the env's own browser if it opened one."""
+        await super().aclose()
+        opener, self._opener = self._opener, None
+        if opener is not None:
+            await opener.close()
 
     def injections(self, episode: Episode) -> dict[str, Any]:
         """Adds `page` (the active tab) and `site` (the task's SiteSession) for tools/rewards."""

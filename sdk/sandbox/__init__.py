@@ -5,7 +5,8 @@ The one call most code needs::
     from corral.sandbox import open_sandbox
     from corral.sandbox.spec import Terminal
 
-    async with await open_sandbox(Terminal(memory="512m"), run_id="run-7", env_id="acme/x-v1") as sb:
+    spec = Terminal(memory="512m")
+    async with await open_sandbox(spec, run_id="run-7", env_id="acme/x-v1") as sb:
         r = await sb.exec("python3 -c 'print(6*7)'", timeout=10)   # ExecResult
         sh = await sb.shell()                                       # persistent bash session
         await sh.run("cd /tmp && export GREETING=hi")

@@ -18,14 +18,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from ..errors import UnknownBackend
 from ..suggest import closest
-from .base import Backend, BackendConfig
-
-if TYPE_CHECKING:
-    from .spec import SandboxSpec
+from .base import Backend, BackendConfig, SandboxSpec
 
 AUTO = "auto"
 

@@ -13,14 +13,11 @@ import abc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InfraError, SandboxError
-
-if TYPE_CHECKING:
-    from .spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 # what starting a shell ahead of use may raise; its first real use raises it again
@@ -28,6 +25,17 @@ PREPARE_ERRORS = (InfraError, TimeoutError, OSError)
 
 DEFAULT_OUTPUT_LIMIT = 1 << 20  # bytes kept per stream; the rest is dropped with a marker
 TRUNCATION_MARKER = "\n[... output truncated by corral: {dropped} bytes dropped ...]\n"
+
+
+class SandboxSpec(BaseModel):
+    """What an env asks of its sandbox, the fields every kind shares (the kinds, `Terminal`
+    and `Browser`, are in `spec.py`; a backend serves one or more kinds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables")
+    startup_timeout: float = Field(60.0, gt=0, description="seconds to wait for the sandbox")
 
 
 @dataclass(slots=True)
@@ -189,13 +197,13 @@ class Backend(abc.ABC):
         return True
 
     @abc.abstractmethod
-    async def open(self, spec: "SandboxSpec", *, env_id: str = "", image: str | None = None,
+    async def open(self, spec: SandboxSpec, *, env_id: str = "", image: str | None = None,
                    build: bool = True) -> Sandbox:
         """Start one sandbox for `spec`, labelled with this backend's run and `env_id`.
         `image` is an already resolved image tag (backends without images ignore it); `build`
         allows building a missing image from the spec's Dockerfile."""
 
-    async def open_standalone(self, spec: "SandboxSpec", *, env_id: str = "",
+    async def open_standalone(self, spec: SandboxSpec, *, env_id: str = "",
                               image: str | None = None, build: bool = True) -> Sandbox:
         """One sandbox for a caller that keeps no backend: what the backend would keep warm is
         made for this sandbox alone and released when it closes. Backends that keep nothing

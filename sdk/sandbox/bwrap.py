@@ -7,17 +7,26 @@ Usage is the same as the docker backend (normally through `corral.sandbox.open_s
 
 How a sandbox is laid out:
 
-- The image's filesystem is exported once per image id (`images.export_rootfs`) and is the
+- The image's filesystem is exported once per image id (`images.export_rootfs`), copied once
+  with its owners shifted into the sandbox's uid range (`_confine.shifted_rootfs`), and is the
   read-only lower layer of a kernel overlayfs; each sandbox gets its own upper dir, so the whole
   filesystem is writable and every write persists for the sandbox's life (like a container).
   The overlay is mounted inside a private mount namespace (`unshare --mount`), so it vanishes
   with the sandbox and never shows on the host. (bubblewrap 0.8 has no `--overlay`; mounting
   overlayfs needs root, which is what this backend is tested as.)
-- One long-lived `bwrap --unshare-pid --unshare-net --unshare-ipc --unshare-uts --die-with-parent
-  --new-session` holds the namespaces; commands join them with `nsenter` and drop privileges with
-  the image's `setpriv` (capability bounding set = `docker.CAP_ADD`, no-new-privs, optional
-  non-root user). Processes started by `exec` (services from a setup step) therefore keep running
-  for the sandbox's life, exactly as in a container.
+- One long-lived `bwrap --unshare-user --unshare-pid --unshare-net --unshare-ipc --unshare-uts
+  --die-with-parent --new-session` holds the namespaces. It runs as an unprivileged host uid and
+  its user namespace maps in-sandbox uids 0..65535 to host uids from `_confine.uid_base()`, so
+  the agent's root is root only inside (`_confine` says how). /proc is left as Docker leaves it
+  (read-only /proc/sys and friends, /proc/kcore etc. masked).
+- Commands join the namespaces with `nsenter`, launched under the sandbox's seccomp filter
+  (`_seccomp`: a throwaway `bwrap --seccomp` on the host loads it, since the image's `setpriv`
+  cannot), and drop privileges with the image's `setpriv` (capability bounding set =
+  `docker.CAP_ADD`, no-new-privs, optional non-root user). Processes started by `exec` (services
+  from a setup step) therefore keep running for the sandbox's life, exactly as in a container.
+- Host-side file operations (`write_file`, `read_file`, upload, download) resolve every path
+  inside the sandbox's root with `openat2(RESOLVE_IN_ROOT)` (`_rootio`): a link the agent
+  plants cannot lead them out, and they never touch procfs or sysfs.
 - Limits: a cgroup per sandbox (v1 pids/memory/cpu controllers, or v2) when /sys/fs/cgroup is
   writable; otherwise `prlimit` rlimits (nproc, address space) inside the sandbox.
 - Network: off unless spec.network is set, in which case the host's network is shared (bwrap has
@@ -28,22 +37,28 @@ How a sandbox is laid out:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Mapping
 
 from ..errors import SandboxDied, SandboxError
 from . import _procs
+from ._confine import proc_args, shifted_rootfs, uid_base, write_id_maps
 from ._proto import ShellSession, Transport, run_command
 from .base import BackendConfig, ExecResult, Sandbox, Shell
 from .docker import CAP_ADD
 from .image_backend import ImageBackend
+from ._rootio import RootDir
+from ._rootio import supported as openat2_supported
+from ._seccomp import program_file
 from .images import cache_dir, cached_rootfs, export_rootfs, rootfs_config
 from .spec import Terminal
 
@@ -53,8 +68,18 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 _MOUNT = ('for f in $5; do echo $$ > "$f" || exit 125; done; '
           'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 5 && '
           'exec "$@"')
+# where overlays are mounted (inside each sandbox's private mount namespace): bwrap runs as the
+# sandbox's unprivileged host uid, which must be able to walk to it (~ is 0700 for root)
+MOUNT_ROOT = Path("/run/corral-bwrap")
 _JOIN_CGROUPS = 'for f in $1; do echo $$ > "$f" || exit 125; done; shift; exec "$@"'
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def mount_point(name: str) -> Path:
+    """A fresh, empty mount point for sandbox `name`'s overlay under MOUNT_ROOT (0711)."""
+    MOUNT_ROOT.mkdir(mode=0o711, exist_ok=True)
+    MOUNT_ROOT.chmod(0o711)
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=MOUNT_ROOT))
 
 
 def sandboxes_dir() -> Path:
@@ -172,13 +197,15 @@ class BwrapSandbox(Sandbox):
     backend = "bwrap"
 
     def __init__(self, spec: Terminal, rootfs: Path, workdir: Path, uid: int, gid: int,
-                 env: dict[str, str], cwd: str, cgroup: Cgroup | None) -> None:
+                 env: dict[str, str], cwd: str, cgroup: Cgroup | None, base: int) -> None:
         super().__init__()
-        self.spec, self.rootfs, self.dir = spec, rootfs, workdir
+        self.spec, self.rootfs, self.dir, self.base = spec, rootfs, workdir, base
         self.uid, self.gid, self.env, self.workdir, self.cgroup = uid, gid, env, cwd, cgroup
         self.proc: asyncio.subprocess.Process | None = None
         self.pid = 0  # host pid of the sandbox's main process (namespaces to join)
         self._shell: ShellSession | None = None
+        self._root: RootDir | None = None  # the sandbox's "/", for host-side file I/O
+        self.mnt: Path | None = None  # the overlay's mount point (MOUNT_ROOT/<name>-*)
         self._closed = False
 
     @classmethod
@@ -188,16 +215,21 @@ class BwrapSandbox(Sandbox):
         if os.geteuid() != 0:
             raise SandboxError("the bwrap backend mounts overlayfs and needs root here "
                                "(bubblewrap 0.8); use backend='docker'")
-        for tool in ("bwrap", "nsenter", "unshare"):
+        for tool in ("bwrap", "nsenter", "unshare", "setpriv"):
             if shutil.which(tool) is None:
                 raise SandboxError(f"{tool} is not installed; `apt-get install bubblewrap "
                                    "util-linux`")
+        if not openat2_supported():
+            raise SandboxError("the bwrap backend needs openat2 (Linux >= 5.6) to keep file "
+                               "operations inside the sandbox; use backend='docker'")
         t0 = time.monotonic()
-        rootfs = await asyncio.to_thread(export_rootfs, image or spec.image)
+        base = uid_base()
+        exported = await asyncio.to_thread(export_rootfs, image or spec.image)
+        rootfs = await asyncio.to_thread(shifted_rootfs, exported, base)
         if not (rootfs / "usr/bin/setpriv").exists():
             raise SandboxError(f"image {image or spec.image} has no /usr/bin/setpriv (util-linux),"
                                " which the bwrap backend uses to drop privileges")
-        meta = rootfs_config(rootfs)
+        meta = rootfs_config(exported)
         user = spec.user or meta["user"] or "root"
         uid, gid, home = _passwd(rootfs, user)
         env = dict(e.split("=", 1) for e in meta["env"] if "=" in e)
@@ -208,12 +240,15 @@ class BwrapSandbox(Sandbox):
             cwd = home
         name = f"{run_id}-{secrets.token_hex(4)}".replace("/", "_")
         sbdir = sandboxes_dir() / name
-        for sub in ("upper", "work", "merged"):
+        for sub in ("upper", "work"):
             (sbdir / sub).mkdir(parents=True)
+        # the upper dir is the sandbox's "/": its root user owns it, as the image's root owns /
+        os.chown(sbdir / "upper", base, base)
+        (sbdir / "upper").chmod(0o755)  # not the export's: its top dir is a 0700 temp dir
         (sbdir / "owner.json").write_text(json.dumps(
             {"pid": os.getpid(), "run": run_id, "env": env_id, "created": time.time()}))
         cgroup = Cgroup(name, spec) if Cgroup.available() else None
-        sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, cgroup)
+        sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, cgroup, base)
         try:
             await sandbox._start()
             for path, content in spec.files.items():
@@ -232,35 +267,68 @@ class BwrapSandbox(Sandbox):
         net = [] if self.spec.network_mode != "none" else ["--unshare-net"]
         resolv = (["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
                   if net == [] and Path("/etc/resolv.conf").exists() else [])
-        merged = str(self.dir / "merged")
-        # one shell joins the cgroup and mounts the overlay (each exec costs ms on a busy host)
-        # pdeathsig: if this process dies, bwrap gets SIGKILL and its --die-with-parent child
-        # (the sandbox's pid 1) with it; bwrap 0.8 alone outlives its parent
+        self.mnt = mount_point(self.dir.name)
+        merged = str(self.mnt)
+        block_r, block_w = os.pipe()  # bwrap waits on this until the uid maps are written
+        info_r, info_w = os.pipe()  # bwrap says here which pid holds the new user namespace
+        seccomp = program_file().open()
+        # one shell joins the cgroup and mounts the overlay as root (each exec costs ms on a
+        # busy host); then setpriv drops to the sandbox's host uid for bwrap, which makes the
+        # user namespace. pdeathsig (again after the uid change, which clears it): if this
+        # process dies, bwrap gets SIGKILL and its --die-with-parent child (the sandbox's pid 1)
+        # with it; bwrap 0.8 alone outlives its parent
         argv = ["setpriv", "--pdeathsig", "KILL", "--",
                 "unshare", "--mount", "--propagation", "private",
                 "sh", "-c", _MOUNT, "corral", str(self.rootfs), str(self.dir / "upper"),
                 str(self.dir / "work"), merged, self.cgroup.procs if self.cgroup else "",
-                "bwrap", "--bind", merged, "/", "--proc", "/proc", "--dev", "/dev", *resolv,
-                "--unshare-pid", "--unshare-ipc", "--unshare-uts", *net, "--hostname", "sandbox",
-                "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--", "sh", "-c", "echo ready && exec sleep infinity"]
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                "setpriv", f"--reuid={self.base}", f"--regid={self.base}", "--clear-groups",
+                "--pdeathsig", "KILL", "--",
+                "bwrap", "--unshare-user", "--userns-block-fd", str(block_r),
+                "--info-fd", str(info_w), "--uid", "0", "--gid", "0",
+                "--seccomp", str(seccomp),
+                "--bind", merged, "/", "--proc", "/proc", "--dev", "/dev", *proc_args(),
+                *resolv, "--unshare-pid", "--unshare-ipc", "--unshare-uts", *net,
+                "--hostname", "sandbox", "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--", "sh", "-c", "echo ready && exec sleep infinity"]
         try:
-            # the child prints once it runs inside the new root
-            ready = await asyncio.wait_for(self.proc.stdout.readline(),  # type: ignore[union-attr]
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                pass_fds=(block_r, info_w, seccomp),
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        finally:
+            for fd in (block_r, info_w, seccomp):
+                os.close(fd)
+        try:
+            ready = await asyncio.wait_for(self._map_ids(info_r, block_w),
                                            self.spec.startup_timeout)
         except TimeoutError:
             ready = b""
         inside = _procs.descendants(self.proc.pid)
         if ready != b"ready\n" or not inside:
-            if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
                 os.killpg(self.proc.pid, signal.SIGKILL)
+        # closed only now: after a timeout a thread may still wait on info_r until the kill
+        os.close(block_w)
+        os.close(info_r)
+        if ready != b"ready\n" or not inside:
             err = (await self.proc.stderr.read()).decode(errors="replace").strip()  # type: ignore[union-attr]
             raise SandboxError(f"bwrap failed to start: {err or 'no output'}")
         self.pid = inside[-1]  # the deepest process: it is in every namespace and the new root
+        self._root = RootDir(self.pid, (self.base, self.base))
+
+    async def _map_ids(self, info_r: int, block_w: int) -> bytes:
+        """Write the uid/gid maps of bwrap's new user namespace, let bwrap go on, and return
+        the sandbox's first line ("ready" once it runs inside the new root)."""
+        info = b""
+        while b"}" not in info:  # bwrap writes one JSON object: {"child-pid": N, ...}
+            chunk = await asyncio.to_thread(os.read, info_r, 4096)
+            if not chunk:
+                return b""  # bwrap exited before making the namespace: stderr says why
+            info += chunk
+        write_id_maps(json.loads(info)["child-pid"], self.base)
+        os.write(block_w, b"1")
+        return await self.proc.stdout.readline()  # type: ignore[union-attr]
 
     async def _spawn(self, argv: list[str], *, env: Mapping[str, str] | None = None,
                      cwd: str | None = None, user: str | None = None,
@@ -278,13 +346,20 @@ class BwrapSandbox(Sandbox):
         limits = [] if self.cgroup else [
             "prlimit", f"--nproc={self.spec.pids}", f"--as={parse_bytes(self.spec.memory)}", "--"]
         joined = ["-n"] if self.spec.network_mode == "none" else []
-        full = [*self._cgroup_prefix(), "nsenter", "-t", str(self.pid), "-m", "-u", "-i", "-p",
-                *joined, "-r", "--", "/usr/bin/env", "-i", f"--chdir={cwd or self.workdir}",
+        seccomp = program_file().open()
+        # a throwaway bwrap (no namespaces of its own but a mount namespace) loads the seccomp
+        # filter on the host side: every process of the command inherits it
+        full = [*self._cgroup_prefix(), "bwrap", "--dev-bind", "/", "/", "--cap-add", "ALL",
+                "--seccomp", str(seccomp), "--",
+                "nsenter", "-t", str(self.pid), "-U", "-m", "-u", "-i", "-p", *joined, "-r", "--", "/usr/bin/env", "-i", f"--chdir={cwd or self.workdir}",
                 *[f"{k}={v}" for k, v in envs.items()], *drop, "--", *limits, *argv]
-        proc = await asyncio.create_subprocess_exec(
-            *full, stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *full, stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True, pass_fds=(seccomp,))
+        finally:
+            os.close(seccomp)
         return PipeTransport(proc)
 
     async def _kill(self, transport: Transport, keep: frozenset[int], everything: bool) -> None:
@@ -313,28 +388,20 @@ class BwrapSandbox(Sandbox):
                 self.spec.output_limit, self.spec.command_timeout, self.workdir)
         return self._shell
 
-    def _host_path(self, path: str) -> Path:
-        """`path` inside the sandbox, reached through the main process's root (the mounted
-        overlay: writing to the upper dir directly would bypass overlayfs)."""
-        if self.pid == 0:
+    def _rootdir(self) -> RootDir:
+        if self._root is None or self._closed:
             raise SandboxDied("bwrap sandbox is not running")
-        return Path(f"/proc/{self.pid}/root") / path.lstrip("/")
+        return self._root
 
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
-        """Create or replace `path` (parents are created, owned by root)."""
+        """Create or replace `path` (parents are created, owned by the sandbox's root). The path
+        resolves inside the sandbox as in `docker cp`: links the agent made stay inside."""
         raw = data.encode() if isinstance(data, str) else data
-        target = self._host_path(path)
-
-        def write() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(raw)
-            target.chmod(mode)
-
-        await asyncio.to_thread(write)
+        await asyncio.to_thread(self._rootdir().write, path, raw, mode)
 
     async def read_file(self, path: str) -> bytes:
         """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open()."""
-        return await asyncio.to_thread(self._host_path(path).read_bytes)
+        return await asyncio.to_thread(self._rootdir().read, path)
 
     @property
     def alive(self) -> bool:
@@ -347,6 +414,8 @@ class BwrapSandbox(Sandbox):
         self._closed = True
         if self._shell is not None:
             await self._shell.close()
+        if self._root is not None:
+            self._root.close()
         if self.proc is not None and self.proc.returncode is None:
             # SIGKILL to the session: bwrap dies, its pid namespace (and every process) with it
             try:
@@ -358,6 +427,9 @@ class BwrapSandbox(Sandbox):
             await asyncio.to_thread(_wait_empty, self.cgroup)
             self.cgroup.remove()
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
+        if self.mnt is not None:  # empty on the host: the overlay lived in the sandbox's mount ns
+            with contextlib.suppress(OSError):
+                self.mnt.rmdir()
 
 
 async def _reap(proc: asyncio.subprocess.Process, limit: float) -> bool:

@@ -31,9 +31,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import itertools
 import json
 import logging
 import base64
+import errno
 import os
 import posixpath
 import secrets
@@ -50,7 +52,8 @@ from . import _fifo, _procs
 from ._proto import ShellSession, Transport, ansi_c_quote, run_command
 from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Sandbox, Shell
 from .image_backend import ImageBackend
-from .images import LABEL_MANAGED, cache_dir, docker_available, docker_client, missing_image
+from .images import (LABEL_MANAGED, cache_dir, daemon_call, docker_available, docker_client,
+                     missing_image)
 from .spec import Terminal
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,7 @@ async def _blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 LABEL_RUN = "corral.run"
 LABEL_ENV = "corral.env"
 LABEL_OWNER = "corral.owner"  # host:pid of the creating process, so gc spares live runs
+_MAX_LINK_HOPS = 40  # as the kernel's MAXSYMLINKS
 CAP_ADD = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL",
            "NET_BIND_SERVICE"]
 
@@ -155,6 +159,7 @@ class DockerSandbox(Sandbox):
         self._control: ShellSession | None = None  # root bash for file writes, never the agent's
         self._io_dir = io_dir  # the FIFOs of the shells the container starts (`_fifo`)
         self._fifo_shells: set[str] = set()  # those not yet taken by a session
+        self._cgroup_seen = False  # its processes are visible here (so `alive` can look)
         self._closed = False
 
     @classmethod
@@ -169,7 +174,8 @@ class DockerSandbox(Sandbox):
         workdir = spec.workdir
         if not _is_root(user) and workdir == "/root":
             workdir = f"/home/{user}"  # /root is not readable by other users
-        client = docker_client()
+        # a restarting daemon is waited for (bounded), not failed at once
+        client = await _blocking(daemon_call, lambda c: c)
         host_config = client.api.create_host_config(
             init=True, nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory,
             memswap_limit=spec.memory, pids_limit=spec.pids,
@@ -188,13 +194,20 @@ class DockerSandbox(Sandbox):
             host_config["Binds"] = [f"{io_dir}:{_fifo.MOUNT}:ro"]
             # the low-level call: the high-level `containers.create` inspects the new container
             # afterwards, one more daemon round trip per sandbox that nothing here needs
-            created = await _blocking(
-                client.api.create_container, image=image, command=["sh", "-c", _fifo.BOOT],
-                detach=True, name=name, hostname="sandbox",
-                labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id,
-                        LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
-                environment=dict(spec.env), working_dir=workdir, user="0",
-                stop_signal="SIGKILL", host_config=host_config)
+            calls = itertools.count()
+
+            def create_container(c: Any) -> dict[str, Any]:
+                if next(calls):  # a repeat after the daemon went away mid-call: the first
+                    _remove(c, name)  # call may have created the container before it did
+                return c.api.create_container(
+                    image=image, command=["sh", "-c", _fifo.BOOT], detach=True, name=name,
+                    hostname="sandbox",
+                    labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id,
+                            LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
+                    environment=dict(spec.env), working_dir=workdir, user="0",
+                    stop_signal="SIGKILL", host_config=host_config)
+
+            created = await _blocking(daemon_call, create_container)
         except docker.errors.ImageNotFound:
             raise missing_image(image, spec.dockerfile, env_id or None) from None
         except docker.errors.APIError as exc:
@@ -214,6 +227,7 @@ class DockerSandbox(Sandbox):
             await _blocking(client.api.start, sandbox.id)
             if await _blocking(_fifo.usable, sandbox.id, io_dir, "control"):
                 sandbox._fifo_shells = set(shells)
+            sandbox._cgroup_seen = _procs.container_pids(sandbox.id) is not None
         except BaseException:
             await sandbox.close()
             raise
@@ -352,26 +366,36 @@ class DockerSandbox(Sandbox):
         """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open()."""
         import docker
 
-        def fetch() -> bytes:
-            try:
-                stream, stat = docker_client().api.get_archive(self.id, path)
-            except docker.errors.NotFound:
-                raise FileNotFoundError(path) from None
-            if stat.get("mode", 0) & (1 << 31):  # Go's os.ModeDir
-                raise IsADirectoryError(path)
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                member = tar.next()
-                fobj = tar.extractfile(member) if member else None
-                if fobj is None:
-                    raise FileNotFoundError(path)
-                return fobj.read()
+        def fetch(where: str) -> bytes:
+            for _ in range(_MAX_LINK_HOPS):
+                try:
+                    stream, stat = docker_client().api.get_archive(self.id, where)
+                except docker.errors.NotFound:
+                    raise FileNotFoundError(path) from None
+                if stat.get("mode", 0) & (1 << 31):  # Go's os.ModeDir
+                    raise IsADirectoryError(path)
+                with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                    member = tar.next()
+                    if member is not None and member.issym():
+                        # the archive holds the link itself: follow it in the container's root
+                        where = posixpath.join(posixpath.dirname(where), member.linkname)
+                        continue
+                    fobj = tar.extractfile(member) if member else None
+                    if fobj is None:
+                        raise FileNotFoundError(path)
+                    return fobj.read()
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
 
-        return await _blocking(fetch)
+        return await _blocking(fetch, "/" + path.lstrip("/"))
 
     # --- lifecycle ------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return not self._closed
+        """Not closed, and its processes still run where they can be seen: a daemon restart
+        kills every container, and a pool must not hand such a sandbox out."""
+        if self._closed:
+            return False
+        return not self._cgroup_seen or bool(_procs.container_pids(self.id))
 
     async def terminate(self) -> None:
         """Kill every process of the container from the host (its cgroup), without the daemon:
@@ -405,11 +429,21 @@ class DockerSandbox(Sandbox):
         await self._close_sessions()
         import docker
 
-        try:
-            await _blocking(docker_client().api.remove_container, self.id, force=True)
+        try:  # a restarting daemon is waited for: a removal given up on leaks the container
+            await _blocking(daemon_call, lambda c: c.api.remove_container(self.id, force=True))
         except docker.errors.NotFound:
             pass
         _fifo.remove_fifos(self._io_dir)
+
+
+def _remove(client: Any, container: str) -> None:
+    """Remove `container` (force) if it exists."""
+    import docker
+
+    try:
+        client.api.remove_container(container, force=True)
+    except docker.errors.NotFound:
+        pass
 
 
 def io_root() -> Path:
@@ -424,7 +458,7 @@ async def _image_user(image: str) -> str:
     """The image's default USER (`""` = root), read once per image per process (Corral's
     image tags name their content, so a tag does not move under a running process)."""
     if image not in _image_users:
-        info = await _blocking(docker_client().api.inspect_image, image)
+        info = await _blocking(daemon_call, lambda c: c.api.inspect_image(image))
         _image_users[image] = info.get("Config", {}).get("User") or ""
     return _image_users[image]
 

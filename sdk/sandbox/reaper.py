@@ -4,6 +4,11 @@
 `corral.managed=1` whose `corral.owner` (host:pid) is dead, bwrap dirs likewise, and their
 cgroups. `gc(run=RUN)` removes every sandbox of that run; `gc(everything=True)` every managed
 container, live or not. CLI: `corral sandbox gc [--run RUN] [--all]`.
+
+`reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
+sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
+dirs by their owner.json, and their cgroups), sparing those of a live process that shares the
+run id.
 """
 
 from __future__ import annotations
@@ -54,16 +59,21 @@ def _orphaned(labels: dict[str, str]) -> bool:
     return host == socket.gethostname() and not _pid_alive(int(pid))
 
 
-def gc_containers(run: str | None = None, everything: bool = False) -> int:
-    """Remove (force) managed containers: orphaned ones, all of `run`, or all, and the shell
-    pipe dirs of containers that no longer exist. Returns the count of containers removed."""
+def gc_containers(run: str | None = None, everything: bool = False,
+                  orphans_only: bool = False) -> int:
+    """Remove (force) managed containers: orphaned ones, all of `run` (only its orphaned ones
+    with `orphans_only`), or all, and the shell pipe dirs of containers that no longer exist.
+    Returns the count of containers removed."""
     api = docker_client().api
     removed = 0
     kept: set[str] = set()  # names of the containers left, whose pipe dirs stay
     for c in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
         labels = c.get("Labels") or {}
         names = {n.lstrip("/") for n in c.get("Names") or []}
-        doomed = labels.get(LABEL_RUN) == run if run else everything or _orphaned(labels)
+        if run:
+            doomed = labels.get(LABEL_RUN) == run and (not orphans_only or _orphaned(labels))
+        else:
+            doomed = everything or _orphaned(labels)
         if not doomed:
             kept |= names
             continue
@@ -85,22 +95,24 @@ def _gc_io_dirs(kept: set[str]) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def gc_bwrap(run: str | None = None) -> tuple[int, int]:
-    """Remove bwrap sandbox dirs whose owner process died (or of `run`), and the cgroups of
-    sandboxes without a live dir (killing what still runs in them)."""
+def gc_bwrap(run: str | None = None, orphans_only: bool = False) -> tuple[int, int]:
+    """Remove bwrap sandbox dirs whose owner process died (or of `run`; with `orphans_only`
+    those of `run` whose owner died), and the cgroups of sandboxes without a live dir (killing
+    what still runs in them)."""
     dirs = cgroups = 0
     root = sandboxes_dir()
+    prefix = None if run is None else run.replace("/", "_") + "-"  # as bwrap names them
     for d in sorted(root.iterdir()) if root.is_dir() else []:
-        if _stale(d, run):
+        if _stale(d, run, orphans_only):
             shutil.rmtree(d, ignore_errors=True)
             dirs += 1
     parents = [CGROUP_ROOT / "corral", *CGROUP_ROOT.glob("*/corral")]
     for cg in [c for p in parents if p.is_dir() for c in p.iterdir() if c.is_dir()]:
-        if run is not None and not cg.name.startswith(f"{run}-"):
+        if prefix is not None and not cg.name.startswith(prefix):
             continue
         # decided now, not from the listing above: a sandbox created since then has its dir
         # (made before its cgroup) and a sandbox closing drops its cgroup before its dir
-        if (root / cg.name).is_dir() and not _stale(root / cg.name, run):
+        if (root / cg.name).is_dir() and not _stale(root / cg.name, run, orphans_only):
             continue
         try:
             pids = (cg / "cgroup.procs").read_text().split()
@@ -122,16 +134,18 @@ def gc_bwrap(run: str | None = None) -> tuple[int, int]:
     return dirs, cgroups
 
 
-def _stale(sandbox_dir: Path, run: str | None) -> bool:
-    """Whether a bwrap sandbox dir belongs to `run` (given) or to an owner that died."""
+def _stale(sandbox_dir: Path, run: str | None, orphans_only: bool = False) -> bool:
+    """Whether a bwrap sandbox dir belongs to `run` (given; and to an owner that died, with
+    `orphans_only`) or to an owner that died."""
     try:
         owner = json.loads((sandbox_dir / "owner.json").read_text())
     except (OSError, ValueError):
         # no owner yet: a sandbox being created writes it just after making its dir
         return _age(sandbox_dir) > OWNERLESS_GRACE_S
+    dead = not (owner.get("pid") and _pid_alive(int(owner["pid"])))
     if run is not None:
-        return owner.get("run") == run
-    return not (owner.get("pid") and _pid_alive(int(owner["pid"])))
+        return owner.get("run") == run and (dead or not orphans_only)
+    return dead
 
 
 def _age(path: Path) -> float:
@@ -162,4 +176,20 @@ def gc(run: str | None = None, everything: bool = False, docker: bool = True) ->
     return report
 
 
-__all__ = ["GcReport", "gc", "gc_bwrap", "gc_containers"]
+def reap_run(run: str) -> GcReport:
+    """Remove the sandboxes of `run` left by processes that are gone (see module docstring);
+    a daemon that does not answer is skipped, not waited for."""
+    report = GcReport()
+    try:
+        report.containers = gc_containers(run, orphans_only=True)
+    except SandboxError as exc:
+        log.info("skipping containers: %s", exc)
+    report.bwrap_dirs, report.cgroups = gc_bwrap(run, orphans_only=True)
+    if report.containers or report.bwrap_dirs or report.cgroups:
+        log.warning("run %s: reaped %d containers, %d bwrap dirs and %d cgroups left by a "
+                    "process that is gone", run, report.containers, report.bwrap_dirs,
+                    report.cgroups)
+    return report
+
+
+__all__ = ["GcReport", "gc", "gc_bwrap", "gc_containers", "reap_run"]

@@ -9,21 +9,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from .backends import check_backend
+from .base import SandboxSpec
+
+__all__ = ["Browser", "SandboxSpec", "Terminal"]
 
 _MEMORY = re.compile(r"^\d+(\.\d+)?[kmgKMG]?[bB]?$")
-
-
-class SandboxSpec(BaseModel):
-    """Fields shared by every sandbox kind."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: str
-    env: dict[str, str] = Field(default_factory=dict, description="environment variables")
-    startup_timeout: float = Field(60.0, gt=0, description="seconds to wait for the sandbox")
 
 
 class Terminal(SandboxSpec):

@@ -75,7 +75,8 @@ async def test_container_contexts_are_isolated(container_pool: BrowserPool) -> N
         for sb in (first, second):
             await sb.attach_site(site)
             await sb.page.goto(site.url("/"), wait_until="domcontentloaded")
-        await first.page.evaluate("() => { document.cookie = 'k=1'; localStorage.setItem('k', '1'); }")
+        await first.page.evaluate(
+            "() => { document.cookie = 'k=1'; localStorage.setItem('k', '1'); }")
         seen = await second.page.evaluate("() => [document.cookie, localStorage.getItem('k')]")
         assert seen == ["", None]
         assert await first.page.evaluate("() => localStorage.getItem('k')") == "1"
@@ -83,3 +84,16 @@ async def test_container_contexts_are_isolated(container_pool: BrowserPool) -> N
         await first.close()
         await second.close()
         task_server().close(site)
+
+
+async def test_a_standalone_container_sandbox_removes_its_container(chromium_image: str) -> None:
+    # through the backend table: the sandbox owns its browser, and so its container
+    run = "test-browser-standalone"
+    spec = cr.Browser(mode="container", image=chromium_image, navigation_timeout=60,
+                      action_timeout=30)
+    env = cr.make("corral/web-click-button-v0", sandbox=spec, run_id=run)
+    result = await play(env, "oracle", seed=0)
+    assert result.passed and result.infra_error is None, result
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=corral.run={run}"],
+                          capture_output=True, text=True).stdout.split()
+    assert left == [], f"containers left behind: {left}"

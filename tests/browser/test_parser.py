@@ -19,7 +19,8 @@ def test_positional_and_keyword_arguments_map_to_tool_parameters() -> None:
     assert calls('click("a12")') == [ToolCall(name="click", arguments={"bid": "a12"})]
     assert calls("fill('a3', \"hello, world\")") == [
         ToolCall(name="fill", arguments={"bid": "a3", "text": "hello, world"})]
-    assert calls("scroll(0, -300.5)") == [ToolCall(name="scroll", arguments={"dx": 0, "dy": -300.5})]
+    assert calls("scroll(0, -300.5)") == [
+        ToolCall(name="scroll", arguments={"dx": 0, "dy": -300.5})]
     assert calls('check("a4", checked=False)') == [
         ToolCall(name="check", arguments={"bid": "a4", "checked": False})]
     assert calls("go_back()") == [ToolCall(name="go_back", arguments={})]

@@ -101,11 +101,12 @@ async def test_dotdot_traversal_stays_inside(sb, canary: Path) -> None:
     assert untouched(canary)
 
 
-async def test_dangling_links_inside_the_sandbox_work_as_in_docker(sb) -> None:
+async def test_links_inside_the_sandbox_resolve_in_its_root(sb) -> None:
     """A link inside the sandbox resolves in the sandbox's root, as `docker cp` does."""
-    await sh(sb, "mkdir -p /srv/real && ln -s /srv/real /srv/alias && ln -s ../real/f /srv/rel")
+    await sh(sb, "mkdir -p /srv/real /srv/sub && ln -s /srv/real /srv/alias && "
+                 "ln -s ../real/f /srv/sub/rel")
     await sb.write_file("/srv/alias/f", "through the link\n")
-    assert await sb.read_file("/srv/rel") == b"through the link\n"
+    assert await sb.read_file("/srv/sub/rel") == b"through the link\n"
     assert await sh(sb, "cat /srv/real/f") == "through the link\n"
 
 
@@ -116,9 +117,19 @@ async def test_sysctls_are_read_only(sb) -> None:
                        "(exec 3>>/proc/sys/kernel/core_pattern) 2>/dev/null && echo OPENED; "
                        "(exec 3>>/proc/sys/vm/drop_caches) 2>/dev/null && echo OPENED2; true")
     assert "WROTE" not in out and "OPENED" not in out
-    burst = Path("/proc/sys/kernel/printk_ratelimit_burst").read_text()
-    with pytest.raises(REFUSED):  # nor through the host-side file API
-        await sb.write_file("/proc/sys/kernel/printk_ratelimit_burst", burst)
+
+    # nor through the host-side file API: a different (harmless) value, put back if it lands
+    sysctl = Path("/proc/sys/kernel/printk_ratelimit_burst")
+    before = sysctl.read_text()
+    try:
+        await sb.write_file(str(sysctl), f"{int(before) + 1}\n")
+    except REFUSED:
+        pass
+    finally:
+        after = sysctl.read_text()
+        if after != before:
+            sysctl.write_text(before)
+    assert after == before, "the host's sysctl was written from the sandbox"
 
 
 async def test_sysrq_trigger_cannot_be_opened_for_writing(sb) -> None:

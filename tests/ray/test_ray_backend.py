@@ -108,7 +108,8 @@ class Files(cr.TerminalEnv):
 
 
 def _call(command: str) -> str:
-    return f'<tool_call>{json.dumps({"name": "bash", "arguments": {"command": command}})}</tool_call>'
+    call = json.dumps({"name": "bash", "arguments": {"command": command}})
+    return f'<tool_call>{call}</tool_call>'
 
 
 def files_agent(call: ScriptedCall) -> str:

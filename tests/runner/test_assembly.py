@@ -118,7 +118,7 @@ def test_runner_settings_come_in_groups() -> None:
     runner = Runner(["corral/arithmetic-v0"], ScriptedPolicy(arithmetic_solver),
                     limits=EpisodeLimits(max_tokens=7),
                     assembly=AssemblyConfig(filter_zero_variance=False, min_group_trainable=3))
-    assert runner.limits.max_tokens == 7 and runner.assembly.retries == 2
+    assert runner.limits.max_tokens == 7 and runner.assembly.retries == 3
     assert not runner.assembler.filter_zero_variance and runner.assembler.min_trainable == 3
     with pytest.raises(TypeError):  # one way to set a knob: the flat form is gone
         Runner(["corral/arithmetic-v0"], ScriptedPolicy(arithmetic_solver), max_tokens=7)

@@ -94,7 +94,8 @@ async def test_openai_tool_calls_are_executed(opener: DirOpener) -> None:
     await pool.close()
     assert traj.turns == 2
     assistant = [m for m in traj.messages if m["role"] == "assistant"][0]
-    assert assistant["tool_calls"] == [{"name": "sh", "arguments": {"command": "echo ok > proof.txt"}}]
+    assert assistant["tool_calls"] == [
+        {"name": "sh", "arguments": {"command": "echo ok > proof.txt"}}]
     assert any(m["role"] == "tool" and m.get("tool_call_id") == "call_1" for m in traj.messages)
 
 

@@ -129,8 +129,9 @@ async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id
     script = ("import asyncio, os\nfrom corral.sandbox import open_sandbox\n"
               "from corral.sandbox.spec import Terminal\n"
               "async def main():\n"
-              f"    await open_sandbox(Terminal(image={base_image!r}), 'docker', run_id={dead_run!r})\n"
-              f"    await open_sandbox(Terminal(image={base_image!r}), 'bwrap', run_id={dead_run!r})\n"
+              f"    spec = Terminal(image={base_image!r})\n"
+              f"    await open_sandbox(spec, 'docker', run_id={dead_run!r})\n"
+              f"    await open_sandbox(spec, 'bwrap', run_id={dead_run!r})\n"
               "    os._exit(0)\n"
               "asyncio.run(main())\n")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)

@@ -55,7 +55,8 @@ def test_deprecation_names_replacement(catalog: Catalog) -> None:
     catalog.register("acme/task-v1", Dummy)
     catalog.register("acme/task-v2", Dummy)
     catalog.deprecate("acme/task-v1", "acme/task-v2")
-    with pytest.raises(DeprecatedEnv, match="`acme/task-v1` is deprecated. Please use `acme/task-v2`"):
+    with pytest.raises(DeprecatedEnv,
+                       match="`acme/task-v1` is deprecated. Please use `acme/task-v2`"):
         catalog.make("acme/task-v1")
     catalog.deprecate("acme/task-v2", "acme/task-v3")
     with pytest.raises(UnknownEnv):  # no live version is left to resolve to

@@ -20,7 +20,7 @@ def corral(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
 def test_list_shows_builtins_with_kind_tasks_tags() -> None:
     out = corral("list", "corral/*")
     assert out.returncode == 0, out.stderr
-    line = next(l for l in out.stdout.splitlines() if "corral/countdown-v0" in l)
+    line = next(row for row in out.stdout.splitlines() if "corral/countdown-v0" in row)
     assert "text" in line and "100,000" in line and "search" in line
 
 

@@ -60,7 +60,8 @@ async def test_bad_input_is_a_clear_error(tmp_path):
 
 
 def test_inference_concurrency_defaults_to_the_batch():
-    assert TrainConfig(envs=["traintest/digits-v0"], batch_size=64, group=8).inference_concurrency == 64
+    config = TrainConfig(envs=["traintest/digits-v0"], batch_size=64, group=8)
+    assert config.inference_concurrency == 64
     assert TrainConfig(envs=["traintest/digits-v0"], batch_size=64, group=8,
                        inference_concurrency=24).inference_concurrency == 24
 

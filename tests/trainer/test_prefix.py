@@ -81,8 +81,8 @@ def test_shared_prefix_step_equals_the_plain_step():
         model = copy.deepcopy(base)
         trainer = Trainer(model, None, StepConfig(lr=1e-2, micro_batch_size=6,
                                                   dtype="float32", share_prefix_min=share))
-        assert trainer._shared_prefix(build_tensor_batch(batch, trainer.config)) == (len(SYSTEM) if share
-                                                                        else 0)
+        expected = len(SYSTEM) if share else 0
+        assert trainer._shared_prefix(build_tensor_batch(batch, trainer.config)) == expected
         results.append(trainer.step(batch))
         weights.append(params(model))
     plain, shared = results

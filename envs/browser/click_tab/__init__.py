@@ -11,7 +11,8 @@ from corral.envs.browser.common import MARK_JS, SIZE, WORDS, WebTask, mark_of, s
 
 TABS_JS = MARK_JS + """
 function show(i) {
-  document.querySelectorAll('[role=tab]').forEach((t, j) => t.setAttribute('aria-selected', i === j));
+  document.querySelectorAll('[role=tab]')
+    .forEach((t, j) => t.setAttribute('aria-selected', i === j));
   document.querySelectorAll('[role=tabpanel]').forEach((p, j) => p.hidden = i !== j);
 }"""
 

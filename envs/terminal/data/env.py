@@ -9,7 +9,8 @@ import random
 
 import corral as cr
 
-from corral.envs.terminal._family import Params, Template, TemplateFamily, family_dataset, put, q, same_text, word
+from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put, q,
+                                          same_text, word)
 
 CITIES = ["Lyon", "Oslo", "Quito", "Perth", "Accra", "Osaka"]
 STATUSES = ["paid", "pending", "shipped", "refunded"]

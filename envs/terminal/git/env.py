@@ -6,7 +6,8 @@ import random
 
 import corral as cr
 
-from corral.envs.terminal._family import Params, Template, TemplateFamily, family_dataset, put, q, same_text, word
+from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put, q,
+                                          same_text, word)
 
 REPO = "/root/repo"
 GIT_ID = ("git config --global user.email agent@example.com && git config --global user.name "

@@ -7,7 +7,8 @@ import random
 
 import corral as cr
 
-from corral.envs.terminal._family import Params, Template, TemplateFamily, family_dataset, put, q, same_text, word
+from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put, q,
+                                          same_text, word)
 
 APP = "/root/app"
 

@@ -6,7 +6,8 @@ import random
 
 import corral as cr
 
-from corral.envs.terminal._family import Params, Template, TemplateFamily, family_dataset, put, same_text, word
+from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put,
+                                          same_text, word)
 
 LEVELS = ["INFO", "WARN", "ERROR", "DEBUG"]
 

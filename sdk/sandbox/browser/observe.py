@@ -172,7 +172,8 @@ ACT_JS = r"""
   if (op === 'fill') {
     const FILLABLE = ['', 'text', 'search', 'email', 'password', 'tel', 'url', 'number', 'date',
                       'time', 'datetime-local', 'month', 'week', 'color'];
-    if (!(el.isContentEditable || tag === 'textarea' || (tag === 'input' && FILLABLE.includes(type))))
+    if (!(el.isContentEditable || tag === 'textarea'
+          || (tag === 'input' && FILLABLE.includes(type))))
       return {state: 'not-editable', ...what};
     if (el.readOnly) return {state: 'readonly', ...what};
     el.focus();
@@ -199,7 +200,8 @@ ACT_JS = r"""
   if (op === 'check') {
     const box = tag === 'input' && (type === 'checkbox' || type === 'radio');
     const current = box ? el.checked : el.getAttribute('aria-checked') === 'true';
-    if (!box && !['checkbox', 'radio', 'switch', 'menuitemcheckbox'].includes(el.getAttribute('role')))
+    if (!box && !['checkbox', 'radio', 'switch', 'menuitemcheckbox']
+                     .includes(el.getAttribute('role')))
       return {state: 'not-checkable', ...what};
     if (current === arg) return {state: 'done'};
     if (type === 'radio' && !arg) return {state: 'radio-uncheck', ...what};
@@ -217,7 +219,8 @@ ACT_JS = r"""
   if (hit && hit !== el && !el.contains(hit) && !(hit.tagName === 'LABEL' && hit.control === el)) {
     const by = hit.getAttribute('data-corral-bid');
     return {state: 'covered', ...what,
-            by: hit.tagName.toLowerCase() + (hit.id ? '#' + hit.id : '') + (by ? ' [' + by + ']' : '')};
+            by: hit.tagName.toLowerCase() + (hit.id ? '#' + hit.id : '')
+                + (by ? ' [' + by + ']' : '')};
   }
   return {state: 'point', x, y};
 }
