@@ -13,6 +13,7 @@ close` run them on Corral's background loop (`corral._sync`). Every env is a `gy
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence
@@ -21,7 +22,7 @@ import gymnasium
 
 from ._sync import run_sync
 from .dataset import Dataset
-from .errors import AgentError, AuthoringError, InfraError, UnknownTool
+from .errors import AgentError, AuthoringError, InfraError, UnknownTool, VerifierError
 from .sandbox.base import Sandbox
 from .sandbox.spec import SandboxSpec
 from .spaces import TextSpace
@@ -58,6 +59,7 @@ class Episode:
     rewards: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     infra_error: str | None = None
+    verifier_error: str | None = None  # the env's verifier broke: masked from training
     started_at: float = field(default_factory=time.monotonic)
     verify_span: tuple[float, float] | None = None  # wall-clock start/end of final rewards
 
@@ -71,7 +73,7 @@ class Episode:
 
     @property
     def errored(self) -> bool:
-        return bool(self.errors) or self.infra_error is not None
+        return bool(self.errors) or self.infra_error is not None or bool(self.verifier_error)
 
 
 class Env(gymnasium.Env[str, str]):
@@ -89,6 +91,11 @@ class Env(gymnasium.Env[str, str]):
     tags: ClassVar[tuple[str, ...]] = ()
     sandbox_spec: ClassVar[SandboxSpec | None] = None
     system_prompt: ClassVar[str | None] = None
+    # The range every reward function's value must lie in (None: any finite number); a value
+    # outside it is a verifier error, never a number.
+    reward_bounds: ClassVar[tuple[float, float] | None] = None
+    # "Solved" means reward >= this (default full marks), for validate, profile and eval alike.
+    pass_threshold: ClassVar[float] = 1.0
     reusable_sandbox: ClassVar[bool] = False  # may the runner reuse a sandbox after reset?
     # Is the first user message `instruction(task)` alone? The runner then starts the first
     # model call while the sandbox starts; envs whose first message shows setup's result (a
@@ -197,6 +204,7 @@ class Env(gymnasium.Env[str, str]):
         try:
             episode.sandbox = await self._acquire(task)
             await self.setup(episode.sandbox, task)
+            await self._after_setup(episode)
         except BaseException as exc:
             if isinstance(exc, InfraError):  # never hand a sandbox that failed setup back
                 episode.infra_error = f"{type(exc).__name__}: {exc}"
@@ -250,6 +258,24 @@ class Env(gymnasium.Env[str, str]):
             await self._finish(episode)
         return self._final_info(episode)
 
+    async def _after_setup(self, episode: Episode) -> None:
+        """Called once setup is done, before the agent acts (terminal envs note what setup left
+        running and when, so the verify phase can tell the agent's doing from setup's)."""
+
+    def solved(self, reward: float) -> bool:
+        """Whether an episode's reward counts as solved: at least `pass_threshold`."""
+        return reward >= self.pass_threshold - 1e-9
+
+    def check_reward(self, name: str, value: float) -> float:
+        """`value` if it is a finite number inside `reward_bounds`; else VerifierError."""
+        if not math.isfinite(value):
+            raise VerifierError(f"reward '{name}' of {self.env_id} is {value}, not a number")
+        low, high = self.reward_bounds or (-math.inf, math.inf)
+        if not low <= value <= high:
+            raise VerifierError(f"reward '{name}' of {self.env_id} is {value:g}, outside the "
+                                f"declared range [{low:g}, {high:g}]")
+        return value
+
     async def _finish(self, episode: Episode) -> float:
         """Run the end-of-episode rewards once, timing them (the runner's verify phase)."""
         start = time.time()
@@ -264,7 +290,7 @@ class Env(gymnasium.Env[str, str]):
     def _final_info(episode: Episode) -> dict[str, Any]:
         return {"task_id": episode.task.id, "turn": episode.turn,
                 "rewards": dict(episode.rewards), "errored": episode.errored,
-                "errors": list(episode.errors)}
+                "errors": list(episode.errors), "verifier_error": episode.verifier_error}
 
     async def aclose(self) -> None:
         """Release the episode's sandbox."""
@@ -328,11 +354,15 @@ class Env(gymnasium.Env[str, str]):
             if spec.per_step != per_step:
                 continue
             try:
-                value = float(await call_maybe_async(spec.fn, self.injections(episode)))
+                value = self.check_reward(
+                    spec.name, float(await call_maybe_async(spec.fn, self.injections(episode))))
             except InfraError:
                 raise
-            except Exception as exc:  # a broken verifier marks the episode, the run goes on
-                episode.errors.append(f"reward '{spec.name}' raised {type(exc).__name__}: {exc}")
+            except Exception as exc:  # a broken verifier is the env's bug: the episode is
+                # marked (masked from training), the run goes on
+                why = f"reward '{spec.name}' raised {type(exc).__name__}: {exc}"
+                episode.errors.append(why)
+                episode.verifier_error = episode.verifier_error or why
                 log.warning("reward %s of %s raised: %s", spec.name, self.env_id, exc)
                 value = 0.0
             episode.rewards[spec.name] = episode.rewards.get(spec.name, 0.0) + value

@@ -45,6 +45,12 @@ class AuthoringError(CorralError, TypeError):
     """An environment, tool, reward or task definition is malformed."""
 
 
+class VerifierError(AuthoringError):
+    """A verifier broke (no reward file, a reward that is NaN, infinite, unparsable or outside
+    the env's declared range, a reward function that raised): the env's bug, reported as such
+    and masked from training, never a number."""
+
+
 class DatasetError(CorralError, ValueError):
     """Tasks could not be read or do not match the declared task type."""
 

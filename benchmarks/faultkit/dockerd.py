@@ -16,12 +16,20 @@ def docker_up() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (an exited dockerd waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def dockerd_pid() -> int | None:
     """The pid of the running dockerd, if any."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if (proc / "comm").read_text().strip() == "dockerd":
+                if (proc / "comm").read_text().strip() == "dockerd" and _running(int(proc.name)):
                     return int(proc.name)
             except OSError:
                 continue
@@ -38,9 +46,8 @@ def _wait(condition, limit: float, what: str) -> None:
 
 def start_dockerd(limit: float = 60.0) -> None:
     """Start dockerd (detached, as dev.sh does) unless one runs; wait for `docker info`."""
-    if dockerd_pid() is None:
-        with open(LOG, "ab") as log:
-            subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+    if dockerd_pid() is None:  # detached as dev.sh does: it must not be this process's child
+        subprocess.run(["sh", "-c", f"(setsid dockerd >>{LOG} 2>&1 &)"], check=True)
     _wait(docker_up, limit, "dockerd did not answer")
 
 
@@ -52,9 +59,7 @@ def restart_dockerd(limit: float = 60.0) -> float:
     try:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            _wait(lambda: not Path(f"/proc/{pid}").exists()
-                  or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3],
-                  limit, "dockerd did not stop")
+            _wait(lambda: not _running(pid), limit, "dockerd did not stop")
     finally:
         start_dockerd(limit)
     return time.monotonic() - began

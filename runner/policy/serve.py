@@ -43,8 +43,8 @@ from .base import RELOAD_TOKEN_ENV, Generation, GenerationRequest
 from .chat import encode_prompt, parse_assistant_text
 from .local import LocalPolicy
 from .sampling import seed_for_sample
-from .wire import (ApiError, ChatRequest, CompletionRequest, ReloadRequest, api_error_handler,
-                   error_response, stops, validation_error_handler)
+from .wire import (ApiError, BodyLimit, ChatRequest, CompletionRequest, ReloadRequest,
+                   api_error_handler, error_response, stops, validation_error_handler)
 
 log = logging.getLogger(__name__)
 VERSION_HEADER = "X-Policy-Version"
@@ -74,6 +74,7 @@ class ServeConfig:
     """
 
     max_generations: int = 256  # prompts × n of one request
+    max_body_bytes: int = 8 << 20  # a request body over this is answered 413, unread
     reload_token: str | None = None
     allow_unauthenticated_reload: bool = False
 
@@ -169,6 +170,7 @@ def create_app(policy: LocalPolicy, config: ServeConfig | None = None) -> FastAP
 
     app = FastAPI(title="corral serve-policy", lifespan=lifespan)
     app.state.policy, app.state.config = policy, config
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
 

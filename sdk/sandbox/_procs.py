@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Callable, Iterable
 
 def _stat(pid: int) -> tuple[int, int] | None:
     """(ppid, pgid) of a live host pid; None if it is gone, a zombie or exiting."""
@@ -147,3 +148,62 @@ def kill_container(container_id: str) -> bool:
     for pid in pids or []:
         _signal(os.kill, pid)
     return pids is not None
+
+
+# --- the verify phase: every process of a sandbox, and which of them were there before ---------
+def process_key(pid: int) -> tuple[int, int] | None:
+    """(pid, start time in clock ticks) of a live host pid: unlike the pid alone, never the
+    key of a later process that reuses the number."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return pid, int(fields[19])  # field 22 of stat: starttime
+
+
+def inner_pid(pid: int) -> int | None:
+    """A host pid's number in its own (innermost) pid namespace."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def namespace_pids(pid: int) -> list[int]:
+    """Host pids of every process in `pid`'s pid namespace (a nested namespace's processes
+    are found as descendants of its members)."""
+    try:
+        ns = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def kill_all(listing: Callable[[], Iterable[int]], keep: frozenset[tuple[int, int]], rounds: int = 50) -> int:
+    """SIGKILL every process `listing()` names (host pids) whose `process_key` is not in
+    `keep`, repeating until none is left (a fork bomb, a respawning loop). Returns how many
+    were signalled."""
+    done: set[tuple[int, int]] = set()
+    for _ in range(rounds):
+        targets = [k for k in map(process_key, listing()) if k and k not in keep and k not in done]
+        if not targets:
+            break
+        for key in targets:
+            _signal(os.kill, key[0])
+            done.add(key)
+    return len(done)

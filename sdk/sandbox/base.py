@@ -148,6 +148,25 @@ class Sandbox(abc.ABC):
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(await self.read_file(remote))
 
+    # --- the verify phase (what a verifier needs to trust the sandbox after the agent) -------
+    async def process_keys(self) -> frozenset[tuple[int, int]] | None:
+        """(host pid, start time) of every process in the sandbox now, so a later
+        `kill_agent_processes` can spare what runs already (setup's services); None where this
+        backend cannot see its processes."""
+        return None
+
+    async def kill_agent_processes(self, spare: frozenset[tuple[int, int]] = frozenset()) -> int:
+        """End the shell sessions and SIGKILL every other process in the sandbox (detached ones,
+        whole trees, from the host) except its init and what `spare` names; the sandbox stays
+        usable (later commands start fresh shells). Returns how many processes were killed."""
+        raise self.unsupported("process control")
+
+    async def changed_since(self, since: float) -> list[str] | None:
+        """Paths inside the sandbox created, changed or deleted after `since` (host
+        `time.time()`), read from the host by inode change time, which nothing inside can
+        fake; None where the sandbox's writable layer is not visible from here."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release everything the sandbox holds. Idempotent."""

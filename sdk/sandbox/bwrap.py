@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import SandboxDied, SandboxError
-from . import _procs
+from . import _changes, _procs
 from ._confine import proc_args, shifted_rootfs, uid_base, write_id_maps
 from ._proto import ShellSession, Transport, run_command
 from .base import BackendConfig, ExecResult, Sandbox, Shell
@@ -351,7 +351,8 @@ class BwrapSandbox(Sandbox):
         # filter on the host side: every process of the command inherits it
         full = [*self._cgroup_prefix(), "bwrap", "--dev-bind", "/", "/", "--cap-add", "ALL",
                 "--seccomp", str(seccomp), "--",
-                "nsenter", "-t", str(self.pid), "-U", "-m", "-u", "-i", "-p", *joined, "-r", "--", "/usr/bin/env", "-i", f"--chdir={cwd or self.workdir}",
+                "nsenter", "-t", str(self.pid), "-U", "-m", "-u", "-i", "-p", *joined, "-r",
+                "--", "/usr/bin/env", "-i", f"--chdir={cwd or self.workdir}",
                 *[f"{k}={v}" for k, v in envs.items()], *drop, "--", *limits, *argv]
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -402,6 +403,29 @@ class BwrapSandbox(Sandbox):
     async def read_file(self, path: str) -> bytes:
         """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open()."""
         return await asyncio.to_thread(self._rootdir().read, path)
+
+    # --- the verify phase (host-side, as the timeout kills) ----------------------------------
+    def _inside(self) -> list[int]:
+        """Host pids of the sandbox's processes but its init (`self.pid`)."""
+        found = {*_procs.namespace_pids(self.pid), *_procs.descendants(self.pid)}
+        return sorted(found - {self.pid})
+
+    async def process_keys(self) -> frozenset[tuple[int, int]] | None:
+        """See `Sandbox.process_keys`."""
+        return frozenset(filter(None, map(_procs.process_key, self._inside())))
+
+    async def kill_agent_processes(self, spare: frozenset[tuple[int, int]] = frozenset()) -> int:
+        """See `Sandbox.kill_agent_processes`."""
+        if self._shell is not None:
+            await self._shell.close()
+            self._shell = None
+        return await asyncio.to_thread(_procs.kill_all, self._inside, spare)
+
+    async def changed_since(self, since: float) -> list[str] | None:
+        """See `Sandbox.changed_since` (the sandbox's upper dir)."""
+        upper = _changes.exists(str(self.dir / "upper"))
+        return None if upper is None else await asyncio.to_thread(
+            _changes.changed_since, upper, since)
 
     @property
     def alive(self) -> bool:

@@ -48,12 +48,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, TypeVar
 
 from ..errors import SandboxDied, SandboxError
-from . import _fifo, _procs
+from . import _changes, _fifo, _procs
 from ._proto import ShellSession, Transport, ansi_c_quote, run_command
 from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Sandbox, Shell
 from .image_backend import ImageBackend
-from .images import (LABEL_MANAGED, cache_dir, daemon_call, docker_available, docker_client,
-                     missing_image)
+from .images import (LABEL_MANAGED, cache_dir, daemon_call, daemon_unreachable,
+                     docker_available, docker_client, missing_image)
 from .spec import Terminal
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ class DockerSandbox(Sandbox):
         self._io_dir = io_dir  # the FIFOs of the shells the container starts (`_fifo`)
         self._fifo_shells: set[str] = set()  # those not yet taken by a session
         self._cgroup_seen = False  # its processes are visible here (so `alive` can look)
+        self._upper: str | None = None  # its writable layer on the host ("" = not visible)
         self._closed = False
 
     @classmethod
@@ -407,9 +408,46 @@ class DockerSandbox(Sandbox):
         if await _blocking(_procs.kill_container, self.id):
             return
         try:  # its cgroup is not visible from here: the daemon kills it
-            await _blocking(docker_client().api.kill, self.id)
+            await _blocking(lambda: docker_client().api.kill(self.id))
         except docker.errors.APIError as exc:  # not running any more; close() removes it
             log.debug("kill %s: %s", self.id[:12], exc)
+        except Exception as exc:  # the daemon is restarting (it stops every container);
+            if not daemon_unreachable(exc):  # close() waits for it and removes this one
+                raise
+            log.debug("kill %s: %s", self.id[:12], exc)
+
+    # --- the verify phase -----------------------------------------------------------------
+    async def process_keys(self) -> frozenset[tuple[int, int]] | None:
+        """See `Sandbox.process_keys` (the container's cgroup, read on the host)."""
+        pids = _procs.container_pids(self.id)
+        return None if pids is None else frozenset(filter(None, map(_procs.process_key, pids)))
+
+    async def kill_agent_processes(self, spare: frozenset[tuple[int, int]] = frozenset()) -> int:
+        """See `Sandbox.kill_agent_processes`. tini and the container's main process (pids 1
+        and 2 inside: the container stops when they do) are always spared."""
+        await self._close_sessions()
+        # the control shell is killed too (a root agent could reach it through its FIFOs):
+        # later commands get fresh shells from Docker execs
+        self._shell = self._control = None
+        self._fifo_shells.clear()
+        pids = _procs.container_pids(self.id)
+        if pids is None:  # not visible from here: kill from inside, sparing pids 1 and 2
+            script = ('for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" -gt 2 ] && [ "$p" != $$ ] '
+                      '&& kill -9 "$p" 2>/dev/null; done; true')
+            await self.exec(["sh", "-c", script], timeout=30, user="0")
+            return 0
+        keep = set(spare) | {k for k in map(_procs.process_key, pids)
+                             if k and _procs.inner_pid(k[0]) in (1, 2)}
+        return await _blocking(_procs.kill_all, lambda: _procs.container_pids(self.id) or [],
+                               frozenset(keep))
+
+    async def changed_since(self, since: float) -> list[str] | None:
+        """See `Sandbox.changed_since` (the container's overlay2 upper dir)."""
+        if self._upper is None:
+            info = await _blocking(daemon_call, lambda c: c.api.inspect_container(self.id))
+            self._upper = (info.get("GraphDriver") or {}).get("Data", {}).get("UpperDir") or ""
+        upper = _changes.exists(self._upper)
+        return None if upper is None else await _blocking(_changes.changed_since, upper, since)
 
     async def _close_sessions(self) -> None:
         """End both shells (their process trees die with them)."""
@@ -429,10 +467,15 @@ class DockerSandbox(Sandbox):
         await self._close_sessions()
         import docker
 
+        remove = functools.partial(daemon_call, lambda c: _remove(c, self.id))
         try:  # a restarting daemon is waited for: a removal given up on leaks the container
-            await _blocking(daemon_call, lambda c: c.api.remove_container(self.id, force=True))
-        except docker.errors.NotFound:
-            pass
+            await _blocking(remove)
+        except docker.errors.APIError as exc:
+            if not exc.is_server_error():
+                raise
+            # a daemon shutting down answers 5xx until its socket goes; then it is waited for
+            await asyncio.sleep(1.0)
+            await _blocking(remove)
         _fifo.remove_fifos(self._io_dir)
 
 

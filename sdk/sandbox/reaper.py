@@ -13,6 +13,7 @@ run id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SandboxError
-from .bwrap import CGROUP_ROOT, sandboxes_dir
+from .bwrap import CGROUP_ROOT, MOUNT_ROOT, sandboxes_dir
 from .docker import LABEL_OWNER, LABEL_RUN, io_root
 from .images import LABEL_MANAGED, docker_client
 
@@ -105,6 +106,9 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False) -> tuple[int, i
     for d in sorted(root.iterdir()) if root.is_dir() else []:
         if _stale(d, run, orphans_only):
             shutil.rmtree(d, ignore_errors=True)
+            for mnt in MOUNT_ROOT.glob(f"{d.name}-*"):  # its overlay's (empty) mount point
+                with contextlib.suppress(OSError):
+                    mnt.rmdir()
             dirs += 1
     parents = [CGROUP_ROOT / "corral", *CGROUP_ROOT.glob("*/corral")]
     for cg in [c for p in parents if p.is_dir() for c in p.iterdir() if c.is_dir()]:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -113,6 +113,26 @@ async def test_prompts_times_n_over_the_cap_is_400(server: PolicyServer) -> None
         texts = await http.post("/v1/completions", json={**GOOD, "prompt": ["a"] * 257})
     _assert_one_line_error(over, 400, "320 generations", "at most 256")
     _assert_one_line_error(texts, 400, "257 generations")
+
+
+async def test_an_oversized_body_is_413_declared_or_streamed(server: PolicyServer) -> None:
+    """Over 8 MiB is refused unread, whether the size is declared or the body is chunked."""
+    big = b'{"prompt": "' + b"a" * (9 << 20) + b'"}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(big), 1 << 20):
+            yield big[start:start + (1 << 20)]
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        declared = await http.post("/v1/completions", content=big,
+                                   headers={"content-type": "application/json"})
+        streamed = await http.post("/v1/completions", content=chunks(),
+                                   headers={"content-type": "application/json"})
+        still_fine = await http.post("/v1/completions", json=GOOD)
+    for answer in (declared, streamed):
+        error = _assert_one_line_error(answer, 413, "8,388,608-byte limit")
+        assert error["code"] == "request_too_large"
+    assert still_fine.status_code == 200
 
 
 async def test_a_bad_request_fails_alone_amid_good_ones(server: PolicyServer) -> None:
