@@ -17,6 +17,24 @@ def corral(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
                           timeout=120)
 
 
+ECHO_ENV = textwrap.dedent('''
+    import corral as cr
+
+    @cr.environment("mine/echo-v0", tasks=[{"word": "hi"}, {"word": "yo"}], tags=["demo"])
+    def echo(task):
+        """Repeat a word."""
+        return f"Say {task.word}"
+
+    @echo.reward
+    def same(task, completion):
+        return completion == task.word
+
+    @echo.solution
+    def solve(task):
+        return task.word
+''')
+
+
 def test_list_shows_builtins_with_kind_tasks_tags() -> None:
     out = corral("list", "corral/*")
     assert out.returncode == 0, out.stderr
@@ -25,22 +43,7 @@ def test_list_shows_builtins_with_kind_tasks_tags() -> None:
 
 
 def test_user_env_file_registers_lists_and_runs(tmp_path: Path) -> None:
-    (tmp_path / "myenv.py").write_text(textwrap.dedent('''
-        import corral as cr
-
-        @cr.environment("mine/echo-v0", tasks=[{"word": "hi"}, {"word": "yo"}], tags=["demo"])
-        def echo(task):
-            """Repeat a word."""
-            return f"Say {task.word}"
-
-        @echo.reward
-        def same(task, completion):
-            return completion == task.word
-
-        @echo.solution
-        def solve(task):
-            return task.word
-    '''))
+    (tmp_path / "myenv.py").write_text(ECHO_ENV)
     listed = corral("-i", "myenv.py", "list", "mine/*", cwd=tmp_path)
     assert listed.returncode == 0 and "mine/echo-v0" in listed.stdout
     ran = corral("-i", "myenv.py", "run", "mine/echo", "--agent", "oracle", "-n", "3", cwd=tmp_path)
@@ -74,21 +77,7 @@ def test_errors_are_one_line_and_nonzero() -> None:
 
 def test_validate_exit_code_gates_ci(tmp_path: Path) -> None:
     """A failed validation exits 1 (the docs promise it; CI gates on it); a passing one 0."""
-    (tmp_path / "gate.py").write_text(textwrap.dedent('''
-        import corral as cr
-
-        @cr.environment("gate/echo-v0", tasks=[{"word": "hi"}])
-        def echo(task):
-            return f"Say {task.word}"
-
-        @echo.reward
-        def same(task, completion):
-            return completion == task.word
-
-        @echo.solution
-        def oracle(task):
-            return task.word
-
+    (tmp_path / "gate.py").write_text(ECHO_ENV + textwrap.dedent('''
         @cr.environment("gate/broken-v0", tasks=[{"word": "hi"}])
         def broken(task):
             return f"Say {task.word}"
@@ -101,7 +90,7 @@ def test_validate_exit_code_gates_ci(tmp_path: Path) -> None:
         def wrong(task):
             return "nope"
     '''))
-    good = corral("-i", "gate.py", "validate", "gate/echo-v0", cwd=tmp_path)
+    good = corral("-i", "gate.py", "validate", "mine/echo-v0", cwd=tmp_path)
     bad = corral("-i", "gate.py", "validate", "gate/broken-v0", cwd=tmp_path)
     assert good.returncode == 0, good.stdout + good.stderr
     assert bad.returncode == 1 and "FAILED" in bad.stdout, bad.stdout + bad.stderr
