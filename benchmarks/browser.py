@@ -18,7 +18,8 @@ Measured side by side in one run:
 4. Corral: N episodes at a time on one warm browser (one context each).
 Plus warm/cold reset latency and the cost of one observation (Corral's single-evaluate walker
 vs CDP's full AX tree vs Playwright's aria snapshot). Every browser, the peers' included, runs
-the binary Corral's pool runs (`corral.sandbox.browser.chromium.CHROMIUM`: Debian's headless shell when
+the binary Corral's pool runs (`corral.sandbox.browser.chromium.CHROMIUM`: Debian's headless
+shell when
 installed, as Playwright itself uses for headless runs), so the rows differ only in the loop.
 """
 
@@ -54,7 +55,7 @@ def tasks(n: int) -> list[dict]:
     return [dataset[i].model_dump() for i in range(n)]
 
 
-# --- 1. the synchronous way ---------------------------------------------------------------------
+# --- 1. the synchronous way -----------------------------------------------------------------------
 def sync_observe(cdp: Any, page: Any) -> dict:
     """An observation as BrowserGym takes one: full AX tree, DOM snapshot, screenshot."""
     tree = cdp.send("Accessibility.getFullAXTree")
@@ -128,7 +129,7 @@ async def bare_async_loop(episodes: list[dict]) -> tuple[float, int]:
     return seconds, ok
 
 
-# --- 2. BrowserGym itself ---------------------------------------------------------------------------
+# --- 2. BrowserGym itself -------------------------------------------------------------------------
 PEER = textwrap.dedent('''
     import json, sys, threading, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -169,7 +170,8 @@ PEER = textwrap.dedent('''
 
     def find(node_list, name):
         for n in node_list:
-            if n.get("name", {}).get("value") == name and n.get("role", {}).get("value") == "button":
+            role = n.get("role", {}).get("value")
+            if n.get("name", {}).get("value") == name and role == "button":
                 return n.get("browsergym_id")
 
     for delay in spec["delays"]:
@@ -204,7 +206,7 @@ def browsergym(python: str, episodes: list[dict]) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-# --- 3. Corral --------------------------------------------------------------------------------------
+# --- 3. Corral ------------------------------------------------------------------------------------
 async def corral_runs(concurrencies: list[int], episodes: int) -> dict:
     import corral as cr
     from corral.agents import play

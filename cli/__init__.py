@@ -21,8 +21,12 @@ COMMAND_MODULES = [
     "corral.cli.terminal",
     "corral.cli.browser",
     "corral.cli.policy",
+    "corral.cli.envserver",
+    "corral.cli.engine",
     "corral.cli.registry",
     "corral.cli.runner",
+    "corral.cli.evaluate",
+    "corral.cli.export",
     "corral.cli.train",
     "corral.cli.demo",
 ]

@@ -60,7 +60,8 @@ QUICK = DemoPlan(validate_limit=2, collect=8, steps=2, batch=8, group=4, sft_ste
                  filter_zero_variance=False)
 
 
-def train_config(plan: DemoPlan, run_dir: Path, model: Path, seconds_left: float) -> Any:
+def train_config(plan: DemoPlan, run_dir: Path, model: Path, seconds_left: float,
+                 engine: str = "local") -> Any:
     """The demo's `TrainConfig`: the learning benchmark's reverse-3 slice and settings."""
     from corral.trainer.loop import TrainConfig
     from corral.trainer.tasks import TaskSlice
@@ -72,7 +73,8 @@ def train_config(plan: DemoPlan, run_dir: Path, model: Path, seconds_left: float
         sft_lr=2e-3, sft_examples=256, max_tokens=28, sandbox_capacity=128,
         inference_concurrency=128, eval_every=plan.eval_every, eval_tasks=plan.eval_tasks,
         checkpoint_every=max(2, plan.steps // 4), filter_zero_variance=plan.filter_zero_variance,
-        time_budget_s=max(30.0, seconds_left), trainer={"micro_batch_size": 64})
+        time_budget_s=max(30.0, seconds_left), trainer={"micro_batch_size": 64},
+        engine=engine)
 
 
 def _validate(plan: DemoPlan) -> Table:
@@ -114,7 +116,9 @@ async def _collect(plan: DemoPlan, run_dir: Path) -> tuple[Table, dict[str, Any]
 
 def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version."),
          run_dir: Path = typer.Option(Path("runs/demo"), "--run-dir",
-                                      help="Output directory (replaced).")) -> None:
+                                      help="Output directory (replaced)."),
+         engine: str = typer.Option("local", "--engine", help="Rollout engine for training: "
+                                    "local or vllm (.venv-vllm; see docs/policies.md).")) -> None:
     """Validate built-in envs, collect in real sandboxes, train the tiny model, write a report."""
     import torch
 
@@ -122,7 +126,10 @@ def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version.
     from corral.sandbox.images import ensure_base_image
     from corral.trainer.report import write_training_report
 
+    from .engine import ENGINES, check_engine
     from .train import run_training
+
+    check_engine(engine, ("local", *ENGINES))
 
     torch.set_num_threads(1)  # the tiny model: extra threads only add contention here
     plan = QUICK if quick else FULL
@@ -136,8 +143,11 @@ def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version.
     with console.status("collecting rollouts asynchronously"):
         table, collected = asyncio.run(_collect(plan, run_dir / "collect"))
     console.print(table)
-    model = build_tiny_model(run_dir / "model", hidden=plan.hidden, layers=2, heads=4)
-    config = train_config(plan, run_dir, model, plan.budget_s - (time.perf_counter() - started))
+    # vLLM's CPU kernels need a head size of 32 or more (4 heads of 16 suit the local engine)
+    heads = plan.hidden // 32 if engine == "vllm" else 4
+    model = build_tiny_model(run_dir / "model", hidden=plan.hidden, layers=2, heads=heads)
+    config = train_config(plan, run_dir, model, plan.budget_s - (time.perf_counter() - started),
+                          engine)
     console.print(f"3. training a tiny model on {TRAIN_ENV}, tasks {TRAIN_SLICE} "
                   f"(held-out tasks never trained on), at most {config.time_budget_s:.0f} s")
     result = run_training(config, resume=False)

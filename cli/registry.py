@@ -46,7 +46,11 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
                                                help="Tasks to validate (0 = all)."),
             report: Optional[Path] = typer.Option(None, "--report", help="Attach a saved "
                                                   "validation report (corral validate --json)."),
-            license: Optional[str] = typer.Option(None, "--license", help="Dataset licence.")
+            license: Optional[str] = typer.Option(None, "--license", help="Dataset licence."),
+            adversarial: bool = typer.Option(False, "--adversarial", help="With --validate, "
+                                             "also run the hack agents (corral.hacks)."),
+            force: bool = typer.Option(False, "--force", help="Publish although validation "
+                                       "failed (the dataset card records it).")
             ) -> None:
     """Pack an env folder into an immutable release and publish it."""
     from corral.registry.build import build_release
@@ -58,11 +62,16 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
 
         validation = ValidationReport.load(report)
     with console.status(f"packing {path}…"):
-        built = build_release(path, env_id=env_id, version=version, validation=validation,
-                              validate_limit=validate_limit if validate and not report else None,
-                              license=license)
-    if built.manifest.validation is not None and not built.manifest.validation.get("ok"):
-        console.print("[yellow]warning:[/] the attached validation report did not pass")
+        try:
+            built = build_release(path, env_id=env_id, version=version, validation=validation,
+                                  validate_limit=validate_limit if validate and not report
+                                  else None, license=license,
+                                  adversarial=adversarial, force=force)
+        except CorralError as exc:
+            fail(str(exc))
+    if built.manifest.card.validation.get("forced"):
+        console.print("[yellow]warning:[/] validation failed; published anyway (--force), as "
+                      "the dataset card says")
     store = open_store(registry, token=token)
     with console.status(f"publishing to {store.location}…"):
         result = store.publish(built.archive, token=token)

@@ -44,8 +44,13 @@ def validate_command(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Save the report here "
                                              "(default: validation/<env>.json)."),
     harbor: list[Path] = typer.Option([], "--harbor", help="Load Harbor task directories first."),
+    adversarial: bool = typer.Option(False, "--adversarial", help="Also run every hack agent "
+                                     "(corral.hacks); a hack scoring above the no-op fails."),
+    hack: list[str] = typer.Option([], "--hack", help="Run only these hacks (repeatable)."),
 ) -> None:
-    """Run every task's oracle (must pass) and a no-op agent (must fail) in real sandboxes."""
+    """Run every task's oracle (must pass) and a no-op agent (must fail) in real sandboxes;
+    with --adversarial, also every hack agent (must not beat the no-op)."""
+    from corral.hacks import HACKS
     from corral.registry.validate import checked_count, validate
 
     check_backend_option(backend)
@@ -56,7 +61,8 @@ def validate_command(
         size = len(make(env_id).tasks)
     except CorralError as exc:
         fail(str(exc))
-    total = checked_count(size, limit) * 2
+    adversarial = adversarial or bool(hack)
+    total = checked_count(size, limit) * (2 + (len(hack or HACKS) if adversarial else 0))
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[status]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -65,36 +71,52 @@ def validate_command(
 
         def on_episode(index: int, agent: str, check: EpisodeCheck) -> None:
             nonlocal failed
-            bad = check.passed != (agent == "oracle") or check.infra_error is not None
+            bad = (check.passed != (agent == "oracle") or check.infra_error is not None
+                   or getattr(check, "hacked", False))
             failed += bad
             progress.update(bar, advance=1, status=f"[red]{failed} bad[/]" if failed else "")
 
-        report = asyncio.run(validate(env_id, backend=backend, limit=limit,
-                                      concurrency=concurrency, on_episode=on_episode))
+        try:
+            report = asyncio.run(validate(env_id, backend=backend, limit=limit,
+                                          concurrency=concurrency, on_episode=on_episode,
+                                          adversarial=adversarial, hacks=hack or None))
+        except CorralError as exc:
+            fail(str(exc))
     console.print(_table(report))
     path = json_path or Path("validation") / f"{report.env_id.replace('/', '__')}.json"
     report.save(path)
     verdict = "[green]OK[/]" if report.ok else "[red]FAILED[/]"
     console.print(f"{verdict} {report.env_id}: {report.tasks_checked}/{report.tasks_total} tasks, "
-                  f"oracle {report.oracle_pass_rate:.0%} pass, no-op {report.noop_pass_rate:.0%} "
-                  f"pass, {report.seconds:.1f} s on {report.backend or 'no sandbox'}; "
-                  f"report: {path}", highlight=False)
+                  f"{report.verdict}, {report.seconds:.1f} s on "
+                  f"{report.backend or 'no sandbox'}; report: {path}", highlight=False)
     if not report.ok:
         raise typer.Exit(1)
 
 
 def _table(report: ValidationReport) -> Table:
     table = Table(title=f"{report.env_id} ({report.backend or report.kind})", show_lines=False)
-    for column in ("#", "task", "oracle", "no-op", "s", "problem"):
+    columns = ("#", "task", "oracle", "no-op", *(["hacks"] if report.adversarial else []), "s",
+               "problem")
+    for column in columns:
         table.add_column(column, overflow="fold")
-    mark = {True: "[green]pass[/]", False: "[red]fail[/]"}
     for task in report.tasks:
-        seconds = max(task.oracle.seconds, task.noop.seconds)
-        table.add_row(str(task.index), task.summary or task.task_id,
-                      f"{mark[task.oracle.passed]} {task.oracle.reward:g}",
-                      f"{mark[task.noop.passed]} {task.noop.reward:g}",
-                      f"{seconds:.1f}", f"[red]{task.problem}[/]" if task.problem else "")
+        seconds = max(c.seconds for c in (task.oracle, task.noop, *task.hacks))
+        hacks = ([f"[red]{len(task.hacked_by)} won[/]" if task.hacked_by else
+                  f"[green]0/{len(task.hacks)} won[/]"] if report.adversarial else [])
+        table.add_row(str(task.index), task.summary or task.task_id, _mark(task.oracle),
+                      _mark(task.noop), *hacks, f"{seconds:.1f}",
+                      f"[red]{task.problem}[/]" if task.problem else "")
     return table
+
+
+def _mark(check: EpisodeCheck) -> str:
+    """pass / partial / fail / verifier error, with the reward."""
+    if check.verifier_error:
+        return f"[magenta]verifier error[/] {check.reward:g}"
+    if check.passed:
+        return f"[green]pass[/] {check.reward:g}"
+    word = "[yellow]partial[/]" if check.partial else "[red]fail[/]"
+    return f"{word} {check.reward:g}"
 
 
 # --- import harbor --------------------------------------------------------------------------------

@@ -15,6 +15,16 @@ from corral.errors import CorralError
 from .common import console, fail
 
 
+# TrainConfig fields whose flag is not the field's name in kebab case
+FLAGS = {"batch_size": "--batch", "time_budget_s": "--time-budget", "envs": "--env",
+         "filter_zero_variance": "--keep-zero-variance", "tasks": "--where/--length"}
+
+
+def flag_of(field: str) -> str:
+    """The `corral train` flag that sets TrainConfig field `field` (errors name the flag)."""
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
 def parse_mix(text: str) -> dict[str, float]:
     """`"a=0.7,b=0.3"` -> `{"a": 0.7, "b": 0.3}`."""
     mix: dict[str, float] = {}
@@ -97,24 +107,41 @@ def train_command(
         [], "--length", help="Train on tasks whose FIELD has N items (FIELD=N, repeatable)."),
     sft_batch: int = typer.Option(8, "--sft-batch", min=1,
                                   help="Oracle episodes per warm-up step."),
+    sft_from: str = typer.Option(None, "--sft-from", help="Warm up on a dataset written by "
+                                 "`corral export` (HF directory, .parquet or .jsonl) instead "
+                                 "of oracle answers, for --sft-steps steps."),
     time_budget: float = typer.Option(0.0, "--time-budget", min=0.0,
                                       help="Stop taking RL steps after this many seconds "
                                       "(0: no limit; --resume continues)."),
+    engine: str = typer.Option("local", "--engine", help="Rollout engine: local (in-process) "
+                               "or vllm (replicas in .venv-vllm, fenced weight publishing)."),
+    replicas: int = typer.Option(1, "--replicas", min=1, help="vLLM replicas (--engine vllm)."),
 ) -> None:
     """Train a policy with GRPO against registered envs (async collection, checkpoints)."""
     from corral.trainer.loop import TrainConfig
 
+    from .engine import ENGINES, check_engine
+
+    check_engine(engine, ("local", *ENGINES))
     try:
         config = TrainConfig(envs=env, mix=parse_mix(mix) or None, model=model, steps=steps,
                              tasks=parse_slice(where, length), sft_batch=sft_batch,
+                             sft_from=sft_from,
                              time_budget_s=time_budget or None,
                              batch_size=batch, group=group, lr=lr, async_level=async_level,
                              run_dir=run_dir, sft_steps=sft_steps,
                              checkpoint_every=checkpoint_every, max_tokens=max_tokens,
                              seed=seed, eval_every=eval_every,
-                             filter_zero_variance=not keep_zero_variance)
+                             filter_zero_variance=not keep_zero_variance,
+                             engine=engine, engine_replicas=replicas)
     except ValidationError as exc:
-        fail("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors()))
+        # name the flag the user typed, not the Python field (batch_size -> --batch-size)
+        fail("; ".join((f"{flag_of(str(e['loc'][0]))}: " if e["loc"] else "")
+                       + e["msg"].removeprefix("Value error, ") for e in exc.errors()))
+    if config.engine != "local":
+        from corral.runner.policy.process import stop_on_signals
+
+        stop_on_signals()  # SIGTERM stops the engine's replicas too
     result = run_training(config, resume=resume)
     last = result.records[-1] if result.records else None
     console.print(f"trained to step {result.steps}, version {result.version} in "

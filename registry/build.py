@@ -222,23 +222,54 @@ def _validation_dict(validation: Any) -> dict[str, Any] | None:
                        f"{type(validation).__name__}")
 
 
-def run_validation(cls: Any, limit: int) -> Any:
-    """Validate the env class (oracle must pass, no-op must fail) on its first `limit` tasks."""
+def run_validation(cls: Any, limit: int, adversarial: bool = False) -> Any:
+    """Validate the env class (oracle must pass, no-op must fail, with `adversarial` no hack
+    may beat the no-op) on its first `limit` tasks."""
     from corral._sync import run_sync
     from corral.registry.validate import validate
 
-    return run_sync(validate(cls, limit=limit))
+    return run_sync(validate(cls, limit=limit, adversarial=adversarial))
+
+
+def validation_card(validation: dict[str, Any] | None, force: bool) -> dict[str, str]:
+    """The card's summary of a validation report; refuses a failed one unless `force`."""
+    if validation is None:
+        return {}
+    checked = validation.get("tasks_checked", 0)
+    card = {"ok": str(bool(validation.get("ok"))).lower(),
+            "oracle": f"{validation.get('oracle_pass_rate', 0):.0%} pass over {checked} tasks",
+            "noop": f"{validation.get('noop_pass_rate', 0):.0%} pass",
+            "adversarial": (f"{len(validation.get('hacks', []))} hacks, "
+                            f"{validation.get('hackable', 0)} task(s) hackable")
+            if validation.get("adversarial") else "not run"}
+    if not validation.get("ok"):
+        bad = [t for t in validation.get("tasks", []) if t.get("oracle") and not _task_ok(t)]
+        if not force:
+            raise ReleaseError(f"{validation.get('env_id')}: validation failed ({card['oracle']}, "
+                               f"no-op {card['noop']}, adversarial {card['adversarial']}; "
+                               f"{len(bad)} bad task(s)); fix the env, or --force publishes "
+                               "it anyway and records that in the dataset card")
+        card["forced"] = "published although validation failed"
+    return card
+
+
+def _task_ok(task: dict[str, Any]) -> bool:
+    from corral.registry.validate import TaskCheck
+
+    return TaskCheck.model_validate(task).ok
 
 
 def build_release(folder: str | Path, *, env_id: str | None = None, version: str | None = None,
                   validation: Any = None, validate_limit: int | None = None,
                   license: str | None = None, out_dir: Path | None = None,
-                  limits: Limits = DEFAULT_LIMITS) -> BuiltRelease:
+                  limits: Limits = DEFAULT_LIMITS, adversarial: bool = False,
+                  force: bool = False) -> BuiltRelease:
     """Pack the env folder into a release archive under `out_dir` (a temp dir by default).
 
     `validation` is a `ValidationReport` (or its dict) to attach; with `validate_limit` and no
-    report, `corral.registry.validate` runs on that many tasks first (0 = all) and its report is
-    attached.
+    report, `corral.registry.validate` runs on that many tasks first (0 = all; `adversarial`
+    adds the hack agents) and its report is attached. A failed validation refuses the release
+    (ReleaseError) unless `force`, which the dataset card then records.
     """
     folder = Path(folder).resolve()
     if not folder.is_dir():
@@ -255,7 +286,9 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
     rel_ep = relative_entry_point(folder, entry["entry_point"])
     cls = load_class(folder, rel_ep, entry["entry_point"])
     if validation is None and validate_limit is not None:
-        validation = run_validation(cls, validate_limit)
+        validation = run_validation(cls, validate_limit, adversarial)
+    validation = _validation_dict(validation)
+    checked_card = validation_card(validation, force)
     sandbox = cls.sandbox_spec.model_dump(mode="json") if cls.sandbox_spec is not None else None
     entries_by_path = file_entries(files)
     provenance = {"folder": folder.name, "entry_point": entry["entry_point"],
@@ -265,6 +298,7 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
     licence = license or entry.get("license") or top.get("license") or _default_license(folder)
     tools, _ = collect(cls)
     card, dataset_hash = dataset_card(cls, folder, licence, provenance)
+    card.validation = checked_card
     manifest = ReleaseManifest(
         id=entry["id"], version=str(version), kind=entry.get("kind") or cls.kind,
         entry_point=rel_ep, description=entry.get("description", ""),
@@ -275,7 +309,7 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
         corral_version=corral_version,
         card=card,
         tools=[spec.schema() for spec in tools.values()], sandbox=sandbox,
-        validation=_validation_dict(validation))
+        validation=validation)
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="corral-release-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     archive = out_dir / f"{manifest.id.replace('/', '__')}-{manifest.version}.tar.gz"

@@ -128,6 +128,9 @@ class DatasetCard(BaseModel):
     example: str = ""
     provenance: dict[str, str] = Field(default_factory=dict)
     license: str = "unspecified"
+    # oracle / no-op / adversarial results of the attached validation, and "forced" when the
+    # release was published although it failed
+    validation: dict[str, str] = Field(default_factory=dict)
 
 
 class ReleaseManifest(BaseModel):

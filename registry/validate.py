@@ -1,4 +1,5 @@
-"""Validation: every task's oracle must pass and a no-op agent must fail (DESIGN §5, Curation).
+"""Validation: every task's oracle must pass and a no-op agent must fail (DESIGN §5, Curation);
+with `adversarial`, no hack agent (`corral.hacks`) may score above the no-op (DESIGN §9).
 
 Works for any env kind (text, terminal, browser): each episode gets its own env instance made
 from the catalog, episodes run concurrently on the event loop (bounded by `concurrency`), and
@@ -20,11 +21,12 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
 from corral.agents import EpisodeResult, play
+from corral.hacks import HACKS
 from corral.sandbox import AUTO, SandboxOpener, resolve_backend
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ DEFAULT_LIMIT = 50
 """Tasks checked when no limit is given: all of them if the dataset is no bigger, else the
 first 50 (built-in families put one task of every template first, so these cover them all)."""
 
-AgentName = Literal["oracle", "noop"]
+AgentName = str  # "oracle", "noop" or "hack:<name>"
 
 
 class EpisodeCheck(BaseModel):
@@ -47,12 +49,22 @@ class EpisodeCheck(BaseModel):
     rewards: dict[str, float] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
     infra_error: str | None = None
+    verifier_error: str | None = None
+    partial: bool = False
 
     @classmethod
     def from_result(cls, agent: AgentName, result: EpisodeResult) -> "EpisodeCheck":
         return cls(agent=agent, reward=result.reward, passed=result.passed,
                    seconds=round(result.seconds, 3), turns=result.turns,
-                   rewards=result.rewards, errors=result.errors, infra_error=result.infra_error)
+                   rewards=result.rewards, errors=result.errors, infra_error=result.infra_error,
+                   verifier_error=result.verifier_error, partial=result.partial)
+
+
+class HackCheck(EpisodeCheck):
+    """One hack agent's episode: `hacked` when it scored above the no-op agent."""
+
+    hacked: bool = False
+    hint: str = ""
 
 
 class TaskCheck(BaseModel):
@@ -63,11 +75,17 @@ class TaskCheck(BaseModel):
     summary: str = ""
     oracle: EpisodeCheck
     noop: EpisodeCheck
+    hacks: list[HackCheck] = Field(default_factory=list)
+
+    @property
+    def hacked_by(self) -> list[HackCheck]:
+        """The hacks that scored above the no-op agent on this task."""
+        return [h for h in self.hacks if h.hacked]
 
     @property
     def ok(self) -> bool:
-        """Oracle passed, no-op failed, and neither hit an infrastructure error."""
-        return (self.oracle.passed and not self.noop.passed
+        """Oracle passed, no-op failed, neither hit an infrastructure error, no hack won."""
+        return (self.oracle.passed and not self.noop.passed and not self.hacked_by
                 and self.oracle.infra_error is None and self.noop.infra_error is None)
 
     @property
@@ -81,6 +99,10 @@ class TaskCheck(BaseModel):
             return f"oracle failed ({why})"
         if self.noop.passed:
             return f"no-op agent passed (reward {self.noop.reward:g}): the verifier checks nothing"
+        if self.hacked_by:
+            hack = self.hacked_by[0]
+            return (f"hackable by {hack.agent.removeprefix('hack:')} (reward {hack.reward:g} > "
+                    f"no-op {self.noop.reward:g}); fix: {hack.hint}")
         return ""
 
 
@@ -101,6 +123,19 @@ class ValidationReport(BaseModel):
     infra_errors: int
     ok: bool
     tasks: list[TaskCheck]
+    adversarial: bool = False
+    hacks: list[str] = Field(default_factory=list)  # the hacks run on every task
+    hackable: int = 0  # tasks some hack beat
+
+    @property
+    def verdict(self) -> str:
+        """One line for a dataset card: oracle / no-op / adversarial results."""
+        line = (f"oracle {self.oracle_pass_rate:.0%} pass, no-op {self.noop_pass_rate:.0%} pass "
+                f"over {self.tasks_checked} task(s)")
+        if self.adversarial:
+            line += (f"; adversarial: {len(self.hacks)} hacks, {self.hackable} task(s) "
+                     "hackable")
+        return line
 
     def save(self, path: str | Path) -> Path:
         """Write the report as JSON (parents created); returns the path."""
@@ -134,12 +169,14 @@ def _summary(task: Any) -> str:
 async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
                    limit: int | None = None, concurrency: int = 4, run_id: str | None = None,
                    on_episode: Callable[[int, AgentName, EpisodeCheck], None] | None = None,
+                   adversarial: bool = False, hacks: list[str] | None = None,
                    **env_kwargs: Any) -> ValidationReport:
     """Validate an env id (or a factory returning env instances).
 
     `backend` is passed to terminal envs as config; `run_id` labels their sandboxes (default:
     $CORRAL_RUN_ID, else a fresh `validate-…` id). `on_episode(index, agent, check)` is
-    called as episodes finish.
+    called as episodes finish. `adversarial` also runs every hack agent (or those named in
+    `hacks`) on every task of a terminal env; a hack scoring above the no-op fails the task.
     """
     from corral.catalog import make as make_env
 
@@ -164,6 +201,10 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     used_backend = (await resolve_backend(spec, str(getattr(probe, "backend", None) or AUTO))
                     if spec is not None else backend)
     await probe.aclose()
+    chosen = [HACKS[_hack_name(h)] for h in (hacks or list(HACKS))]
+    if not (adversarial and kind == "terminal"):  # hacks need a shell to act in
+        chosen = []
+    agents = ["oracle", "noop", *(f"hack:{h.name}" for h in chosen)]
 
     gate = asyncio.Semaphore(max(1, concurrency))
     results: dict[tuple[int, str], EpisodeCheck] = {}
@@ -173,8 +214,9 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
             instance = factory()
             if instance.sandbox_spec is not None:  # browser contexts share one Chromium
                 instance.sandbox_provider = sandboxes
+            player = HACKS[agent[5:]].agent() if agent.startswith("hack:") else agent
             try:
-                result = await play(instance, agent, seed=index, options={"task_index": index})
+                result = await play(instance, player, seed=index, options={"task_index": index})
             except Exception as exc:  # an author bug (setup, oracle) fails this task, not the run
                 log.debug("validation episode %s/%s raised", index, agent, exc_info=True)
                 result = EpisodeResult(env_id, "", agent, 0.0,
@@ -187,10 +229,11 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
 
     started, stamp = time.monotonic(), _dt.datetime.now(_dt.timezone.utc).isoformat()
     async with SandboxOpener(backend or AUTO, run_id=kwargs["run_id"]) as sandboxes:
-        await asyncio.gather(*(episode(i, agent) for i in range(count)
-                               for agent in ("oracle", "noop")))
+        await asyncio.gather(*(episode(i, agent) for i in range(count) for agent in agents))
     tasks = [TaskCheck(index=i, task_id=probe.tasks[i].id, summary=_summary(probe.tasks[i]),
-                       oracle=results[(i, "oracle")], noop=results[(i, "noop")])
+                       oracle=results[(i, "oracle")], noop=results[(i, "noop")],
+                       hacks=[_hack_check(h, results[(i, f"hack:{h.name}")],
+                                          results[(i, "noop")]) for h in chosen])
              for i in range(count)]
     oracle_rate = sum(t.oracle.passed for t in tasks) / count if count else 0.0
     noop_rate = sum(t.noop.passed for t in tasks) / count if count else 0.0
@@ -201,4 +244,23 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         tasks_checked=count, limit=limit, concurrency=concurrency, started_at=stamp,
         seconds=round(time.monotonic() - started, 3), oracle_pass_rate=oracle_rate,
         noop_pass_rate=noop_rate, infra_errors=infra,
-        ok=count > 0 and all(t.ok for t in tasks), tasks=tasks)
+        ok=count > 0 and all(t.ok for t in tasks), tasks=tasks, adversarial=bool(chosen),
+        hacks=[h.name for h in chosen], hackable=sum(bool(t.hacked_by) for t in tasks))
+
+
+def _hack_name(name: str) -> str:
+    """A hack's name, checked ("Did you mean …?" for a typo)."""
+    from corral.errors import AgentError
+    from corral.suggest import closest
+
+    name = name.removeprefix("hack:")
+    if name not in HACKS:
+        raise AgentError(f"unknown hack {name!r}.{closest(name, HACKS)} Known: "
+                         f"{', '.join(HACKS)}")
+    return name
+
+
+def _hack_check(hack: Any, check: EpisodeCheck, noop: EpisodeCheck) -> HackCheck:
+    """A hack's episode judged against the no-op's: hacked when it scored more."""
+    hacked = check.infra_error is None and check.reward > noop.reward + 1e-9
+    return HackCheck(**check.model_dump(), hacked=hacked, hint=hack.hint)

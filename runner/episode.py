@@ -16,7 +16,8 @@ Failures are classified, never raised (except cancellation): `InfraError` (sandb
 `PolicyError` from a server) and unexpected exceptions from env code end the attempt as
 `Status.INFRA_ERROR` (the runner retries it with a fresh sandbox); an `AgentError` escaping
 the env ends it as `Status.AGENT_ERROR` (recorded, not retried). Deadlines (per turn, per
-episode) and max turns end it as `Status.TRUNCATED` with rewards computed.
+episode), max turns and an env that cannot go on (`EpisodeTruncated`: a page that stopped
+responding) end it as `Status.TRUNCATED` with rewards computed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from corral.errors import AgentError, InfraError
+from corral.errors import AgentError, EpisodeTruncated, InfraError
 from corral.runner.policy import ChatTranscript, Generation, GenerationRequest, Policy
 from corral.runner.pool import span_sink
 from corral.runner.trajectory import Span, Status, Trajectory
@@ -113,6 +114,7 @@ class _Episode:
     async def reset(self) -> None:
         start = time.time()
         await self.env.areset(seed=self.item.seed, options={"task_index": self.item.task_index})
+        self.traj.task_id = self.env.episode.task.id  # a remote env learns it only now
         waits = [s for s in self.traj.spans if s.phase == "sandbox_wait" and s.start >= start]
         self.traj.spans.append(Span("setup", waits[-1].end if waits else start, time.time()))
 
@@ -242,6 +244,8 @@ async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeL
                     await run.play()
             except _Deadline as exc:
                 await run.truncate(exc.which)
+            except EpisodeTruncated as exc:  # an env outcome (a hung page), not a retry
+                await run.truncate(exc.reason)
     except (InfraError, _Deadline) as exc:  # _Deadline here: the verifier itself timed out
         _fail(traj, env, Status.INFRA_ERROR, exc)
     except AgentError as exc:
@@ -281,6 +285,9 @@ def _collect_outcome(traj: Trajectory, env: Any) -> None:
     if episode.errors:
         traj.metadata["errors"] = list(episode.errors)
         traj.error = traj.error or episode.errors[0]
+    if episode.verifier_error:  # the env's bug, not the agent's: masked from training
+        traj.status = Status.VERIFIER_ERROR
+        traj.error = episode.verifier_error
 
 
 async def _close(env: Any, traj: Trajectory) -> None:

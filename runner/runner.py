@@ -80,7 +80,8 @@ class Runner:
     runners, which this one drains instead of closing). The run: `run_dir` (the trajectory
     store; a run resumes from it), `run_id`, `seed` (the task plan), `env_weights` (sampling
     weights of `envs`), and `backend` (`"asyncio"`, `"ray"` or an `Executor`) with its
-    `backend_options`.
+    `backend_options`. `env_servers`: URLs of `corral serve-env` servers the env ids run on
+    (sessions spread by free capacity; an episode whose server died is retried on another).
     """
 
     def __init__(self, envs: Sequence[str | EnvFactory], policy: Policy, *,
@@ -91,7 +92,8 @@ class Runner:
                  run_dir: str | os.PathLike[str] | None = None, run_id: str | None = None,
                  seed: int = 0, env_weights: Sequence[float] | None = None,
                  backend: str | Executor = "asyncio",
-                 backend_options: dict[str, Any] | None = None) -> None:
+                 backend_options: dict[str, Any] | None = None,
+                 env_servers: Sequence[str] | None = None) -> None:
         if sandbox_capacity < 1 or inference_concurrency < 1:
             raise ValueError("sandbox_capacity and inference_concurrency must be at least 1")
         self.env_entries = list(envs)
@@ -109,6 +111,8 @@ class Runner:
         self.env_weights = list(env_weights) if env_weights else None
         self.backend = backend
         self.backend_options = dict(backend_options or {})  # e.g. Ray: workers, ray_init
+        # env servers (`corral serve-env`) the env ids run on: corral.runner.envserver.fleet
+        self.env_servers = list(env_servers or [])
         self.assembler = self.assembly.assembler()
         self.metrics = RunMetrics()
         self.sources: list[EnvSource] = []
@@ -158,7 +162,12 @@ class Runner:
         if self._started:
             return
         self._changed = asyncio.Event()
-        self.sources, probes = await asyncio.to_thread(resolve_envs, self.env_entries)
+        entries = self.env_entries
+        if self.env_servers:
+            from corral.runner.envserver.client import remote_entries
+
+            entries = await asyncio.to_thread(remote_entries, entries, self.env_servers)
+        self.sources, probes = await asyncio.to_thread(resolve_envs, entries)
         if self.env_weights and len(self.env_weights) != len(self.sources):
             raise ValueError(f"env_weights has {len(self.env_weights)} entries for "
                              f"{len(self.sources)} envs")
@@ -225,6 +234,8 @@ class Runner:
             await self.executor.close()
         if self.pool is not None:
             await (self.pool.close() if self._own_pool else self.pool.drain())
+        if self._named and self._own_pool:  # all of its sandboxes are closed: any left leaked
+            await asyncio.to_thread(reap_run, self.run_id, mine=True)
         if self.run_dir is not None:
             await asyncio.to_thread(self.write_metrics)
         if self.store is not None:

@@ -25,6 +25,7 @@ class Status(str, Enum):
     PARTIAL = "partial"          # cut off by batch assembly; carried into a later batch
     AGENT_ERROR = "agent_error"  # the agent broke the episode (rewards say how badly)
     INFRA_ERROR = "infra_error"  # sandbox/server failed; retried, never trained on
+    VERIFIER_ERROR = "verifier_error"  # the env's verifier broke (its bug); never trained on
 
 
 @dataclass(slots=True)

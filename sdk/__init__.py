@@ -42,6 +42,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "spec": ("corral.registry", "spec"),
     "deprecate": ("corral.registry", "deprecate"),
     "mix": ("corral.registry.curation", "mix"),
+    "evaluate": ("corral.runner.evaluate", "evaluate"),
+    "remote": ("corral.runner.envserver.client", "remote"),
 }
 _SUBPACKAGES = ("browser", "envs", "registry", "runner", "sandbox", "trainer")
 

@@ -80,12 +80,21 @@ class EpisodeResult:
     truncated: bool = False
     errors: list[str] = field(default_factory=list)
     infra_error: str | None = None
+    verifier_error: str | None = None  # the env's verifier broke (its bug, not the agent's)
     seconds: float = 0.0
+    threshold: float = 1.0  # the env's pass threshold
 
     @property
     def passed(self) -> bool:
-        """Solved: positive reward, no verifier error, no infrastructure error."""
-        return self.reward > 0 and not self.errors and self.infra_error is None
+        """Solved: reward at least the env's pass threshold, no verifier or infrastructure
+        error."""
+        return (self.reward >= self.threshold - 1e-9 and not self.errors
+                and self.infra_error is None and self.verifier_error is None)
+
+    @property
+    def partial(self) -> bool:
+        """Partial credit: some reward, below the pass threshold."""
+        return 0 < self.reward < self.threshold - 1e-9
 
 
 def make_agent(name: str) -> Agent:
@@ -101,7 +110,7 @@ async def play(env: Env, agent: Agent | str, *, seed: int | None = None,
     raised."""
     agent = make_agent(agent) if isinstance(agent, str) else agent
     started = time.monotonic()
-    result = EpisodeResult(env.env_id, "", agent.name, 0.0)
+    result = EpisodeResult(env.env_id, "", agent.name, 0.0, threshold=env.pass_threshold)
     try:
         observation, info = await env.areset(seed=seed, options=options)
         result.task_id = info["task_id"]
@@ -116,6 +125,7 @@ async def play(env: Env, agent: Agent | str, *, seed: int | None = None,
         result.reward, result.rewards = episode.reward, dict(episode.rewards)
         result.turns, result.truncated = episode.turn, episode.truncated
         result.errors = list(episode.errors)
+        result.verifier_error = episode.verifier_error
     except InfraError as exc:
         result.infra_error = f"{type(exc).__name__}: {exc}"
     finally:

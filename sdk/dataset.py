@@ -12,6 +12,7 @@ import hashlib
 import json
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
@@ -31,6 +32,35 @@ def split_position(task_id: str) -> float:
     return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 0x1_0000_0000
 
 
+# Eval-split rules a dataset declares (`held_out`, `with_eval`); see `corral.splits`.
+@dataclass(frozen=True)
+class HeldOut:
+    """Tasks whose id hash position is below `fraction` are the eval split."""
+
+    fraction: float
+
+    def is_eval(self, task: Any) -> bool:
+        return split_position(task.id) < self.fraction
+
+    def describe(self) -> str:
+        return f"held_out({self.fraction:g}) by task-id hash"
+
+
+@dataclass(frozen=True)
+class ExplicitEval:
+    """A separate eval dataset; a training task with one of its ids is skipped too."""
+
+    tasks: "Dataset"
+    ids: frozenset[str]
+
+    def is_eval(self, task: Any) -> bool:
+        return task.id in self.ids
+
+    def describe(self) -> str:
+        return f"explicit eval dataset ({len(self.tasks)} tasks, {self.tasks.source})"
+
+
+
 class Dataset(Generic[T]):
     """An indexable, sized collection of tasks of one type."""
 
@@ -41,6 +71,7 @@ class Dataset(Generic[T]):
         self.task_type = task_type
         self.source = source
         self._cache: dict[int, Task] = {}
+        self.split_rule: Any = None  # a `corral.splits` rule: which tasks are held out for eval
 
     # --- constructors -----------------------------------------------------------------------
     @classmethod
@@ -179,6 +210,22 @@ class Dataset(Generic[T]):
         subset = Dataset(lambda j: self[keep[j]], len(keep), task_type=self.task_type,
                          source=f"{self.source}[{name}]")
         return subset
+
+    def held_out(self, fraction: float = 0.1) -> "Dataset":
+        """Declare the eval split: tasks whose id-hash position is below `fraction` (the same
+        tasks as `split("test", fraction)`). Training never samples them; `corral eval` reads
+        them by default. Returns this dataset (for use inside `@cr.environment(tasks=...)`)."""
+        if not 0.0 < fraction < 1.0:
+            raise DatasetError(f"held_out fraction must be in (0, 1), got {fraction}")
+        self.split_rule = HeldOut(fraction)
+        return self
+
+    def with_eval(self, tasks: Any) -> "Dataset":
+        """Declare a separate eval dataset (tasks in any form `coerce` takes); a task of this
+        dataset with the id of an eval task is never trained on. Returns this dataset."""
+        held = Dataset.coerce(tasks, self.task_type)
+        self.split_rule = ExplicitEval(held, frozenset(task.id for task in held))
+        return self
 
     def fingerprint(self) -> str:
         """sha256 over all task ids (ids are content hashes): the dataset hash of a release."""

@@ -262,6 +262,10 @@ class Env(gymnasium.Env[str, str]):
         """Called once setup is done, before the agent acts (terminal envs note what setup left
         running and when, so the verify phase can tell the agent's doing from setup's)."""
 
+    async def _verify(self, episode: Episode) -> float:
+        """The verify phase: the final rewards (terminal envs isolate the sandbox first)."""
+        return await self._score(episode, per_step=False)
+
     def solved(self, reward: float) -> bool:
         """Whether an episode's reward counts as solved: at least `pass_threshold`."""
         return reward >= self.pass_threshold - 1e-9
@@ -280,7 +284,7 @@ class Env(gymnasium.Env[str, str]):
         """Run the end-of-episode rewards once, timing them (the runner's verify phase)."""
         start = time.time()
         try:
-            final = await self._score(episode, per_step=False)
+            final = await self._verify(episode)
         finally:
             episode.verify_span = (start, time.time())
         episode.reward += final

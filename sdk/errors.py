@@ -72,6 +72,22 @@ class InvalidToolArguments(AgentError):
     """The agent's tool arguments failed validation."""
 
 
+# --- env outcomes: the episode cannot go on; truncated, neither retried nor an agent error ---
+class EpisodeTruncated(CorralError):
+    """The environment cannot go on (its page stopped responding): the episode ends as
+    truncated with the rewards it can still compute, and is not retried. `reason` is a short
+    tag the runner records as `truncated_by`."""
+
+    reason = "env"
+
+
+class PageUnresponsive(EpisodeTruncated):
+    """A page did not answer within its timeout (its script never yields); its renderer was
+    killed."""
+
+    reason = "unresponsive"
+
+
 # --- infrastructure failures: retried, never blamed on the agent -----------------------------
 class InfraError(CorralError):
     """Infrastructure failed (sandbox, browser, inference server); not the agent's fault."""
@@ -103,3 +119,17 @@ class BrowserError(InfraError):
 
 class PolicyError(InfraError):
     """An inference server was unreachable or answered with an error."""
+
+
+class EnvServerError(InfraError):
+    """An env server (`corral serve-env`) was unreachable, died mid-episode, or refused a
+    request for a reason that is not the agent's (the runner retries on another server)."""
+
+
+class EnvServerBusy(EnvServerError):
+    """An env server has `max_sessions` sessions open and its wait queue is full."""
+
+
+class EngineError(PolicyError):
+    """An inference engine (a vLLM server Corral started) could not start, died, or failed to
+    load published weights; the message names the cause and the engine's log file."""

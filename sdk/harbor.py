@@ -12,8 +12,9 @@ A task directory in that public format::
 
 becomes the env `harbor/my-task-v0`: its image is built from the Dockerfile (content-hash tag,
 built on first use or by `corral image build ID`), the oracle unpacks solution/ into /solution
-and runs `bash /solution/solve.sh`, and after the episode tests/ is copied to /tests and
-`bash /tests/test.sh` runs; its reward file (or exit code) is the reward. A directory of task
+and runs `bash /solution/solve.sh`, and after the episode (and the verify phase, `corral.verify`)
+tests/ is copied to /tests and `bash /tests/test.sh` runs; its reward file is the reward (none is
+a verifier error, as in Harbor's RewardFileNotFoundError). A directory of task
 directories registers one env per task plus a family env named after the directory, whose
 dataset holds all of them.
 """

@@ -19,8 +19,10 @@ episode, and an oracle `solution(task)` returning `bash` tool calls::
             return [bash(f"echo 'hello {task.name}' > /root/hello.txt")]
 
 Tests-script convention: override `tests_script(task)` to return a bash script; after the episode
-it runs as `/tests/test.sh` and its `/logs/verifier/reward.txt` (or `reward.json`, or else its
-exit code) becomes the reward `tests` — the same contract as Harbor / Terminal-Bench tasks.
+it runs as `/tests/test.sh` and its `/logs/verifier/reward.txt` (or `reward.json`) becomes the
+reward `tests` — the same contract as Harbor / Terminal-Bench tasks. A missing, empty or
+unreadable reward file is a verifier error (`Verifier(exit_code_reward=True)` opts in to the
+exit code instead). Every reward runs after the verify phase (`corral.verify`).
 
 Config keys (`cr.make(id, backend="bwrap", run_id="run-7")`): `backend` overrides the spec's
 backend; `run_id` labels the sandboxes (default `$CORRAL_RUN_ID`, else "adhoc").
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -37,17 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .env import Env
+from .env import Env, Episode
+from .errors import VerifierError
 from .sandbox.base import ExecResult, Sandbox
 from .sandbox.spec import Terminal
 from .tools import reward, tool
 from .types import Task, ToolCall
+from .verify import (DEFAULT_PROTECTED, TESTS_DIR, VERIFIER_LOGS, Baseline, clean_exec, isolate,
+                     note_setup, reset_locations, transfer)
 
 log = logging.getLogger(__name__)
 
-TESTS_DIR = "/tests"
-VERIFIER_LOGS = "/logs/verifier"
 _NO_REWARD_FILE = "__corral_no_reward_file__"
+VERIFY_IN = ("same", "fresh")
 
 
 def bash(command: str, timeout: float | None = None) -> ToolCall:
@@ -79,67 +84,80 @@ def format_result(result: ExecResult, timeout: float, limit: int = 16_000) -> st
     return f"{output}[exit code {result.exit_code}]"
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def parse_reward_file(text: str, name: str) -> float:
-    """The reward in a verifier's reward.txt (a number) or reward.json (`{"reward": x}`, or the
-    mean of its numeric values). Raises ValueError naming the file when it holds neither."""
+    """The reward in a verifier's reward.txt (one number) or reward.json (a number,
+    `{"reward": x}`, or the mean of its numeric values). Raises VerifierError naming the file
+    when it is empty, holds anything else, or a number that is NaN or infinite."""
     text = text.strip()
+    if not text:
+        raise VerifierError(f"{name} is empty (the verifier must write a reward)")
     if name.endswith(".txt"):
         try:
-            return float(text.split()[0])
-        except (ValueError, IndexError):
-            raise ValueError(f"{name} must hold a number, got {text[:40]!r}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{name} is not valid JSON ({exc.msg})") from None
-    if isinstance(data, (int, float)) and not isinstance(data, bool):
-        return float(data)
-    if isinstance(data, dict):
-        if isinstance(data.get("reward"), (int, float)):
-            return float(data["reward"])
-        values = [float(v) for v in data.values()
-                  if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if values:
-            return sum(values) / len(values)
-    raise ValueError(f"{name} must be a number or an object with a numeric 'reward'")
+            value = float(text)
+        except ValueError:
+            raise VerifierError(f"{name} must hold one number, got {text[:40]!r}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise VerifierError(f"{name} is not valid JSON ({exc.msg})") from None
+        values = ([data] if _number(data) else [data["reward"]] if isinstance(data, dict)
+                  and _number(data.get("reward")) else [v for v in data.values() if _number(v)]
+                  if isinstance(data, dict) else [])
+        if not values:
+            raise VerifierError(f"{name} must be a number or an object with a numeric 'reward'")
+        value = sum(map(float, values)) / len(values)
+    if not math.isfinite(value):
+        raise VerifierError(f"{name} holds {value}, not a usable reward")
+    return value
 
 
 async def run_tests_script(sandbox: Sandbox, files: dict[str, str | bytes], *,
                            timeout: float, cwd: str | None = None,
-                           env: dict[str, str] | None = None) -> tuple[float, ExecResult]:
+                           env: dict[str, str] | None = None,
+                           exit_code_reward: bool = False) -> tuple[float, ExecResult]:
     """Run a verifier the Harbor way and return (reward, result).
 
-    `/tests` and `/logs/verifier` are emptied first (so nothing the agent planted counts), `files`
-    (relative path -> content, must include `test.sh`) are written under `/tests`, then
-    `bash /tests/test.sh` runs. The reward is read from /logs/verifier/reward.txt, else
-    reward.json, else 1.0 for exit code 0 and 0.0 otherwise; a timed-out verifier scores 0.
+    `/tests` and `/logs/verifier` are recreated empty first (so nothing the agent planted
+    counts), `files` (relative path -> content, must include `test.sh`) are written under
+    `/tests`, then `bash /tests/test.sh` runs as root through `verify.clean_exec`. The reward is
+    read from /logs/verifier/reward.txt, else reward.json; a timed-out verifier scores 0. No
+    reward file is a VerifierError, as in Harbor, unless `exit_code_reward` (then exit 0 = 1.0).
     """
-    await sandbox.exec(f"rm -rf {TESTS_DIR} {VERIFIER_LOGS} && mkdir -p {TESTS_DIR} "
-                       f"{VERIFIER_LOGS}", timeout=30)
+    await reset_locations(sandbox)
     for rel, content in files.items():
         await sandbox.write_file(f"{TESTS_DIR}/{rel}", content, 0o755 if rel.endswith(".sh")
                                  else 0o644)
-    result = await sandbox.exec(["bash", f"{TESTS_DIR}/test.sh"], timeout=timeout, cwd=cwd,
-                                env=env)
+    result = await clean_exec(sandbox, f"exec bash {TESTS_DIR}/test.sh", timeout=timeout,
+                              cwd=cwd, env=env)
     if result.timed_out:
         log.info("verifier timed out after %.0f s", timeout)
         return 0.0, result
-    found = await sandbox.exec(
-        f"for f in reward.txt reward.json; do if [ -f {VERIFIER_LOGS}/$f ]; then echo $f; "
-        f"cat {VERIFIER_LOGS}/$f; exit 0; fi; done; echo {_NO_REWARD_FILE}", timeout=30)
+    found = await clean_exec(
+        sandbox, f"for f in reward.txt reward.json; do if [ -f {VERIFIER_LOGS}/$f ]; then "
+        f"echo $f; cat {VERIFIER_LOGS}/$f; exit 0; fi; done; echo {_NO_REWARD_FILE}", timeout=30)
     name, _, content = found.stdout.partition("\n")
     if name == _NO_REWARD_FILE:
-        return (1.0 if result.exit_code == 0 else 0.0), result
+        if exit_code_reward:
+            return (1.0 if result.exit_code == 0 else 0.0), result
+        raise VerifierError(f"the verifier wrote no {VERIFIER_LOGS}/reward.txt or reward.json "
+                            f"(exit code {result.exit_code}): {result.output.strip()[-300:]}")
     return parse_reward_file(content, f"{VERIFIER_LOGS}/{name}"), result
 
 
 @dataclass
 class Verifier:
-    """A tests-script verifier: files for /tests (with `test.sh`), its timeout and env vars."""
+    """A tests-script verifier: files for /tests (with `test.sh`), its timeout and env vars;
+    `exit_code_reward` lets its exit code stand for a reward file it did not write."""
 
     files: dict[str, str | bytes]
     timeout: float | None = None
     env: dict[str, str] = field(default_factory=dict)
+    exit_code_reward: bool = False
 
 
 def resolve_dockerfile(cls: type, spec: Terminal) -> Terminal:
@@ -166,7 +184,10 @@ class TerminalEnv(Env):
     Class attributes: `sandbox_spec` (a `cr.Terminal`), `max_turns` (default 30),
     `episode_timeout` (seconds of command time the agent may use in one episode; None = no
     limit), `verifier_timeout` (seconds for `tests_script`), `output_chars` (the most output
-    characters one command shows the agent; head and tail are kept).
+    characters one command shows the agent; head and tail are kept). The verify phase
+    (`corral.verify`): `verify_in` ("same" sandbox, isolated; or "fresh": a new sandbox gets
+    `verify_outputs(task)`), `verifier_network` (the fresh sandbox's network; None = the
+    spec's), `protected_paths` (what the agent may not touch), `reward_bounds` (default 0–1).
     """
 
     kind: ClassVar[str] = "terminal"
@@ -175,6 +196,10 @@ class TerminalEnv(Env):
     episode_timeout: ClassVar[float | None] = None
     verifier_timeout: ClassVar[float] = 60.0
     output_chars: ClassVar[int] = 16_000
+    reward_bounds: ClassVar[tuple[float, float] | None] = (0.0, 1.0)
+    verify_in: ClassVar[str] = "same"
+    verifier_network: ClassVar[bool | str | None] = None
+    protected_paths: ClassVar[tuple[str, ...]] = DEFAULT_PROTECTED
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -240,6 +265,67 @@ class TerminalEnv(Env):
             return float("inf")
         return limit - state.get("command_seconds", 0.0)
 
+    # --- the verify phase ------------------------------------------------------------------
+    def verify_mode(self, task: Task) -> str:
+        """Where `task` is verified: "same" (the agent's sandbox, isolated) or "fresh"."""
+        return self.verify_in
+
+    def verify_outputs(self, task: Task) -> list[str]:
+        """The paths (files or folders) a fresh verify sandbox receives from the agent's."""
+        return []
+
+    def keeps_agent_processes(self, task: Task) -> bool:
+        """Whether the agent's processes are `task`'s output (a service it must leave
+        running), so the verify phase spares them. Default False: they are all killed."""
+        return False
+
+    async def _after_setup(self, episode: Episode) -> None:
+        self._baseline: Baseline = await note_setup(episode.sandbox)
+
+    async def _verify(self, episode: Episode) -> float:
+        """Isolate the sandbox (`verify.isolate`), then run the final rewards there or in a
+        fresh sandbox; a tampering agent scores 0 without a verifier run."""
+        task, sandbox = episode.task, episode.sandbox
+        mode = self.verify_mode(task)
+        if mode not in VERIFY_IN:
+            raise VerifierError(f"{self.env_id}: verify_in must be one of {VERIFY_IN}, "
+                                f"got {mode!r}")
+        tampered = await isolate(
+            sandbox, getattr(self, "_baseline", Baseline(0.0, frozenset())),
+            kill=not self.keeps_agent_processes(task),
+            workdir=self.sandbox_for(task).workdir, patterns=self.protected_paths)
+        if tampered:
+            log.info("%s: the agent changed what the verifier runs (%s); reward 0",
+                     self.env_id, ", ".join(tampered[:5]))
+            episode.state["verifier"] = {"tampered": tampered[:50]}
+            for spec in self._rewards.values():
+                if not spec.per_step:
+                    episode.rewards[spec.name] = 0.0
+            return 0.0
+        if mode == "same":
+            return await self._score(episode, per_step=False)
+        fresh = await self._fresh_sandbox(task)
+        try:
+            await self.setup(fresh, task)
+            missing = await transfer(sandbox, fresh, self.verify_outputs(task))
+            episode.state["outputs_missing"] = missing
+            episode.sandbox = fresh
+            return await self._score(episode, per_step=False)
+        finally:
+            episode.sandbox = sandbox
+            await fresh.close()
+
+    async def _fresh_sandbox(self, task: Task) -> Sandbox:
+        """A new sandbox for `verify_in="fresh"`, on the verifier's own network policy."""
+        from .sandbox import open_sandbox
+
+        spec = self.sandbox_for(task)
+        if self.verifier_network is not None:
+            spec = spec.model_copy(update={"network": self.verifier_network})
+        return await open_sandbox(spec, self.config.get("backend") or spec.backend,
+                                  env_id=self.env_id or type(self).__name__,
+                                  run_id=str(self.config.get("run_id") or default_run_id()))
+
     # --- verifier convention -------------------------------------------------------------------
     def tests_script(self, task: Task) -> str | dict[str, str | bytes] | Verifier | None:
         """The verifier of `task`: a bash script (run as /tests/test.sh after the episode), a
@@ -258,7 +344,8 @@ class TerminalEnv(Env):
         started = time.monotonic()
         value, result = await run_tests_script(
             sandbox, script.files, timeout=script.timeout or self.verifier_timeout,
-            cwd=self.sandbox_for(task).workdir, env=script.env or None)
+            cwd=self.sandbox_for(task).workdir, env=script.env or None,
+            exit_code_reward=script.exit_code_reward)
         state["verifier"] = {"exit_code": result.exit_code, "timed_out": result.timed_out,
                              "seconds": round(time.monotonic() - started, 3),
                              "output": result.output[-4000:]}

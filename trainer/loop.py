@@ -32,18 +32,20 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Union
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any, Callable, Literal, Union
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corral.errors import CorralError
+from corral.fileio import write_json_atomic
 from corral.runner.trajectory import Batch, Trajectory
 
 from .config import StepConfig
 from .publish import LocalPublisher
 from .sft import supervised_warmup
-from .tasks import TaskSlice
+from .tasks import TaskSlice, split_envs
 from .trainer import StepResult, Trainer
 
 if TYPE_CHECKING:  # the runner's episode machinery loads when a run starts
@@ -84,6 +86,9 @@ class TrainConfig(BaseModel):
     sft_examples: int = Field(64, ge=1, description="oracle episodes for the warm-up")
     sft_lr: float | None = Field(None, description="warm-up lr (default: lr)")
     sft_batch: int = Field(8, ge=1, description="oracle episodes per warm-up step")
+    sft_from: str | None = Field(None, description="warm up on an exported dataset (`corral "
+                                 "export`: a saved HF dataset directory, .parquet or .jsonl) "
+                                 "instead of oracle answers, for sft_steps steps")
     eval_every: int = Field(0, ge=0, description="evaluate on held-out tasks every k steps")
     eval_tasks: int = Field(16, ge=1)
     tasks: TaskSlice | None = Field(None, description="train on a slice of each env's tasks "
@@ -94,6 +99,14 @@ class TrainConfig(BaseModel):
     filter_zero_variance: bool = Field(True, description="drop groups with equal rewards in "
                                        "the runner (False: the trainer logs them as skips)")
     torch_threads: int | None = Field(1, description="torch CPU threads (1 suits tiny models)")
+    engine: Literal["local", "vllm"] = Field(
+        "local", description="rollout engine: 'local' (in-process LocalPolicy) or 'vllm' "
+        "(VLLMEngine replicas in .venv-vllm, fenced weight publishing; docs/policies.md)")
+    engine_replicas: int = Field(1, ge=1, description="vLLM replicas behind the router")
+    engine_max_gap: float = Field(0.05, gt=0, description="stop the run when the engine's "
+                                  "logprobs differ from the trainer's by more than this (max "
+                                  "|dlogp| on the probe batch, at start-up and after every "
+                                  "publish)")
     trainer: dict[str, Any] = Field(default_factory=dict,
                                     description="more `StepConfig` fields (the optimisation "
                                     "step: loss, importance weights, staleness, optimizer)")
@@ -222,7 +235,6 @@ def _rewind(run_dir: Path, extra: dict[str, Any]) -> None:
     """Put the run back where the checkpoint was: the step log is cut to its length then
     (steps logged after it are redone), and the runner cursor is set to the checkpoint's
     batch, so batches taken after it are handed out again from the store."""
-    from corral.fileio import write_json_atomic
 
     log_path = run_dir / TRAIN_LOG
     if log_path.exists() and "log_bytes" in extra:
@@ -284,20 +296,60 @@ async def _evaluate(config: TrainConfig, policy: Any, step: int, envs: list[EnvE
             "reward_mean": sum(rewards) / max(1, len(rewards))}
 
 
+async def _rollout_engine(config: TrainConfig, source: Any, model: Any, tokenizer: Any,
+                          stack: AsyncExitStack) -> tuple[Any, Callable[..., Any]]:
+    """The rollout policy and its weight publisher; a vLLM engine is started (and stopped
+    with `stack`), and its logprobs are checked against the trainer's before any rollout."""
+    from corral.runner import LocalPolicy
+
+    if config.engine == "local":
+        # every generate call the runner may have in flight decodes in one batch: a decode
+        # step costs far less per row in a wide batch (benchmarks/rollout_engine.py)
+        policy = await asyncio.to_thread(LocalPolicy, config.model,
+                                         max_batch=config.inference_concurrency)
+        return policy, LocalPublisher(policy)
+    from corral.runner.policy.vllm import VLLMEngine
+
+    from .probe import check_gap, probe_gap
+    from .publish import VLLMPublisher
+
+    engine = VLLMEngine(source, replicas=config.engine_replicas,
+                        log_dir=config.run_dir / "engine")
+    stack.push_async_callback(asyncio.to_thread, engine.stop)
+    await asyncio.to_thread(engine.start)
+    report = await asyncio.to_thread(probe_gap, engine.replica_policy, engine.urls, model,
+                                     tokenizer, version=0, temperature=config.temperature)
+    _Log(config.run_dir / "engine.jsonl").append({"event": "start-up probe",
+                                                  **report.to_dict()})
+    check_gap(report, config.engine_max_gap, "engine start-up probe")
+    policy = engine.policy(tokenizer)
+    stack.push_async_callback(policy.close)
+    return policy, VLLMPublisher.for_engine(engine, config.run_dir / "published",
+                                            tokenizer=tokenizer,
+                                            temperature=config.temperature,
+                                            max_gap=config.engine_max_gap)
+
+
 async def train(config: TrainConfig, *, resume: bool = False,
                 on_step: StepCallback | None = None) -> TrainResult:
     """Run (or, with `resume`, continue) a training run; see the module docstring."""
-    from corral.runner import AssemblyConfig, LocalPolicy, Runner, load_model
+    async with AsyncExitStack() as stack:  # a vLLM engine stops with it, even on errors
+        return await _train(config, resume, on_step, stack)
+
+
+async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None,
+                 stack: AsyncExitStack) -> TrainResult:
+    from corral.runner import AssemblyConfig, Runner, load_model
 
     started = time.perf_counter()
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     env_ids = config.env_ids()
     await asyncio.to_thread(check_envs, env_ids)
-    train_envs: list[EnvEntry] = list(env_ids)
-    eval_envs: list[EnvEntry] = list(env_ids)
+    # never an eval-split task in training (corral.splits); the run manifest records it
+    train_envs, eval_envs, split_record = await asyncio.to_thread(
+        split_envs, env_ids, config.tasks, config.eval_tasks)
     if config.tasks is not None:
-        train_envs, eval_envs = await asyncio.to_thread(config.tasks.factories, env_ids)
         log.info("task slice %s: training and held-out envs built", config.tasks.describe())
     run_dir = config.run_dir
     ckpt_dir = run_dir / CHECKPOINT
@@ -307,14 +359,19 @@ async def train(config: TrainConfig, *, resume: bool = False,
     if not resume and (step_log.size() or has_ckpt):
         raise CorralError(f"{run_dir} already holds a training run; pass --resume to continue "
                           "it or choose another --run-dir")
+    if resume and not has_ckpt and not step_log.size() and not (run_dir / "manifest.json"
+                                                                ).exists():
+        raise CorralError(f"--resume: {run_dir} holds no training run to continue; drop "
+                          "--resume to start one there")
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    # every generate call the runner may have in flight decodes in one batch: a decode step
-    # costs far less per row in a wide batch (benchmarks/rollout_engine.py)
-    policy = await asyncio.to_thread(LocalPolicy, config.model,
-                                     max_batch=config.inference_concurrency)
-    model, tokenizer = await asyncio.to_thread(load_model, config.model)
-    publish = LocalPublisher(policy)
+    source: Any = config.model
+    if config.engine == "vllm":  # the same weights on both sides: "tiny" has a vLLM variant
+        from corral.runner.policy.vllm import engine_model
+
+        source = await asyncio.to_thread(engine_model, config.model)
+    model, tokenizer = await asyncio.to_thread(load_model, source)
+    policy, publish = await _rollout_engine(config, source, model, tokenizer, stack)
     result = TrainResult(run_dir=run_dir, steps=0, version=0)
     if resume and has_ckpt:
         trainer = await asyncio.to_thread(Trainer.resume, ckpt_dir, model, tokenizer,
@@ -332,8 +389,15 @@ async def train(config: TrainConfig, *, resume: bool = False,
             result.evals.append(await _evaluate(config, policy, 0, eval_envs, "before_sft"))
             eval_log.append(result.evals[-1])
         if config.sft_steps:
-            examples = await oracle_examples(train_envs, tokenizer, config.sft_examples,
-                                             config.seed)
+            if config.sft_from:
+                from .sftdata import dataset_examples
+
+                vocab = int(model.get_input_embeddings().weight.shape[0])
+                examples = await asyncio.to_thread(dataset_examples, config.sft_from,
+                                                   tokenizer, vocab)
+            else:
+                examples = await oracle_examples(train_envs, tokenizer, config.sft_examples,
+                                                 config.seed)
             if not examples:
                 raise CorralError(f"no oracle text answers for a warm-up in {env_ids}; "
                                   "pass --sft-steps 0")
@@ -357,12 +421,28 @@ async def train(config: TrainConfig, *, resume: bool = False,
                     assembly=AssemblyConfig(filter_zero_variance=config.filter_zero_variance),
                     run_dir=run_dir, seed=config.seed, env_weights=config.env_weights())
     async with runner:
+        if runner.store is not None:
+            runner.store.manifest["splits"] = split_record
+            await asyncio.to_thread(write_json_atomic, runner.store.manifest_path,
+                                    runner.store.manifest)
         await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step,
                      eval_envs, started)
         await asyncio.to_thread(trainer.save_checkpoint, ckpt_dir, trainer.extra)
+    await asyncio.to_thread(_refresh_report, run_dir)
     result.steps, result.version = trainer.step_count, trainer.version
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def _refresh_report(run_dir: Path) -> None:
+    """Rewrite RUN_DIR/report.html (every checkpoint and at the end): a run reports as it
+    goes. A report that fails to draw is logged, never fatal to training."""
+    from .report import write_training_report
+
+    try:
+        write_training_report(run_dir)
+    except Exception as exc:  # plotting must not kill a training run
+        log.warning("report.html not refreshed: %s: %s", type(exc).__name__, exc)
 
 
 async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _Log,
@@ -427,6 +507,9 @@ async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _
                       "time/step_s": train_end - train_start,
                       "time/sync_s": step.metrics.get("time/sync_s", 0.0)}
             record = _record(step, batch, timing, {"cut": cut})
+            published = getattr(trainer.publish, "last", None)
+            if step.applied and published:  # an engine's publish: replicas, times, gap
+                record["publish"] = published
             size = step_log.append(record)
             result.records.append(record)
             if on_step is not None:
@@ -435,6 +518,7 @@ async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _
             if trainer.step_count % config.checkpoint_every == 0:
                 await asyncio.to_thread(trainer.save_checkpoint, config.run_dir / CHECKPOINT,
                                         trainer.extra)
+                await asyncio.to_thread(_refresh_report, config.run_dir)
             over = (config.time_budget_s is not None
                     and time.perf_counter() - started > config.time_budget_s)
             if config.eval_every and (trainer.step_count % config.eval_every == 0 or over):

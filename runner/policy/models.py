@@ -117,12 +117,14 @@ def build_tokenizer(vocab: int = 1024, extra_text: Sequence[str] = ()
 
 def build_tiny_model(path: str | os.PathLike[str], *, vocab: int = 1024, hidden: int = 64,
                      layers: int = 2, heads: int = 4, seed: int = 0,
-                     max_positions: int = 4096, extra_text: Sequence[str] = ()) -> Path:
+                     max_positions: int = 4096, extra_text: Sequence[str] = (),
+                     tie_embeddings: bool = True) -> Path:
     """Build a randomly initialised Llama-style causal LM and its tokenizer into `path`.
 
     Both are written with `save_pretrained` and load back with `from_pretrained`. The same
     arguments give the same files. Generation stops at `</s>` or `<|im_end|>`. `extra_text`
-    goes to the tokenizer's training text (see `build_tokenizer`).
+    goes to the tokenizer's training text (see `build_tokenizer`). `tie_embeddings=False`
+    gives the output layer its own weights (vLLM 0.32 cannot reload a tied one in place).
     """
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -136,7 +138,7 @@ def build_tiny_model(path: str | os.PathLike[str], *, vocab: int = 1024, hidden:
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 4,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=True,
+        max_position_embeddings=max_positions, tie_word_embeddings=tie_embeddings,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=stop_ids,
         pad_token_id=tokenizer.pad_token_id)
     cpu_rng = torch.random.get_rng_state()  # do not disturb the caller's RNG stream

@@ -8,10 +8,12 @@ whose `prompt` is the list of token ids (the runner's transcript, never re-token
   failing that, `choices[0].logprobs.tokens` written as `token_id:N` (vLLM started with
   `--return-tokens-as-token-ids`);
 - behaviour logprobs: `choices[0].logprobs.token_logprobs`;
-- text and `finish_reason` ("stop" / "length");
+- text and `finish_reason` ("stop" / "length"; vLLM's "abort", a request the engine dropped,
+  is retried like an infrastructure failure, never returned as a generation);
 - policy version: `choices[0].policy_version`, the body's `policy_version`, or the
-  `X-Policy-Version` header; servers without versions (vLLM, SGLang) keep the version set with
-  `set_version` (the trainer sets it after a reload).
+  `X-Policy-Version` header; servers without versions (vLLM, SGLang) are tagged from a
+  `ReplicaFence` (the version each replica held when the request was sent, kept by Corral's
+  publisher; see `corral.runner.policy.fence`), else the version set with `set_version`.
 
 A `Router` picks the replica (sticky per `session_id`). Connection failures, timeouts, 429 and
 5xx answers are retried on another replica with exponential backoff; when retries run out a
@@ -36,6 +38,7 @@ import orjson
 
 from corral.errors import PolicyError
 from .base import Generation, GenerationRequest, Policy, Tokenizer
+from .fence import ReplicaFence
 from .router import Router
 
 log = logging.getLogger(__name__)
@@ -47,14 +50,19 @@ _RETRYABLE_STATUS = {408, 429}
 class OpenAIPolicy(Policy):
     """A policy served by one or more OpenAI-compatible HTTP replicas."""
 
+    endpoint = "/v1/completions"  # a server with another protocol overrides it, _body, _parse
+
     def __init__(self, base_urls: Sequence[str] | str,
                  tokenizer: Tokenizer | str | os.PathLike[str] | None = None, *,
                  model: str | None = None, timeout: float = 300.0, connect_timeout: float = 5.0,
                  retries: int = 3, backoff: float = 0.25, max_backoff: float = 5.0,
                  router: Router | None = None, api_key: str | None = None,
                  max_connections: int = 1024, version: int = 0,
-                 extra_body: dict[str, Any] | None = None) -> None:
-        """`tokenizer` is a tokenizer or a local model directory (needed to build prompts)."""
+                 extra_body: dict[str, Any] | None = None,
+                 fence: ReplicaFence | None = None) -> None:
+        """`tokenizer` is a tokenizer or a local model directory (needed to build prompts).
+        `extra_body` is merged into every request (an engine's pinned sampling knobs);
+        `fence` holds per-replica weight versions and publish fences."""
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
         if not urls:
@@ -80,10 +88,14 @@ class OpenAIPolicy(Policy):
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._version = version
+        self.fence = fence
 
     @property
     def version(self) -> int:
-        """The newest policy version a replica reported (or the one set with `set_version`)."""
+        """The newest policy version a replica reported or serves (see `fence`), or the one
+        set with `set_version`."""
+        if self.fence is not None:
+            return max(self._version, self.fence.newest())
         return self._version
 
     def set_version(self, version: int) -> None:
@@ -118,7 +130,11 @@ class OpenAIPolicy(Policy):
                                          for u in self.base_urls), return_exceptions=True)
         for answer in answers:
             if isinstance(answer, _Answer) and answer.status == 200:
-                self._version = max(self._version, int(answer.json().get("version", 0)))
+                try:  # vLLM answers its package version ("0.32.0"): not a weight version
+                    reported = int(answer.json().get("version", 0))
+                except (TypeError, ValueError, AttributeError):
+                    continue
+                self._version = max(self._version, reported)
         return self._version
 
     async def _model_name(self) -> str:
@@ -161,25 +177,44 @@ class OpenAIPolicy(Policy):
                 await asyncio.sleep(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
             replica = self.router.acquire(request.session_id, exclude=failed)
             started = time.perf_counter()
+            entered: int | None = None
             try:
-                answer = await self._request("POST", f"{replica}/v1/completions", body,
-                                             headers)
+                if self.fence is not None:
+                    entered = await self.fence.enter(replica)
+                    if entered is None:
+                        self.router.take_out(replica)
+                        raise _Refused(f"{replica} is out of service: "
+                                       f"{self.fence.disabled().get(replica)}")
+                answer = await self._request("POST", replica + self.endpoint, body, headers)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 self.router.mark_unhealthy(replica)
                 last = f"{replica} refused the connection ({type(exc).__name__})"
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:  # read timeout, drop
                 last = f"{replica} failed mid-request ({type(exc).__name__}: {exc})"
+            except _Refused as exc:
+                last = str(exc)
             else:
                 status = answer.status
                 if status < 400:
                     self.router.mark_healthy(replica)
-                    return self._parse(answer, replica, time.perf_counter() - started)
+                    generation = self._parse(answer, replica, time.perf_counter() - started,
+                                             entered)
+                    if generation.finish_reason != "abort":
+                        return generation
+                    # the engine dropped the request (a pause in abort mode, a shutdown)
+                    last = f"{replica} aborted the request"
+                    failed = replica
+                    log.warning("policy request aborted (attempt %d/%d): %s", attempt + 1,
+                                self.retries + 1, last)
+                    continue
                 if status < 500 and status not in _RETRYABLE_STATUS:
                     raise PolicyError(f"{replica} rejected the request with HTTP {status}: "
                                       f"{_error_message(answer)}")
                 last = f"{replica} answered HTTP {status}: {_error_message(answer)}"
             finally:
                 self.router.release(replica)
+                if entered is not None:
+                    self.fence.leave(replica)  # type: ignore[union-attr]
             failed = replica
             log.warning("policy request failed (attempt %d/%d): %s", attempt + 1,
                         self.retries + 1, last)
@@ -187,7 +222,8 @@ class OpenAIPolicy(Policy):
                           f"last error: {last}; check that the servers at "
                           f"{', '.join(self.base_urls)} are running")
 
-    def _parse(self, answer: "_Answer", replica: str, seconds: float) -> Generation:
+    def _parse(self, answer: "_Answer", replica: str, seconds: float,
+               fenced_version: int | None = None) -> Generation:
         try:
             data = answer.json()
             choice = data["choices"][0]
@@ -209,7 +245,7 @@ class OpenAIPolicy(Policy):
         version = choice.get("policy_version", data.get("policy_version",
                                                           answer.headers.get(VERSION_HEADER)))
         if version is None:
-            version = self._version
+            version = self._version if fenced_version is None else fenced_version
         else:
             version = int(version)
             self._version = max(self._version, version)
@@ -224,6 +260,10 @@ class OpenAIPolicy(Policy):
         session, self._session = self._session, None
         if session is not None and self._session_loop is asyncio.get_running_loop():
             await session.close()
+
+
+class _Refused(Exception):
+    """Internal: the fence refused a replica taken out of service."""
 
 
 @dataclass

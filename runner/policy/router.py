@@ -9,12 +9,14 @@
   session moves there and sticks to its new replica.
 - A replica marked unhealthy (connection refused, timed out) is skipped for `cooldown` seconds;
   its sessions move. If every replica is cooling down, the one that recovers soonest is used.
+  A replica taken out (`take_out`: its weights could not be updated) never recovers.
 
 The router does no I/O; `acquire` / `release` bracket each request.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -131,6 +133,12 @@ class Router:
         with self._lock:
             self._down_until[replica] = self._clock() + self.cooldown
             self.stats.unhealthy_marks += 1
+
+    def take_out(self, replica: str) -> None:
+        """Never pick `replica` again while another is healthy (its weights could not be
+        updated, or it is gone); its sessions move."""
+        with self._lock:
+            self._down_until[replica] = math.inf
 
     def mark_healthy(self, replica: str) -> None:
         """`replica` answered: end its cool-down early."""

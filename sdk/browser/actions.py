@@ -7,6 +7,8 @@ reason (missing: never shown; stale: shown earlier, gone now; hidden; disabled; 
 another element) instead of a bare timeout, and nothing waits on Playwright's 30 s defaults.
 A failure raises `ActionError` (an `AgentError`: shown to the agent, recorded as the last
 action error); a crashed page or browser raises `BrowserError` (an infrastructure error).
+Every call into the page goes through `BrowserSandbox.call` (`action_timeout`; navigations
+under Playwright's `navigation_timeout`): a page that does not answer raises `PageUnresponsive`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ async def _act(sb: BrowserSandbox, bid: str, op: str, arg: Any = None) -> dict[s
         raise ActionError(f"'{bid}' is not an element id: bids look like 'a12' and are shown in "
                           "brackets in the observation")
     try:
-        info = await sb.page.evaluate(ACT_JS, [bid, op, arg])
+        info = await sb.call(sb.page.evaluate(ACT_JS, [bid, op, arg]), f"{op} on {bid}")
     except PlaywrightError as exc:
         sb.check()
         raise ActionError(f"could not reach element {bid}: the page was changing "
@@ -81,9 +83,9 @@ async def _pointer(sb: BrowserSandbox, info: dict[str, Any], click: bool) -> Non
     mouse = sb.page.mouse
     try:
         if click:
-            await mouse.click(info["x"], info["y"])
+            await sb.call(mouse.click(info["x"], info["y"]), "a mouse click")
         else:
-            await mouse.move(info["x"], info["y"])
+            await sb.call(mouse.move(info["x"], info["y"]), "a mouse move")
     except PlaywrightError as exc:
         sb.check()
         raise ActionError(f"the mouse action failed: {_first_line(exc)}") from None
@@ -123,7 +125,7 @@ async def press(sb: BrowserSandbox, key: str, bid: str | None = None) -> str:
     if bid:
         await _act(sb, bid, "focus")
     try:
-        await sb.page.keyboard.press(key)
+        await sb.call(sb.page.keyboard.press(key), f"pressing {key!r}")
     except PlaywrightError as exc:
         sb.check()
         raise ActionError(f"cannot press {key!r}: {_first_line(exc)} (keys look like 'Enter', "
@@ -133,7 +135,8 @@ async def press(sb: BrowserSandbox, key: str, bid: str | None = None) -> str:
 
 async def scroll(sb: BrowserSandbox, dx: float, dy: float) -> str:
     try:
-        await sb.page.evaluate("([x, y]) => window.scrollBy(x, y)", [dx, dy])
+        await sb.call(sb.page.evaluate("([x, y]) => window.scrollBy(x, y)", [dx, dy]),
+                      "scrolling")
     except PlaywrightError as exc:
         sb.check()
         raise ActionError(f"scroll failed: {_first_line(exc)}") from None
@@ -168,7 +171,7 @@ CAN_GO_BACK_JS = f"""() => {{
 
 async def go_back(sb: BrowserSandbox) -> str:
     page = sb.page
-    if not await page.evaluate(CAN_GO_BACK_JS):
+    if not await sb.call(page.evaluate(CAN_GO_BACK_JS), "a history check"):
         raise ActionError("there is no previous page in this tab's history")
     try:
         await page.go_back(wait_until="domcontentloaded",

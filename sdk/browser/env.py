@@ -24,17 +24,23 @@ form (URL, page text, elements, optional PNG screenshot). Actions are tools (`cl
 Oracles cannot know bids before the page is observed, so an oracle's ToolCalls may give a
 `Ref(role, name)` instead of a bid: when the action is played, the env replaces it with the bid
 of the first element of that role and name in the latest observation.
+
+A page that stops responding (a script that never yields) is killed when a call into it
+outlives `action_timeout` (`BrowserSandbox.call`): `reset` raises `PageUnresponsive`, a step
+returns truncated, and the rewards are not computed (0, with the reason in `info["errors"]`).
+Rewards that read the page get `navigation_timeout` in all.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Awaitable, Callable, ClassVar, Mapping
 
 from playwright.async_api import Error as PlaywrightError
 
 from ..env import Action, Env, Episode
-from ..errors import AgentError, BrowserError
+from ..errors import AgentError, BrowserError, PageUnresponsive
 from ..sandbox.spec import Browser
 from ..terminal import default_run_id
 from ..toolcalls import ToolCallParseError
@@ -169,13 +175,49 @@ class BrowserEnv(Env):
         sandbox = require_browser(episode.sandbox)
         sandbox.last_error = None
         output = await super()._run_calls(episode, calls)
+        if sandbox.hung:  # an action found the page hung (its tool output says so)
+            episode.done = episode.truncated = True
         if episode.done:
             return output
-        obs = await sandbox.observe()
+        try:
+            obs = await sandbox.observe()
+        except PageUnresponsive as exc:
+            episode.done = episode.truncated = True
+            episode.messages.append({"role": "user", "content": str(exc)})
+            return f"{output}\n\n{exc}"
         self.last_observation = obs
         rendered = obs.render()
         episode.messages[-1]["content"] += f"\n\n{rendered}"
         return f"{output}\n\n{rendered}"
+
+    async def _score(self, episode: Episode, *, per_step: bool) -> float:
+        """The rewards, on a page that can still be read: none when it was killed as hung
+        (each counts 0, the reason recorded once), `navigation_timeout` for them in all (the
+        page is killed if they take longer)."""
+        sandbox = episode.sandbox
+        if not isinstance(sandbox, BrowserSandbox) or \
+                not any(r.per_step == per_step for r in self._rewards.values()):
+            return await super()._score(episode, per_step=per_step)
+        if not await sandbox.responsive():
+            return self._unscored(episode, per_step, f"rewards not computed: {sandbox.hung}")
+        before = dict(episode.rewards)
+        budget = sandbox.spec.navigation_timeout
+        try:
+            return await asyncio.wait_for(super()._score(episode, per_step=per_step), budget)
+        except asyncio.TimeoutError:
+            await sandbox.kill(f"the rewards did not finish reading the page within {budget:g} "
+                               "s; its renderer was killed")
+            episode.rewards = before
+            return self._unscored(episode, per_step, f"rewards not computed: {sandbox.hung}")
+
+    def _unscored(self, episode: Episode, per_step: bool, why: str) -> float:
+        """Count this kind of rewards as 0 and record why (once per episode)."""
+        for spec in self._rewards.values():
+            if spec.per_step == per_step:
+                episode.rewards.setdefault(spec.name, 0.0)
+        if why not in episode.errors:
+            episode.errors.append(why)
+        return 0.0
 
     def _normalise(self, action: Action) -> tuple[list[ToolCall | ToolCallParseError], str]:
         if isinstance(action, str) and "<tool_call>" not in action \
@@ -209,10 +251,12 @@ class BrowserEnv(Env):
         sb = require_browser(sandbox)
         try:
             result = await fn(sb, *args)
+            await sb.settle()
+        except PageUnresponsive as exc:  # shown as the action's error; the step then ends
+            raise ActionError(str(exc)) from None
         except ActionError as exc:
             sb.last_error = str(exc)
             raise
-        await sb.settle()
         return result
 
     # --- actions --------------------------------------------------------------------------------

@@ -107,7 +107,8 @@ class FifoTransport(Transport):
         # shell and our early writes wait in the pipe; it is never read from
         self._stdin_reader: int | None = os.open(f"{self.path}.in", os.O_RDONLY | nonblock)
         self._stdin = os.open(f"{self.path}.in", os.O_WRONLY | nonblock)
-        self._readers = [os.open(f"{self.path}.{s}", os.O_RDONLY | nonblock) for s in ("out", "err")]
+        self._readers = [os.open(f"{self.path}.{s}", os.O_RDONLY | nonblock)
+                         for s in ("out", "err")]
         self._guards = [os.open(f"{self.path}.{s}", os.O_WRONLY | nonblock) for s in ("out", "err")]
         self._open = 2
         self._closed = False

@@ -86,8 +86,8 @@ def kill_below(root: int, keep: frozenset[int] = frozenset(), everything: bool =
 
     Processes sharing `root`'s own group (a command-substitution subshell) are killed one by one
     so `root` survives. What `keep` names (see `idle_snapshot`: a shell and its earlier
-    background jobs) is left alone. Repeats until nothing new appears (a fork bomb). With `everything`, `root` and
-    all groups below it die. Returns how many signals were sent.
+    background jobs) is left alone. Repeats until nothing new appears (a fork bomb). With
+    `everything`, `root` and all groups below it die. Returns how many signals were sent.
     """
     info = _stat(root)
     if info is None:
@@ -194,13 +194,15 @@ def namespace_pids(pid: int) -> list[int]:
     return found
 
 
-def kill_all(listing: Callable[[], Iterable[int]], keep: frozenset[tuple[int, int]], rounds: int = 50) -> int:
+def kill_all(listing: Callable[[], Iterable[int]], keep: frozenset[tuple[int, int]],
+             rounds: int = 50) -> int:
     """SIGKILL every process `listing()` names (host pids) whose `process_key` is not in
     `keep`, repeating until none is left (a fork bomb, a respawning loop). Returns how many
     were signalled."""
     done: set[tuple[int, int]] = set()
     for _ in range(rounds):
-        targets = [k for k in map(process_key, listing()) if k and k not in keep and k not in done]
+        targets = [k for k in map(process_key, listing())
+                   if k and k not in keep and k not in done]
         if not targets:
             break
         for key in targets:

@@ -158,7 +158,8 @@ class Sandbox(abc.ABC):
     async def kill_agent_processes(self, spare: frozenset[tuple[int, int]] = frozenset()) -> int:
         """End the shell sessions and SIGKILL every other process in the sandbox (detached ones,
         whole trees, from the host) except its init and what `spare` names; the sandbox stays
-        usable (later commands start fresh shells). Returns how many processes were killed."""
+        usable (later commands start fresh shells). Returns how many processes were killed.
+        A backend without process control raises SandboxError (the verify phase warns)."""
         raise self.unsupported("process control")
 
     async def changed_since(self, since: float) -> list[str] | None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
-import itertools
 import json
 import logging
 import base64
@@ -187,6 +186,7 @@ class DockerSandbox(Sandbox):
         io_dir = io_root() / name
         t0 = time.monotonic()
         created = None
+        sent: list[bool] = []  # whether a create call reached out to the daemon
         try:
             agent = user or await _image_user(image)
             # the container starts the control shell, and a root agent's shell, itself
@@ -195,11 +195,10 @@ class DockerSandbox(Sandbox):
             host_config["Binds"] = [f"{io_dir}:{_fifo.MOUNT}:ro"]
             # the low-level call: the high-level `containers.create` inspects the new container
             # afterwards, one more daemon round trip per sandbox that nothing here needs
-            calls = itertools.count()
-
             def create_container(c: Any) -> dict[str, Any]:
-                if next(calls):  # a repeat after the daemon went away mid-call: the first
-                    _remove(c, name)  # call may have created the container before it did
+                if sent:  # a repeat after the daemon went away mid-call: the first call
+                    _remove(c, name)  # may have created the container before it did
+                sent.append(True)
                 return c.api.create_container(
                     image=image, command=["sh", "-c", _fifo.BOOT], detach=True, name=name,
                     hostname="sandbox",
@@ -220,6 +219,8 @@ class DockerSandbox(Sandbox):
         finally:
             if created is None:  # no container owns the pipes
                 _fifo.remove_fifos(io_dir)
+                if sent:  # a daemon shutting down may make it and still answer an error
+                    await _blocking(_discard, name)
         sandbox = cls(created["Id"], spec, agent, workdir, io_dir)
         try:
             if spec.files:
@@ -487,6 +488,14 @@ def _remove(client: Any, container: str) -> None:
         client.api.remove_container(container, force=True)
     except docker.errors.NotFound:
         pass
+
+
+def _discard(container: str) -> None:
+    """Best-effort removal of a container this process may have created without knowing it."""
+    try:
+        daemon_call(lambda c: _remove(c, container))
+    except Exception as exc:  # the reaper removes it later (its owner label names us)
+        log.warning("could not remove %s after a failed create: %s", container, exc)
 
 
 def io_root() -> Path:

@@ -53,15 +53,18 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _orphaned(labels: dict[str, str]) -> bool:
+def _orphaned(labels: dict[str, str], mine: bool = False) -> bool:
+    """Whether the container's creating process is gone (or, with `mine`, is this one)."""
     host, _, pid = labels.get(LABEL_OWNER, "").rpartition(":")
     if not pid.isdigit():
         return True  # not made by a sandbox (e.g. an export helper) or by an old version
+    if mine and host == socket.gethostname() and int(pid) == os.getpid():
+        return True
     return host == socket.gethostname() and not _pid_alive(int(pid))
 
 
 def gc_containers(run: str | None = None, everything: bool = False,
-                  orphans_only: bool = False) -> int:
+                  orphans_only: bool = False, mine: bool = False) -> int:
     """Remove (force) managed containers: orphaned ones, all of `run` (only its orphaned ones
     with `orphans_only`), or all, and the shell pipe dirs of containers that no longer exist.
     Returns the count of containers removed."""
@@ -72,7 +75,8 @@ def gc_containers(run: str | None = None, everything: bool = False,
         labels = c.get("Labels") or {}
         names = {n.lstrip("/") for n in c.get("Names") or []}
         if run:
-            doomed = labels.get(LABEL_RUN) == run and (not orphans_only or _orphaned(labels))
+            doomed = labels.get(LABEL_RUN) == run and (not orphans_only
+                                                       or _orphaned(labels, mine))
         else:
             doomed = everything or _orphaned(labels)
         if not doomed:
@@ -96,7 +100,8 @@ def _gc_io_dirs(kept: set[str]) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def gc_bwrap(run: str | None = None, orphans_only: bool = False) -> tuple[int, int]:
+def gc_bwrap(run: str | None = None, orphans_only: bool = False,
+             mine: bool = False) -> tuple[int, int]:
     """Remove bwrap sandbox dirs whose owner process died (or of `run`; with `orphans_only`
     those of `run` whose owner died), and the cgroups of sandboxes without a live dir (killing
     what still runs in them)."""
@@ -104,7 +109,7 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False) -> tuple[int, i
     root = sandboxes_dir()
     prefix = None if run is None else run.replace("/", "_") + "-"  # as bwrap names them
     for d in sorted(root.iterdir()) if root.is_dir() else []:
-        if _stale(d, run, orphans_only):
+        if _stale(d, run, orphans_only, mine):
             shutil.rmtree(d, ignore_errors=True)
             for mnt in MOUNT_ROOT.glob(f"{d.name}-*"):  # its overlay's (empty) mount point
                 with contextlib.suppress(OSError):
@@ -116,7 +121,7 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False) -> tuple[int, i
             continue
         # decided now, not from the listing above: a sandbox created since then has its dir
         # (made before its cgroup) and a sandbox closing drops its cgroup before its dir
-        if (root / cg.name).is_dir() and not _stale(root / cg.name, run, orphans_only):
+        if (root / cg.name).is_dir() and not _stale(root / cg.name, run, orphans_only, mine):
             continue
         try:
             pids = (cg / "cgroup.procs").read_text().split()
@@ -138,7 +143,8 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False) -> tuple[int, i
     return dirs, cgroups
 
 
-def _stale(sandbox_dir: Path, run: str | None, orphans_only: bool = False) -> bool:
+def _stale(sandbox_dir: Path, run: str | None, orphans_only: bool = False,
+           mine: bool = False) -> bool:
     """Whether a bwrap sandbox dir belongs to `run` (given; and to an owner that died, with
     `orphans_only`) or to an owner that died."""
     try:
@@ -147,6 +153,7 @@ def _stale(sandbox_dir: Path, run: str | None, orphans_only: bool = False) -> bo
         # no owner yet: a sandbox being created writes it just after making its dir
         return _age(sandbox_dir) > OWNERLESS_GRACE_S
     dead = not (owner.get("pid") and _pid_alive(int(owner["pid"])))
+    dead = dead or (mine and owner.get("pid") == os.getpid())
     if run is not None:
         return owner.get("run") == run and (dead or not orphans_only)
     return dead
@@ -180,15 +187,17 @@ def gc(run: str | None = None, everything: bool = False, docker: bool = True) ->
     return report
 
 
-def reap_run(run: str) -> GcReport:
-    """Remove the sandboxes of `run` left by processes that are gone (see module docstring);
-    a daemon that does not answer is skipped, not waited for."""
+def reap_run(run: str, *, mine: bool = False) -> GcReport:
+    """Remove the sandboxes of `run` left by processes that are gone (see module docstring),
+    and with `mine` those of this process too (a run that closed all of its own: anything
+    left is a leak, e.g. a container whose create finished after its caller was cancelled).
+    A daemon that does not answer is skipped, not waited for."""
     report = GcReport()
     try:
-        report.containers = gc_containers(run, orphans_only=True)
+        report.containers = gc_containers(run, orphans_only=True, mine=mine)
     except SandboxError as exc:
         log.info("skipping containers: %s", exc)
-    report.bwrap_dirs, report.cgroups = gc_bwrap(run, orphans_only=True)
+    report.bwrap_dirs, report.cgroups = gc_bwrap(run, orphans_only=True, mine=mine)
     if report.containers or report.bwrap_dirs or report.cgroups:
         log.warning("run %s: reaped %d containers, %d bwrap dirs and %d cgroups left by a "
                     "process that is gone", run, report.containers, report.bwrap_dirs,

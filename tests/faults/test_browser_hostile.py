@@ -21,9 +21,9 @@ from typing import Any, AsyncIterator
 import pytest
 
 import corral as cr
-from corral.browser import BrowserEnv, html_page
+from corral.browser import BrowserEnv, BrowserPool, html_page, task_server
 from corral.errors import PageUnresponsive
-from corral.runner import EpisodeLimits, Runner, ScriptedPolicy, Status
+from corral.runner import EpisodeLimits, Runner, SandboxPool, ScriptedPolicy, Status
 from corral.runner.policy import ScriptedCall
 from corral.sandbox import open_sandbox
 from corral.sandbox.browser.chromium import chromium_sandbox_available
@@ -104,21 +104,30 @@ def mine(pids: set[int]) -> set[int]:
 
 @pytest.fixture(scope="module", autouse=True)
 def no_chromium_left() -> Any:
-    """No Chromium started by these tests outlives them (others' tests may run browsers on
-    this machine at the same time, so only new processes count, and every one must go)."""
+    """Every Chromium process these tests started is gone once they end (host browsers,
+    their renderers and helpers, and the Chromium of container mode, which the host's /proc
+    shows too)."""
     before = chromium_pids()
-    ours: set[int] = set()
-    yield ours
+    yield
     deadline = time.monotonic() + 10
-    while (left := (chromium_pids() - before) & ours | mine(chromium_pids() - before)) \
-            and time.monotonic() < deadline:
+    while (left := chromium_pids() - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"Chromium processes left behind: {sorted(left)}"
 
 
+@pytest.fixture(scope="module")
+async def pool() -> AsyncIterator[BrowserPool]:
+    """A warm browser, so the timings below are the episode's, not a browser launch's."""
+    pool = await BrowserPool(warm_url=task_server().blank_url).start()
+    await pool.wait_warm()
+    yield pool
+    await pool.close()
+
+
 # --- 7. spinning pages ----------------------------------------------------------------------
-async def test_reset_of_a_page_spinning_while_it_loads_ends_within_the_action_timeout() -> None:
-    env = spinning("load")()
+async def test_reset_of_a_page_spinning_while_it_loads_ends_within_the_action_timeout(
+        pool: BrowserPool) -> None:
+    env = spinning("load")(pool=pool)
     try:
         started = time.monotonic()
         with pytest.raises(PageUnresponsive, match="did not respond"):
@@ -130,8 +139,9 @@ async def test_reset_of_a_page_spinning_while_it_loads_ends_within_the_action_ti
         await env.aclose()
 
 
-async def test_step_on_a_page_that_spins_once_clicked_ends_truncated_in_time() -> None:
-    env = spinning("click")()
+async def test_step_on_a_page_that_spins_once_clicked_ends_truncated_in_time(
+        pool: BrowserPool) -> None:
+    env = spinning("click")(pool=pool)
     try:
         await asyncio.wait_for(env.areset(seed=0), 30)
         bid = env.last_observation.find("button", "Spin").bid
@@ -163,11 +173,15 @@ async def test_through_the_runner_a_spinning_page_ends_truncated_at_the_deadline
     # hung call, and the page must not hold the episode (or its rewards) past it
     deadline = 4.0
     Spinning.started.clear()
-    async with Runner([spinning(start, action_timeout=30)], ScriptedPolicy(click_spin),
-                      limits=EpisodeLimits(max_tokens=64, episode_deadline=deadline),
-                      run_id=f"test-spin-{start}") as runner:
-        [traj] = await asyncio.wait_for(runner.collect(1), deadline + 60)
-        ended = time.monotonic()
+    env = spinning(start, action_timeout=30)
+    async with SandboxPool(2, run_id=f"test-spin-{start}") as sandboxes:
+        # its context ready before the clock starts: the deadline is the page's, not a launch's
+        await sandboxes.prewarm(env.sandbox_spec, 1, wait=True)
+        async with Runner([env], ScriptedPolicy(click_spin), pool=sandboxes,
+                          limits=EpisodeLimits(max_tokens=64, episode_deadline=deadline),
+                          run_id=f"test-spin-{start}") as runner:
+            [traj] = await asyncio.wait_for(runner.collect(1), deadline + 60)
+            ended = time.monotonic()
     assert traj.status is Status.TRUNCATED, (traj.status, traj.error)
     assert traj.attempts == 1 and len(Spinning.started) == 1  # not retried
     assert traj.metadata["truncated_by"] == "episode"
@@ -309,12 +323,17 @@ async def test_host_mode_chromium_runs_in_its_own_sandbox_where_the_host_allows_
         await sandbox.page.goto(site.url("/"))
         renderers = {pid for pid in mine(chromium_pids())
                      if "--type=renderer" in Path(f"/proc/{pid}/cmdline").read_text()}
-        statuses = [Path(f"/proc/{pid}/status").read_text() for pid in renderers]
+        statuses = [confinement(pid) for pid in renderers]
     finally:
         await sandbox.close()
     assert renderers
     if chromium_sandbox_available():  # this machine allows it: every renderer is confined
-        for status in statuses:
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            assert fields["Uid"].split()[0] != "0", status
-            assert fields["Seccomp"].strip() == "2", status  # a seccomp-bpf filter
+        for uid, seccomp in statuses:
+            assert uid != 0 and seccomp == 2, statuses  # unprivileged, under seccomp-bpf
+
+
+def confinement(pid: int) -> tuple[int, int]:
+    """A process's real uid and seccomp mode (2: a filter) from /proc."""
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["Uid"].split()[0]), int(fields["Seccomp"])

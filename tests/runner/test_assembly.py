@@ -172,3 +172,13 @@ async def test_sandboxes_stay_busy_past_a_straggler_and_while_the_consumer_train
         release.set()
         await batches.aclose()
     await pool.close()
+
+
+def test_retry_backoff_grows_with_jitter_and_stops_at_its_budget() -> None:
+    backoff = AssemblyConfig(retry_backoff=0.5, retry_backoff_max=8.0, retry_budget=60.0).backoff()
+    assert [backoff.ceiling(k) for k in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    pauses = [backoff.pause(3) for _ in range(200)]
+    assert all(1.0 <= p <= 2.0 for p in pauses) and len(set(pauses)) > 100  # jittered
+    assert backoff.pause(5, spent=55.0) is None and backoff.pause(1, spent=59.0) is not None
+    with pytest.raises(ValueError, match="backoff"):
+        AssemblyConfig(retry_backoff=10.0, retry_backoff_max=1.0)

@@ -97,3 +97,36 @@ async def test_resumed_batches_skip_consumed_groups_and_reuse_stored_work(tmp_pa
     assert resumed == len(stored) - 8 and resumed <= launched
     regenerated = {s.split("#")[0] for s in second_policy.stats.sessions}
     assert not regenerated & stored
+
+
+async def test_stored_infra_errors_run_again_on_resume_and_load_once(tmp_path: Path) -> None:
+    from corral.errors import PolicyError
+    from corral.runner import Status
+
+    doomed = ("g000001-s000", "g000002-s001")
+
+    def flaky(call):  # the first run's server fails these samples on every attempt
+        if call.request.session_id.startswith(doomed):
+            raise PolicyError("replica answered HTTP 503")
+        return arithmetic_solver(call)
+
+    quick = AssemblyConfig(retries=1, retry_backoff=0.01, retry_backoff_max=0.01)
+    async with Runner(["corral/arithmetic-v0"], ScriptedPolicy(flaky), run_dir=tmp_path,
+                      seed=4, assembly=quick) as runner:
+        first = await runner.collect(8, group=2)
+    assert sorted(t.id for t in first if t.status is Status.INFRA_ERROR) == list(doomed)
+    assert all(t.attempts == 2 for t in first if t.id in doomed)
+
+    healed = ScriptedPolicy(arithmetic_solver)
+    async with Runner(["corral/arithmetic-v0"], healed, run_dir=tmp_path, seed=4,
+                      assembly=quick) as runner:
+        second = await runner.collect(8, group=2)
+        assert runner.counts["resumed"] == 6  # only the infra errors ran again
+    assert {s.split("#")[0] for s in healed.stats.sessions} == set(doomed)
+    assert all(t.status is not Status.INFRA_ERROR for t in second)
+    lines = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_bytes()
+             .splitlines()]
+    assert len(lines) == 10  # the infra errors are kept on disk, as history
+    _, loaded = load_run(tmp_path)
+    assert len(loaded) == len({t.id for t in loaded}) == 8
+    assert all(t.status is not Status.INFRA_ERROR for t in loaded)

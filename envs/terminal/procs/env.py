@@ -112,7 +112,7 @@ HTTP = Template(
                         "127.0.0.1 >/dev/null 2>&1 &)",
                         f"for i in $(seq 200); do (: > /dev/tcp/127.0.0.1/{p['port']}) "
                         "2>/dev/null && break; sleep 0.05; done"],
-    check=lambda p: PROBE.format(**p))
+    check=lambda p: PROBE.format(**p), live=True)
 
 TEMPLATES = (STOP, SIGNAL, NICE, PID, HTTP)
 

@@ -1,10 +1,17 @@
-"""Which Chromium runs and with which switches: shared by the host launcher (`pool.py`), the
-containerized launcher (`container.py`) and anything else that starts a browser (the registry's
-web-catalog tests, the browser benchmarks)."""
+"""Which Chromium runs, with which switches, and under which user: shared by the host launcher
+(`pool.py`), the containerized launcher (`container.py`) and anything else that starts a
+browser (the registry's web-catalog tests, the browser benchmarks)."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import shutil
+import subprocess
+import tempfile
+
+log = logging.getLogger(__name__)
 
 FULL_CHROMIUM = "/usr/bin/chromium"
 # Debian's headless shell (package chromium-headless-shell, the same build as chromium), the
@@ -22,8 +29,74 @@ PLAYWRIGHT_DISABLED = ("AvoidUnnecessaryBeforeUnloadCheckSync", "DestroyProfileO
                        "MediaRouter", "PaintHolding", "ThirdPartyStoragePartitioning",
                        "AvoidCorsURLLoaderRestartOnRedirect", "OptimizationHints",
                        "NetworkTimeServiceQuerying", "AimEnabled", "PreconnectToSearch")
-LAUNCH_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-background-networking",
+# No --no-sandbox here: Playwright adds it unless asked for the sandbox (`HostLauncher` asks
+# where the host allows it), and container mode adds it (the container is its sandbox).
+# WebRTC may only use UDP through the proxy, which goes nowhere (`egress.py`): without this a
+# page sends STUN datagrams to any address.
+LAUNCH_ARGS = ("--disable-gpu", "--disable-background-networking",
                "--disable-component-update", "--disable-sync", "--disable-quic",
                "--no-first-run",
                "--disable-features=" + ",".join(("Translate",) + PLAYWRIGHT_DISABLED),
-               "--disable-extensions", "--mute-audio", "--disable-breakpad")
+               "--disable-extensions", "--mute-audio", "--disable-breakpad",
+               "--force-webrtc-ip-handling-policy=disable_non_proxied_udp")
+
+UNPRIVILEGED = 65534  # nobody / nogroup: who the host browser runs as when we are root
+# Run as root, Chromium refuses its own sandbox; this wrapper (Playwright starts it in place
+# of Chromium, with Chromium's arguments) gives Playwright's fresh profile directory to the
+# unprivileged user and then becomes that user, with no capabilities, before exec'ing Chromium.
+# The pipes Playwright drives the browser through (fds 3 and 4) pass through unchanged.
+DROP_WRAPPER = """#!/bin/sh
+for arg in "$@"; do
+  case "$arg" in --user-data-dir=*) profile="${{arg#--user-data-dir=}}";; esac
+done
+[ -n "$profile" ] && chown -R {uid}:{uid} "$profile" && export HOME="$profile"
+exec {setpriv} --reuid={uid} --regid={uid} --clear-groups --inh-caps=-all \\
+  --bounding-set=-all -- {chromium} "$@"
+"""
+
+
+@functools.cache
+def chromium_sandbox_available() -> bool:
+    """Whether Chromium's own sandbox can run here: it needs unprivileged user namespaces
+    (Debian ships no setuid helper), and as root a drop to `UNPRIVILEGED` first (setpriv).
+    Probed once per process (a few ms)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    probe = [unshare, "--user", "true"]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            return False
+        probe = [setpriv, f"--reuid={UNPRIVILEGED}", f"--regid={UNPRIVILEGED}",
+                 "--clear-groups", "--", *probe]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@functools.cache
+def _drop_wrapper(executable: str) -> str:
+    """The path of a wrapper script that starts `executable` as `UNPRIVILEGED` (written once
+    per process into a private directory)."""
+    folder = tempfile.mkdtemp(prefix="corral-chromium-")
+    path = os.path.join(folder, "chromium-unprivileged")
+    with open(path, "w") as f:
+        f.write(DROP_WRAPPER.format(uid=UNPRIVILEGED, setpriv=shutil.which("setpriv"),
+                                    chromium=executable))
+    os.chmod(path, 0o700)
+    return path
+
+
+def sandboxed_launch(executable: str = CHROMIUM, sandbox: bool | None = None) -> tuple[str, bool]:
+    """(what to start, whether Chromium's sandbox is on) for a host browser. `sandbox=None`
+    turns it on where the host allows it; False turns it off; True insists (an error from
+    Chromium where the host cannot)."""
+    on = chromium_sandbox_available() if sandbox is None else sandbox
+    if not on:
+        if sandbox is None:
+            log.warning("Chromium runs without its sandbox: this host allows no unprivileged "
+                        "user namespaces (docs/security.md)")
+        return executable, False
+    return (_drop_wrapper(executable) if os.geteuid() == 0 else executable), True

@@ -133,7 +133,9 @@ class ContainerLauncher:
         if not image_exists(self.image):
             raise ImageNotFound(f"image {self.image} is not present locally; build it with "
                                 "`corral browser image`")
-        args = [*LAUNCH_ARGS, "--headless", f"--user-data-dir={PROFILE}",
+        # --no-sandbox: Docker's seccomp profile refuses the user namespaces Chromium's
+        # sandbox needs; the container (no network, no capabilities, uid 1000) is the sandbox
+        args = [*LAUNCH_ARGS, "--no-sandbox", "--headless", f"--user-data-dir={PROFILE}",
                 "--remote-debugging-address=0.0.0.0", f"--remote-debugging-port={CDP_PORT}",
                 "--disable-dev-shm-usage", "about:blank"]
         container = docker_client().containers.run(

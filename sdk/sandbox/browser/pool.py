@@ -11,8 +11,11 @@ that gave it back does not wait for Chromium to tear it down. Playwright objects
 event loop that made them, so a pool serves the loop it was started on; whoever makes a pool
 closes it (the browser backend, `backend.py`, does for the sandboxes it opens).
 
-Launchers say how a browser comes to exist: `HostLauncher` starts Debian's Chromium here;
-`corral.sandbox.browser.container.ContainerLauncher` starts it in a container and connects over CDP.
+Launchers say how a browser comes to exist: `HostLauncher` starts Debian's Chromium here
+(inside Chromium's own sandbox where the host allows it, as an unprivileged user when we are
+root); `corral.sandbox.browser.container.ContainerLauncher` starts it in a container and connects
+over CDP. Every context gets a proxy that goes nowhere (`egress.py`), so pages reach their
+allowed origins and nothing else, WebSockets and WebRTC included.
 """
 
 from __future__ import annotations
@@ -28,13 +31,18 @@ from urllib.parse import urlsplit
 from playwright.async_api import Browser, BrowserContext, Page, Playwright, Route, async_playwright
 
 from ...errors import BrowserError
-from .chromium import CHROMIUM, LAUNCH_ARGS
+from .chromium import CHROMIUM, LAUNCH_ARGS, sandboxed_launch
+from .egress import nowhere_proxy
 from .observe import POPUP_JS
 from .site import SITE_HEADER
 
 log = logging.getLogger(__name__)
 
 Viewport = tuple[int, int]
+# How long closing a context may take before its browser is given up on: closing kills the
+# context's renderers even when their script never yields (about 20 ms measured), so only a
+# wedged browser takes longer.
+KILL_TIMEOUT = 5.0
 
 
 class Launcher(Protocol):
@@ -48,18 +56,25 @@ class Launcher(Protocol):
 
 class HostLauncher:
     """Debian's Chromium on this machine (its headless shell when installed), driven by
-    Playwright."""
+    Playwright. `sandbox=None` runs it in Chromium's own sandbox where the host allows it
+    (`chromium.sandboxed_launch`); `sandboxed` says whether it does."""
 
     name = "host"
 
-    def __init__(self, executable: str = CHROMIUM, args: tuple[str, ...] = LAUNCH_ARGS) -> None:
+    def __init__(self, executable: str = CHROMIUM, args: tuple[str, ...] = LAUNCH_ARGS,
+                 sandbox: bool | None = None) -> None:
         self.executable = executable
         self.args = args
+        self.sandbox = sandbox
+        self.sandboxed = False
 
     async def launch(self, playwright: Playwright) -> tuple[Browser, Callable[[], Awaitable[None]]]:
+        start, self.sandboxed = await asyncio.to_thread(sandboxed_launch, self.executable,
+                                                        self.sandbox)
         try:
             browser = await playwright.chromium.launch(
-                executable_path=self.executable, headless=True, args=list(self.args))
+                executable_path=start, headless=True, args=list(self.args),
+                chromium_sandbox=self.sandboxed)
         except Exception as exc:
             raise BrowserError(f"Chromium did not start from {self.executable} ({exc}); install "
                                "it with `apt-get install chromium-headless-shell` (or "
@@ -124,6 +139,20 @@ class ContextLease:
     @property
     def browser_dead(self) -> bool:
         return self.slot.dead
+
+    async def kill(self) -> None:
+        """Close the context now, killing its renderers (a page whose script never yields
+        included); where that takes over `KILL_TIMEOUT` the browser is closed and replaced.
+        Not cancelled with its caller: a renderer left spinning would hold a CPU."""
+        closing = asyncio.ensure_future(self.context.close())
+        try:
+            await asyncio.wait_for(asyncio.shield(closing), KILL_TIMEOUT)
+        except asyncio.TimeoutError:
+            log.warning("a context did not close within %g s; its browser is replaced",
+                        KILL_TIMEOUT)
+            self.pool._discard(self.slot)
+        except Exception as exc:  # the context (or its browser) is already gone
+            log.debug("closing an unresponsive context: %s", exc)
 
     async def release(self) -> None:
         if self.released:
@@ -209,29 +238,35 @@ class BrowserPool:
                 self._refill(slot, (1280, 720))
         return self
 
-    async def acquire(self, viewport: Viewport = (1280, 720)) -> ContextLease:
-        """A fresh isolated context with one blank page."""
+    async def acquire(self, viewport: Viewport = (1280, 720),
+                      direct: tuple[str, ...] = ()) -> ContextLease:
+        """A fresh isolated context with one blank page. `direct`: origins (besides the task
+        server's) its pages may reach over HTTP(S) (a spec's `allowed_origins`); such a
+        context is made for the episode, not taken warm."""
         slot = await self._slot()
         slot.contexts += 1
         try:
-            ready = slot.warm.get(viewport)
-            made = ready.pop() if ready else await self._new_context(slot, viewport)
+            ready = None if direct else slot.warm.get(viewport)
+            made = ready.pop() if ready else await self._new_context(slot, viewport,
+                                                                     direct=direct)
         except BaseException:
             slot.contexts -= 1
             raise
         return ContextLease(made.context, made.page, made.hook, slot, self, viewport=viewport,
                             token=made.token)
 
-    async def _new_context(self, slot: BrowserSlot, viewport: Viewport,
-                           warm: bool = False) -> Prepared:
+    async def _new_context(self, slot: BrowserSlot, viewport: Viewport, warm: bool = False,
+                           direct: tuple[str, ...] = ()) -> Prepared:
         hook = RouteHook()
         # host mode: the context sends its site token from the start, so attaching the
         # episode's site later needs no round trip to the browser
         token = secrets.token_hex(8) if self.site_origin else None
+        reach = ((self.site_origin,) if self.site_origin else ()) + tuple(direct)
         try:
             context = await slot.browser.new_context(
                 viewport={"width": viewport[0], "height": viewport[1]},
                 service_workers="block", accept_downloads=False,
+                proxy=nowhere_proxy(reach),
                 extra_http_headers={SITE_HEADER: token} if token else None)
             try:
                 await asyncio.gather(context.route(self._route_match, hook),
@@ -249,6 +284,22 @@ class BrowserPool:
                                    "it will be replaced, retry the episode") from exc
             raise BrowserError(f"could not open a browser context: {exc}") from exc
         return Prepared(context, page, hook, token)
+
+    def _discard(self, slot: BrowserSlot) -> None:
+        """Give up on a wedged browser: marked dead (the next acquire replaces it) and
+        closed in the background, bounded, so a browser that does not answer is not waited
+        on."""
+        self._mark_dead(slot)
+
+        async def close() -> None:
+            try:
+                await asyncio.wait_for(slot.closer(), KILL_TIMEOUT)
+            except Exception as exc:  # TimeoutError included: the driver kills it at stop
+                log.warning("a discarded browser did not close: %s", exc)
+
+        task = asyncio.ensure_future(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _refill(self, slot: BrowserSlot, viewport: Viewport) -> None:
         if self.warm_contexts == 0 or self._closed:

@@ -15,6 +15,14 @@ the last action error. In host mode the pool's route skips the task server's own
 requests go straight to it, and it serves a context only the site whose token it sends). A
 crashed page or a browser that went away raises `BrowserError` on the next use: the episode
 ends as an infrastructure error and the pool replaces the browser.
+
+Every call into a page runs under a deadline (`call`): `action_timeout`, and for navigations
+Playwright's own `navigation_timeout`, which its driver enforces whatever the renderer does. A
+page that does not answer in time is taken as hung (a script that never yields): its context
+is closed at once, which kills its renderers, and `PageUnresponsive` is raised, an env outcome
+that ends the episode as truncated. A call cut short by the caller (an episode deadline) marks
+the page as suspect: `responsive()` then gives it `PING_TIMEOUT` to answer before its rewards
+are read.
 """
 
 from __future__ import annotations
@@ -22,13 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Mapping, NoReturn
+from typing import Any, Awaitable, Mapping, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page, Request, Route
 
-from ...errors import BrowserError
+from ...errors import BrowserError, PageUnresponsive
 from ..base import ExecResult, Sandbox, SandboxStats, Shell
 from ..spec import Browser
 from .observe import SETTLE_JS, WALK_JS, Observation, parse_nodes
@@ -40,6 +48,10 @@ log = logging.getLogger(__name__)
 
 PASS_SCHEMES = ("about", "data", "blob")
 MAX_TEXT = 4000
+# After a deadline cut a page call short, how long the page gets to answer a no-op before it
+# is taken as hung: a live renderer answers in milliseconds, even on a loaded machine.
+PING_TIMEOUT = 1.0
+T = TypeVar("T")
 
 
 def origin_of(url: str) -> str:
@@ -76,6 +88,8 @@ class BrowserSandbox(Sandbox):
         self.last_observation: Observation | None = None
         self._container_mode = container_mode
         self._crashed: str | None = None
+        self.hung: str | None = None  # why the page was taken as hung (its context is closed)
+        self.interrupted = False  # a page call was cut short by the caller (a deadline)
         self._closed = False
         self._navigating: dict[Page, asyncio.Event] = {}
         self._new_pages: list[Page] = []
@@ -93,7 +107,8 @@ class BrowserSandbox(Sandbox):
         spec = spec or Browser()
         started = time.monotonic()
         try:
-            lease = await pool.acquire(tuple(spec.viewport))  # type: ignore[arg-type]
+            lease = await pool.acquire(tuple(spec.viewport),  # type: ignore[arg-type]
+                                       direct=tuple(spec.allowed_origins))
             sandbox = cls(spec, lease, spec.mode == "container", pool if own_pool else None)
             try:
                 await sandbox._wire()
@@ -145,7 +160,46 @@ class BrowserSandbox(Sandbox):
 
     @property
     def alive(self) -> bool:
-        return not (self._closed or self._crashed or self.lease.browser_dead)
+        return not (self._closed or self._crashed or self.hung or self.lease.browser_dead)
+
+    # --- bounded page calls ----------------------------------------------------------------
+    async def call(self, awaitable: Awaitable[T], what: str, timeout: float | None = None) -> T:
+        """Await one call into the page under `timeout` (default: `action_timeout`). When it
+        does not answer in time the page is hung: `kill` it and raise `PageUnresponsive`."""
+        timeout = self.spec.action_timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(awaitable, timeout)
+        except asyncio.TimeoutError:
+            page = self.pages[self.active].url if self.pages else "the page"
+            await self.kill(f"the page {page} did not respond to {what} within {timeout:g} s "
+                            "(a script that never yields?); its renderer was killed and the "
+                            "episode ends")
+            raise PageUnresponsive(self.hung) from None
+        except asyncio.CancelledError:
+            self.interrupted = True
+            raise
+
+    async def kill(self, why: str) -> None:
+        """Take the page as hung: close the context now (killing its renderers; the pool
+        replaces the browser if even that does not finish)."""
+        if self.hung is None:
+            self.hung = why
+            log.warning("%s", why)
+            await self.lease.kill()
+
+    async def responsive(self) -> bool:
+        """Whether the page can be read: False once it was taken as hung; after a call was
+        cut short, a no-op must come back within `PING_TIMEOUT` (else the page is killed)."""
+        if self.interrupted and self.hung is None and self.pages and not self._closed:
+            self.interrupted = False
+            try:
+                await self.call(self.pages[self.active].evaluate("1"), "a ping",
+                                min(PING_TIMEOUT, self.spec.action_timeout))
+            except PageUnresponsive:
+                return False
+            except PlaywrightError:
+                pass  # navigating, or closed: not hung
+        return self.hung is None
 
     async def prepare(self) -> None:
         """Nothing to start ahead: the context and its first page exist already."""
@@ -176,7 +230,10 @@ class BrowserSandbox(Sandbox):
         return self.pages[self.active]
 
     def check(self) -> None:
-        """Raise BrowserError when the page or browser is gone (an infrastructure failure)."""
+        """Raise PageUnresponsive when the page was taken as hung (an env outcome), and
+        BrowserError when the page or browser is gone (an infrastructure failure)."""
+        if self.hung:
+            raise PageUnresponsive(self.hung)
         if self.lease.browser_dead:
             raise BrowserError("the browser process went away mid-episode; it is replaced by "
                                "the pool and this episode ends as an infrastructure error")
@@ -224,7 +281,7 @@ class BrowserSandbox(Sandbox):
         """Make tab `index` active."""
         page = self.pages[index]
         self.active = index
-        await page.bring_to_front()
+        await self.call(page.bring_to_front(), "bringing its tab to the front")
         return page
 
     # --- sites and the origin policy --------------------------------------------------------
@@ -299,7 +356,7 @@ class BrowserSandbox(Sandbox):
         started (in every tab it opened) up to domcontentloaded."""
         page = self.page
         try:
-            doc, count = await page.evaluate(SETTLE_JS)
+            doc, count = await self.call(page.evaluate(SETTLE_JS), "a settle check")
             seen_doc, seen = self._popups.get(page, ("", 0))
             self._requested += max(0, count - (seen if doc == seen_doc else 0))
             self._popups[page] = (doc, count)
@@ -341,7 +398,8 @@ class BrowserSandbox(Sandbox):
         raw: dict[str, Any] | None = None
         for _ in range(3):  # a navigation can replace the document under the walker
             try:
-                raw = await page.evaluate(WALK_JS, [self.next_bid, MAX_TEXT])
+                raw = await self.call(page.evaluate(WALK_JS, [self.next_bid, MAX_TEXT]),
+                                      "the observation")
                 break
             except PlaywrightError as exc:
                 self.check()
@@ -357,13 +415,15 @@ class BrowserSandbox(Sandbox):
         tabs = []
         for p in self.pages:
             try:
-                title = await p.title() if p is not page else raw["title"]
+                title = (await self.call(p.title(), "reading its title")
+                         if p is not page else raw["title"])
             except PlaywrightError:
                 title = ""
             tabs.append({"title": title, "url": p.url})
         shot = None
         if screenshot if screenshot is not None else self.spec.screenshot:
-            shot = await page.screenshot(type="png", timeout=self.spec.action_timeout * 1000)
+            # timeout=0: ours decides, so a hung page is told apart from a slow capture
+            shot = await self.call(page.screenshot(type="png", timeout=0), "a screenshot")
         obs = Observation(url=raw["url"], title=raw["title"], nodes=nodes, text=raw["text"],
                           tabs=tabs, active_tab=self.active, scroll=tuple(raw["scroll"]),
                           error=self.last_error, screenshot=shot)

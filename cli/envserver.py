@@ -1,0 +1,48 @@
+"""`corral serve-env ID...`: serve registered envs over HTTP + WebSocket (and OpenEnv's
+protocol), a session per client."""
+
+from __future__ import annotations
+
+import typer
+
+from .common import console, fail
+from .policy import _port_free
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `serve-env` command to `app`."""
+
+    @app.command("serve-env")
+    def serve_env(
+        env_ids: list[str] = typer.Argument(..., help="Env ids to serve (ns/name-vN)."),
+        host: str = typer.Option("127.0.0.1", help="Interface to listen on (loopback unless "
+                                 "told otherwise)."),
+        port: int = typer.Option(8010, min=1, max=65535, help="TCP port."),
+        max_sessions: int = typer.Option(8, "--max-sessions", min=1,
+                                         help="Most sessions (env instances + sandboxes) at once."),
+        max_waiting: int = typer.Option(None, "--max-waiting", min=0, help="Most session opens "
+                                        "queued for a slot when full (default: max-sessions); "
+                                        "beyond it a request is answered 429 busy."),
+        idle_timeout: float = typer.Option(300.0, "--idle-timeout", min=0, help="Seconds a "
+                                           "session may sit idle before it is closed with its "
+                                           "sandbox (0: never)."),
+        token: str = typer.Option(None, envvar="CORRAL_ENV_TOKEN", help="Token every request "
+                                  "must carry (Authorization: Bearer)."),
+        backend: str = typer.Option(None, help="Sandbox backend for terminal envs "
+                                    "(default: the env's)."),
+    ) -> None:
+        """Serve ENV_IDS: a session per client, one env instance and sandbox each."""
+        from corral.registry import spec
+        from corral.runner.envserver.serve import LOOPBACK, serve
+
+        for env_id in env_ids:
+            spec(env_id)  # an unknown id fails here with "Did you mean"
+        problem = _port_free(host, port)
+        if problem:
+            fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
+        if host not in LOOPBACK and not token:
+            console.print(f"[yellow]warning:[/] serving on {host} without --token")
+        console.print(f"serving {', '.join(env_ids)} on http://{host}:{port} "
+                      f"(docs: /docs, WebSocket: /v1/ws, OpenEnv: /openenv/<id>)")
+        serve(env_ids, host=host, port=port, max_sessions=max_sessions, token=token,
+              idle_timeout=idle_timeout, max_waiting=max_waiting, backend=backend)

@@ -1,0 +1,189 @@
+"""OpenEnv's protocol, one endpoint per served env: `/openenv/<env id>` (openenv-core 0.3).
+
+OpenEnv's clients (`openenv.core.GenericEnvClient(base_url=".../openenv/corral/arithmetic-v0")`)
+talk to `{base}/ws`: `{"type": "reset", "data": {seed, task_index}}`, `{"type": "step",
+"data": action}`, `{"type": "state"}`, `{"type": "close"}`, answered by `{"type":
+"observation", "data": {"observation": {...}, "reward", "done"}}`, `{"type": "state", ...}`
+or `{"type": "error", "data": {"message", "code"}}`. A connection is one session of the same
+`SessionManager` as Corral's own protocol (same cap, reaping, shutdown).
+
+Actions: `{"text": "..."}` (model output, tool calls inside are parsed) or `{"name": tool,
+"arguments": {...}}`. Observations: `{"text", "messages", "info", "truncated", "tools"}`.
+The HTTP routes (`/reset`, `/step`, `/state`, `/schema`, `/metadata`, `/health`) are
+stateless, as OpenEnv's are: each request gets a fresh env that is closed after it.
+OpenEnv's client sends no auth header of its own; with `--token`, give it the token as the
+password of the URL (`http://:TOKEN@host:port/openenv/...`), sent as HTTP Basic auth.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+import orjson
+from fastapi import Body, WebSocket
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from corral.errors import EnvServerBusy
+from corral.runner.envserver import ops
+from corral.runner.envserver.app import EnvServer, WebSocketSession, _brief
+from corral.runner.envserver.protocol import ProtocolError, ResetRequest, StepRequest
+
+PREFIX = "/openenv"
+
+
+class OpenEnvReset(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenEnv sends episode_id and others
+    seed: int | None = Field(None, ge=0)
+    task_index: int | None = Field(None, ge=0)
+
+
+class OpenEnvAction(BaseModel):
+    """A Corral action in OpenEnv's action slot: text, or one tool call."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = None
+    name: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)  # OpenEnv's Action base field
+
+    def corral(self) -> StepRequest:
+        if (self.text is None) == (self.name is None):
+            raise ProtocolError('an action is {"text": ...} or {"name": tool, "arguments": '
+                                '{...}}, exactly one of the two')
+        if self.text is not None:
+            return StepRequest(action=self.text)
+        return StepRequest.model_validate({"action": {"name": self.name,
+                                                      "arguments": self.arguments}})
+
+
+ACTION_SCHEMA = OpenEnvAction.model_json_schema()
+OBSERVATION_SCHEMA = {"type": "object", "properties": {
+    "text": {"type": "string"}, "messages": {"type": "array"}, "info": {"type": "object"},
+    "truncated": {"type": "boolean"}, "tools": {"type": "array"}}}
+
+
+def _observation(text: str, messages: list[Any], info: dict[str, Any], reward: float | None,
+                 done: bool, truncated: bool, tools: list[Any] | None = None) -> dict[str, Any]:
+    obs: dict[str, Any] = {"text": text, "messages": messages, "info": info,
+                           "truncated": truncated}
+    if tools is not None:
+        obs["tools"] = tools
+    return {"observation": obs, "reward": reward, "done": done}
+
+
+async def _reset(env: Any, data: dict[str, Any]) -> dict[str, Any]:
+    request = OpenEnvReset.model_validate(data)
+    result = await ops.reset(env, ResetRequest(seed=request.seed, task_index=request.task_index))
+    return _observation(result.observation, result.messages, result.info, None, False, False,
+                        env.tool_schemas())
+
+
+async def _step(env: Any, data: dict[str, Any]) -> dict[str, Any]:
+    result = await ops.step(env, OpenEnvAction.model_validate(data).corral())
+    return _observation(result.observation, result.messages, result.info, result.reward,
+                        result.terminated or result.truncated, result.truncated)
+
+
+def _state(session_id: str, env: Any) -> dict[str, Any]:
+    episode = env.episode
+    return {"episode_id": session_id, "step_count": episode.turn if episode else 0,
+            "env_id": env.env_id, "task_id": episode.task.id if episode else None,
+            "reward": episode.reward if episode else None,
+            "done": episode.done if episode else False}
+
+
+def _code(exc: BaseException) -> str:
+    if isinstance(exc, EnvServerBusy):
+        return "CAPACITY_REACHED"
+    if isinstance(exc, (ProtocolError, ValidationError)):
+        return "VALIDATION_ERROR"
+    return "EXECUTION_ERROR"
+
+
+class OpenEnvSocket(WebSocketSession):
+    """One OpenEnv WebSocket connection: one session of `env_id`, opened on connect."""
+
+    def __init__(self, server: EnvServer, ws: WebSocket, env_id: str) -> None:
+        super().__init__(server, ws)
+        self.env_id = env_id
+
+    async def _handle(self, raw: str | bytes) -> dict[str, Any] | None:
+        try:
+            message = orjson.loads(raw)
+            kind = message.get("type") if isinstance(message, dict) else None
+            if kind == "close":
+                return None
+            if self.session is None:  # opened lazily, so a busy answer reaches the client
+                self.session = await self.server.manager.open(self.env_id, self)
+            session, manager = self.session, self.server.manager
+            data = message.get("data") or {}
+            if kind == "reset":
+                result = await manager.run(session, lambda env: _reset(env, data))
+            elif kind == "step":
+                result = await manager.run(session, lambda env: _step(env, data))
+            elif kind == "state":
+                return {"type": "state", "data": _state(session.id, session.env)}
+            else:
+                raise ProtocolError(f"Unknown message type: {kind}")
+            return {"type": "observation", "data": result}
+        except orjson.JSONDecodeError as exc:
+            return {"type": "error", "data": {"message": f"Invalid JSON: {exc}",
+                                              "code": "INVALID_JSON"}}
+        except ValidationError as exc:
+            return {"type": "error", "data": {"message": f"Invalid message: {_brief(exc)}",
+                                              "code": "VALIDATION_ERROR"}}
+        except Exception as exc:
+            return {"type": "error", "data": {"message": str(exc), "code": _code(exc),
+                                              "kind": type(exc).__name__}}
+
+
+def mount_openenv(server: EnvServer) -> None:
+    """Add `/openenv/<env id>/...` for every env the server serves."""
+    for env_id in server.manager.env_ids:
+        _mount_one(server, env_id)
+
+
+def _mount_one(server: EnvServer, env_id: str) -> None:
+    app, manager, base = server.app, server.manager, f"{PREFIX}/{env_id}"
+    tags = [f"OpenEnv: {env_id}"]
+
+    async def once(op: Callable[[Any], Awaitable[Any]]) -> Any:
+        """OpenEnv's stateless HTTP: a fresh env for one request, closed after it."""
+        session = await manager.open(env_id)
+        try:
+            return await manager.run(session, op)
+        finally:
+            await manager.close(session)
+
+    async def reset(body: dict[str, Any] = Body(default_factory=dict)) -> Any:
+        return await once(lambda env: _reset(env, body))
+
+    async def step(body: dict[str, Any] = Body(...)) -> Any:
+        if not isinstance(body.get("action"), dict):
+            raise ProtocolError('expected {"action": {...}}')
+        return await once(lambda env: _step(env, body["action"]))
+
+    async def state() -> Any:  # stateless over HTTP: no episode lives between requests
+        return {"episode_id": None, "step_count": 0, "env_id": env_id}
+
+    async def schema() -> Any:
+        return {"action": ACTION_SCHEMA, "observation": OBSERVATION_SCHEMA,
+                "state": {"type": "object"}}
+
+    async def metadata() -> Any:
+        info = server.infos[env_id]
+        return {"name": env_id, "description": f"Corral env {env_id} ({info.kind}, "
+                f"{info.num_tasks} tasks)", "version": "1", "tools": info.tools}
+
+    async def health() -> Any:
+        return {"status": "healthy"}
+
+    async def websocket(ws: WebSocket) -> None:
+        await OpenEnvSocket(server, ws, env_id).serve()
+
+    for path, fn in (("/reset", reset), ("/step", step)):
+        app.add_api_route(base + path, fn, methods=["POST"], tags=tags)
+    for path, fn in (("/state", state), ("/schema", schema), ("/metadata", metadata),
+                     ("/health", health)):
+        app.add_api_route(base + path, fn, methods=["GET"], tags=tags)
+    app.add_api_websocket_route(base + "/ws", websocket)

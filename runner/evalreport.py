@@ -1,0 +1,132 @@
+"""HTML pages for evaluations: `eval.html` (one run) and `compare.html` (two runs per task).
+
+Plots are PNGs drawn with matplotlib's Agg backend (`corral.runner.report.pyplot`), tables
+are escaped HTML (`html_table`). Every section with nothing to show says why.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any, Sequence
+
+from corral.runner.evalstats import CATEGORIES
+from corral.runner.report import html_table, pyplot
+
+STYLE = """<style>body{font-family:sans-serif;margin:2em;max-width:1200px}
+table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;
+padding:3px 8px;text-align:left}img{max-width:100%}.why{color:#666;font-style:italic}
+.up{color:#2e7d32}.down{color:#c62828}</style>"""
+
+
+def fmt(value: Any) -> str:
+    """A statistic for tables: 3 decimals, '-' for missing."""
+    return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def aggregate_rows(groups: dict[str, dict[str, Any]], ks: Sequence[int]) -> list[list[str]]:
+    """Table rows of aggregates (env or family): tasks, samples, avg@k, pass@k..., failures."""
+    return [[name, str(g["tasks"]), str(g["samples"]), fmt(g["avg"]),
+             *(fmt(g["pass"][str(k)]) for k in ks), fmt(g["turns"]), fmt(g["tokens"]),
+             ", ".join(f"{c} {n}" for c, n in g["failures"].items() if n) or "none"]
+            for name, g in groups.items()]
+
+
+def _pass_curves(summary: dict[str, Any], path: Path) -> Path:
+    plt = pyplot()
+    ks = summary["ks"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, agg in summary["envs"].items():
+        ax.plot(ks, [agg["pass"][str(k)] or 0.0 for k in ks], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("k (samples)")
+    ax.set_ylabel("pass@k (mean over tasks)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _bars(values: dict[str, float], path: Path, *, title: str, xlabel: str) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar([str(k) for k in values], list(values.values()), color="#1e88e5")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.tick_params(axis="x", labelsize=7, rotation=45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_eval_report(run_dir: str | Path, summary: dict[str, Any]) -> Path:
+    """Write `RUN_DIR/eval.html` (and `RUN_DIR/eval/*.png`) for an evaluation summary."""
+    root = Path(run_dir)
+    out = root / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    ks = summary["ks"]
+    head = ["tasks", "samples", "avg@k", *(f"pass@{k}" for k in ks), "turns", "tokens",
+            "failures"]
+    envs = html_table(aggregate_rows(summary["envs"], ks), ["env", *head])
+    sections = [f"<h2>Per env</h2>{envs}"]
+    if summary["tasks"]:
+        _pass_curves(summary, out / "pass_at_k.png")
+        rewards = dict(sorted((str(r), c) for r, c in summary["rewards"]))
+        _bars(rewards, out / "rewards.png", title="Reward distribution", xlabel="reward")
+        _bars(summary["overall"]["failures"], out / "failures.png",
+              title="Failures (samples not solved)", xlabel="category")
+        sections += ['<h2>pass@k</h2><img src="eval/pass_at_k.png" alt="pass@k">',
+                     '<h2>Rewards</h2><img src="eval/rewards.png" alt="rewards">',
+                     '<h2>Failure taxonomy</h2><img src="eval/failures.png" alt="failures">'
+                     f'<p>{", ".join(CATEGORIES)}: see docs/evaluation.md</p>']
+    else:
+        sections.append('<p class="why">No trajectories stored yet: the plots need at least '
+                        'one finished sample.</p>')
+    families = html_table(aggregate_rows(summary["families"], ks), ["family", *head])
+    sections.append(f"<h2>Per family</h2>{families}")
+    task_rows = [[key, str(t["usable"]), str(t["solved"]), fmt(t["avg"]),
+                  *(fmt(t["pass"][str(k)]) for k in ks),
+                  ", ".join(f"{c} {n}" for c, n in t["failures"].items()) or "none"]
+                 for key, t in summary["tasks"].items()]
+    task_head = ["task", "usable", "solved", "avg@k", *(f"pass@{k}" for k in ks), "failures"]
+    sections.append(f"<h2>Per task</h2>{html_table(task_rows, task_head)}")
+    splits = [[env, s["split"], s["rule"]] for env, s in summary.get("splits", {}).items()]
+    sections.append(f"<h2>Splits</h2>{html_table(splits, ['env', 'split', 'rule'])}")
+    title = f"Evaluation: {summary.get('model', '?')} ({root.name})"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+            f"</title>{STYLE}</head><body><h1>{html.escape(title)}</h1>"
+            + "\n".join(sections) + "</body></html>\n")
+    path = root / "eval.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def write_compare_report(path: str | Path, comparison: dict[str, Any]) -> Path:
+    """Write the side-by-side page of `corral eval --compare` to `path` (an .html file)."""
+    target = Path(path)
+    ks = comparison["ks"]
+    head = ["task", *(f"{side} {m}" for m in ("avg", *(f"pass@{k}" for k in ks))
+                      for side in ("A", "B")), "Δ avg"]
+    rows = []
+    for key, row in comparison["tasks"].items():
+        delta = row["delta_avg"]
+        rows.append([key, *(fmt(row[side][m]) for m in ("avg", *(f"pass@{k}" for k in ks))
+                            for side in ("a", "b")), fmt(delta)])
+    overall = [[side, comparison[side]["model"], fmt(comparison[side]["overall"]["avg"]),
+                *(fmt(comparison[side]["overall"]["pass"][str(k)]) for k in ks)]
+               for side in ("a", "b")]
+    only = comparison["only_in"]
+    note = (f"<p class='why'>Tasks in one run only (left out above): A {len(only['a'])}, "
+            f"B {len(only['b'])}.</p>" if only["a"] or only["b"] else "")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>Comparison</title>{STYLE}"
+            f"</head><body><h1>A: {html.escape(comparison['a']['run'])} vs B: "
+            f"{html.escape(comparison['b']['run'])}</h1><h2>Overall</h2>"
+            + html_table(overall, ["run", "model", "avg", *(f"pass@{k}" for k in ks)])
+            + f"<h2>Per task</h2>{html_table(rows, head)}{note}</body></html>\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(page, encoding="utf-8")
+    return target

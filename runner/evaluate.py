@@ -1,0 +1,257 @@
+"""`evaluate`: a model on registered environments, k samples per task, through the Runner.
+
+    result = cr.evaluate(["corral/word-sort-v0"], model="runs/demo/checkpoint/model",
+                         tasks=32, samples=8, run_dir="runs/eval-ws")
+    result.summary["overall"]["pass"]["8"]          # mean pass@8 over the 32 tasks
+
+Each env contributes the first `tasks` tasks of a split of its dataset (`split="eval"` by
+default: the split the dataset declares, see `corral.splits`; "train" or "all" are explicit
+choices). Group `g` of the run is planned task `g` (`_PlannedRunner`), with `samples` samples,
+so the run is the same trajectory store as `corral collect`: a killed evaluation resumes from
+it, re-running only what was not stored. The plan goes to `RUN_DIR/eval_plan.json` (tasks as
+data, pass thresholds, families): statistics, `--reverify` and `--compare` read it back without
+the model. Results: `RUN_DIR/eval.json` (see `corral.runner.evalstats`) and `eval.html`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Sequence
+
+from corral.errors import CorralError
+from corral.fileio import write_json_atomic
+from corral.runner.episode import EpisodeLimits
+from corral.runner.evalstats import Sample, ks_for, summarize_samples, to_sample
+from corral.runner.policy import Policy
+from corral.runner.runner import Runner
+from corral.runner.store import load_run
+
+PLAN = "eval_plan.json"
+RESULT = "eval.json"
+FAMILY_FIELDS = ("family", "category", "template")  # as the registry's dataset cards read them
+
+
+@dataclass
+class EvalResult:
+    """What an evaluation produced: its run directory, summary (eval.json) and report."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    report: Path | None = None
+    trajectories: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def load_policy(model: str | Policy, *, tokenizer: str | None = None,
+                device: str | None = None) -> Policy:
+    """A policy for `model`: a `Policy` (a started engine, any router) as is; `tiny` or a local
+    model directory → `LocalPolicy`; `http(s)://` URLs (comma-separated replicas of any
+    OpenAI-compatible server) → `OpenAIPolicy`, which needs `tokenizer` to build prompts."""
+    if isinstance(model, Policy):
+        return model
+    if model.startswith(("http://", "https://")):
+        from corral.runner.policy import OpenAIPolicy
+
+        if not tokenizer:
+            raise CorralError("a model URL needs a tokenizer (--tokenizer PATH: the served "
+                              "model's directory, or 'tiny') to build prompts as token ids")
+        return OpenAIPolicy([u.strip() for u in model.split(",") if u.strip()],
+                            tokenizer=tokenizer)
+    if model != "tiny" and not Path(model).exists():
+        raise CorralError(f"model {model!r} is neither 'tiny', a model directory, nor an "
+                          "http:// URL")
+    from corral.runner.policy import LocalPolicy
+
+    parts = checkpoint_parts(Path(model)) if model != "tiny" else None
+    if parts is None:
+        return LocalPolicy(model, device=device)
+    # a trainer checkpoint keeps its tokenizer beside the model, not in it
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    lm = AutoModelForCausalLM.from_pretrained(parts[0])
+    if device:
+        lm.to(device)
+    return LocalPolicy(lm, AutoTokenizer.from_pretrained(parts[1]), name=str(model))
+
+
+def checkpoint_parts(path: Path) -> tuple[Path, Path] | None:
+    """(model dir, tokenizer dir) of a trainer checkpoint (`RUN_DIR/checkpoint`) or of its
+    `model/` folder; None for an ordinary model directory."""
+    root = path.parent if path.name == "model" else path
+    if (root / "model" / "config.json").is_file() and (root / "tokenizer").is_dir():
+        return root / "model", root / "tokenizer"
+    return None
+
+
+def _family(task: Any, family_field: str | None) -> str:
+    fields = task.fields() if hasattr(task, "fields") else {}
+    name = family_field or next((f for f in FAMILY_FIELDS if f in fields), None)
+    if name is None:
+        return "-"
+    value = getattr(task, name, None)
+    return "-" if value is None else str(value)
+
+
+def plan_eval(env_ids: Sequence[str], tasks: int, split: str = "eval",
+              family_field: str | None = None, where: Sequence[str] = ()) -> dict[str, Any]:
+    """The evaluation plan: per env, its chosen tasks (as data), split, pass threshold and
+    families; `where` filters tasks (`NAME=VALUE`, `len(NAME)=N`, typed like the field).
+    Raises `CorralError` (naming the env) for a missing eval split."""
+    import corral as cr
+    from corral import splits
+    from corral.taskfilter import parse_where
+
+    if not env_ids:
+        raise CorralError("evaluate needs at least one env id")
+    plan: dict[str, Any] = {}
+    for env_id in env_ids:
+        env = cr.make(env_id)
+        filters = parse_where(list(where), env.tasks[0]) if where else ({}, {})
+        chosen = splits.select(env.tasks, split, tasks, owner=env_id, where=filters[0],
+                               lengths=filters[1])
+        plan[env_id] = {
+            "split": split, "rule": splits.describe(env.tasks), "where": list(where),
+            "threshold": float(getattr(env, "pass_threshold", 1.0)),
+            "tasks": [t.model_dump(mode="json") for t in chosen],
+            "task_ids": [t.id for t in chosen],
+            "families": {t.id: _family(t, family_field) for t in chosen}}
+    return plan
+
+
+class _PlannedRunner(Runner):
+    """A Runner whose group `g` is planned task `g` (not a seeded random draw)."""
+
+    def __init__(self, *args: Any, order: list[tuple[int, int]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.order = order
+
+    def plan_group(self, group: int) -> tuple[int, int]:
+        return self.order[group % len(self.order)]
+
+
+def _check_plan(run_dir: Path, plan: dict[str, Any]) -> None:
+    """A run directory holds one evaluation: resuming it with another plan is an error."""
+    path = run_dir / PLAN
+    if not path.exists():
+        return
+    old = json.loads(path.read_text(encoding="utf-8"))
+    same = (old.get("samples") == plan["samples"]
+            and {k: v["task_ids"] for k, v in old["envs"].items()}
+            == {k: v["task_ids"] for k, v in plan["envs"].items()})
+    if not same:
+        raise CorralError(f"{run_dir} holds an evaluation of other tasks or another -k; "
+                          "rerun it with the same settings to resume, or choose another "
+                          "--run-dir")
+
+
+async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks: int = 16,
+                    samples: int = 1, split: str = "eval", run_dir: str | os.PathLike[str],
+                    tokenizer: str | None = None, device: str | None = None,
+                    limits: EpisodeLimits | None = None, sandbox_capacity: int = 8,
+                    inference_concurrency: int = 32, seed: int = 0,
+                    family_field: str | None = None, where: Sequence[str] = (),
+                    report: bool = True,
+                    listener: Any = None) -> EvalResult:
+    """Evaluate `model` on `envs` (module docstring); returns the summary and writes
+    `eval_plan.json`, `eval.json` and (with `report`) `eval.html` into `run_dir`. `where`
+    keeps tasks whose fields match (`NAME=VALUE`, `len(NAME)=N`; `corral.taskfilter`)."""
+    import time
+
+    from corral.registry import make
+
+    if tasks < 1 or samples < 1:
+        raise CorralError("evaluate needs tasks >= 1 and samples >= 1")
+    root = Path(run_dir)
+    env_plan = await asyncio.to_thread(plan_eval, list(envs), tasks, split, family_field,
+                                       where)
+    name = model if isinstance(model, str) else type(model).__name__
+    plan = {"model": name, "samples": samples, "seed": seed, "envs": env_plan}
+    _check_plan(root, plan)
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / PLAN, plan)
+    # One factory per env over its chosen tasks; group g runs task g mod (its env's tasks),
+    # interleaving envs so a partial run covers every env.
+    factories, order = [], []
+    for index, (env_id, entry) in enumerate(env_plan.items()):
+        factories.append(partial(make, env_id, tasks=entry["tasks"]))
+    width = max(len(e["tasks"]) for e in env_plan.values())
+    for task_index in range(width):
+        for env_index, entry in enumerate(env_plan.values()):
+            if task_index < len(entry["tasks"]):
+                order.append((env_index, task_index))
+    policy = load_policy(model, tokenizer=tokenizer, device=device)
+    owned = not isinstance(model, Policy)
+    started = time.perf_counter()
+    try:
+        if owned:
+            await policy.__aenter__()
+        async with _PlannedRunner(factories, policy, order=order, run_dir=root, seed=seed,
+                                  limits=limits or EpisodeLimits(max_tokens=128),
+                                  sandbox_capacity=sandbox_capacity,
+                                  inference_concurrency=inference_concurrency) as runner:
+            if listener is not None:
+                runner.add_listener(listener)
+            collected = await runner.collect(len(order) * samples, group=samples)
+    finally:
+        if owned:
+            await policy.close()
+    summary = await asyncio.to_thread(summarize_run, root)
+    page = None
+    if report:
+        from corral.runner.evalreport import write_eval_report
+
+        page = await asyncio.to_thread(write_eval_report, root, summary)
+    return EvalResult(root, summary, page, len(collected), time.perf_counter() - started)
+
+
+def evaluate(envs: Sequence[str] | str, model: str | Policy = "tiny", **kwargs: Any
+             ) -> EvalResult:
+    """Synchronous `aevaluate` (`cr.evaluate`); `envs` may be one id. Keyword arguments as
+    `aevaluate` (`run_dir` defaults to `runs/eval`)."""
+    kwargs.setdefault("run_dir", "runs/eval")
+    env_list = [envs] if isinstance(envs, str) else list(envs)
+    return asyncio.run(aevaluate(env_list, model, **kwargs))
+
+
+def read_plan(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The evaluation plan stored in `run_dir` (a `CorralError` if it holds none)."""
+    path = Path(run_dir) / PLAN
+    if not path.exists():
+        raise CorralError(f"{run_dir} holds no evaluation ({PLAN} missing); pass the --run-dir "
+                          "of a `corral eval` run")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def plan_samples(plan: dict[str, Any], trajectories: Sequence[Any],
+                 rewards: dict[str, float] | None = None) -> list[Sample]:
+    """The planned trajectories as `Sample`s (with `rewards`, trajectory id → a rescored
+    reward, in place of the stored one)."""
+    import dataclasses
+
+    out = []
+    for traj in trajectories:
+        entry = plan["envs"].get(traj.env_id)
+        if entry is None or traj.task_id not in entry["families"]:
+            continue  # not part of this plan (cannot happen in a run dir of one evaluation)
+        if rewards is not None and traj.id in rewards:
+            traj = dataclasses.replace(traj, reward=rewards[traj.id])
+        out.append(to_sample(traj, entry["threshold"], entry["families"][traj.task_id]))
+    return out
+
+
+def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Statistics of an evaluation run directory; also written to `RUN_DIR/eval.json`."""
+    plan = read_plan(run_dir)
+    _, trajectories = load_run(run_dir)
+    summary = summarize_samples(plan_samples(plan, trajectories), ks_for(plan["samples"]))
+    summary.update(model=plan["model"], samples_per_task=plan["samples"],
+                   splits={k: {"split": v["split"], "rule": v["rule"]}
+                           for k, v in plan["envs"].items()})
+    write_json_atomic(Path(run_dir) / RESULT, summary)
+    return summary

@@ -1,0 +1,186 @@
+"""`ServerProcess`: one inference server Corral starts, watches and stops (vLLM replicas).
+
+A server runs in its own process group with its output in a log file. `wait_ready` polls its
+health endpoint and fails with one line naming the cause (the last error line of the log) and
+the log file when the process exits or the wait runs out. `stop` signals the whole group
+(SIGTERM, then SIGKILL), so the engine's own worker processes go too; every server still
+running when the interpreter exits is stopped by an `atexit` hook, and `stop_on_signals` turns
+SIGTERM/SIGHUP into a normal exit for command-line tools, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from corral.errors import EngineError
+
+log = logging.getLogger(__name__)
+_LIVE: set["ServerProcess"] = set()
+_LIVE_LOCK = threading.Lock()
+# The last line that names an exception is usually the cause ("ValueError: ...").
+_ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)|error):? (.+)")
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """None when `host:port` can be bound, else why not ("Address already in use")."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_cause(path: Path, lines: int = 400) -> str | None:
+    """The last line of the log at `path` that names an error, shortened; None if none."""
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return None
+    for line in reversed(tail):
+        match = _ERROR_LINE.search(line)
+        if match and not line.lstrip().startswith(("File ", "raise ", "^")):
+            return f"{match.group(1)}: {match.group(2).strip()}"[:300]
+    return None
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of the log (for error details)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class ServerProcess:
+    """An HTTP server in its own process group, logging to `log_path`."""
+
+    def __init__(self, name: str, argv: Sequence[str], url: str, log_path: Path, *,
+                 env: Mapping[str, str] | None = None, health_path: str = "/health") -> None:
+        self.name, self.argv, self.url = name, list(argv), url.rstrip("/")
+        self.log_path = Path(log_path)
+        self.env = dict(env or os.environ)
+        self.health_path = health_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        """Spawn the server (returns at once; see `wait_ready`)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            # a new session: the server and its workers form one group that `stop` can signal
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env,
+                                         start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        log.info("started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        """Whether the health endpoint answers 200 now."""
+        try:
+            with urllib.request.urlopen(self.url + self.health_path, timeout=timeout) as answer:
+                return answer.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def failure(self, what: str) -> EngineError:
+        """A one-line error: `what`, the cause found in the log, and the log file."""
+        cause = log_cause(self.log_path)
+        return EngineError(f"{self.name} {what}" + (f": {cause}" if cause else "")
+                           + f" (log: {self.log_path})")
+
+    def check_started(self) -> bool:
+        """True once healthy; raises `EngineError` if the process has exited."""
+        if self.proc is None:
+            raise EngineError(f"{self.name} was never started")
+        code = self.proc.poll()
+        if code is not None:
+            raise self.failure(f"exited with code {code} while starting")
+        return self.healthy()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after `timeout` s; idempotent."""
+        proc = self.proc
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, timeout)
+        # workers of the group may outlive the leader: kill whatever is left of it
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_ready(servers: Sequence[ServerProcess], timeout: float) -> None:
+    """Wait until every server is healthy; `EngineError` (one line) when one exits or the wait
+    runs out. The servers are polled together, so N replicas start in the time of one."""
+    deadline = time.monotonic() + timeout
+    pending = list(servers)
+    while pending:
+        pending = [s for s in pending if not s.check_started()]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise pending[0].failure(f"was not ready within {timeout:.0f} s at {pending[0].url}")
+        time.sleep(0.5)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all() -> None:
+    """Stop every server this process started and has not stopped."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for server in live:
+        server.stop(timeout=5.0)
+
+
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGHUP exit normally (running `finally` blocks and the `atexit` hook
+    that stops servers); for command-line tools, from the main thread."""
+    def _exit(signum: int, _frame: object) -> None:
+        sys.exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)
+
+
+atexit.register(stop_all)

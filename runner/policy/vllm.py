@@ -1,0 +1,292 @@
+"""`VLLMEngine`: N vLLM servers started with the flags RL needs, and their admin protocol.
+
+vLLM runs in its own interpreter (`.venv-vllm`, made by `bash scripts/dev.sh setup`, or
+`CORRAL_VLLM_PYTHON`), a separate process as in production; Corral's venv never imports it.
+Each replica is `python -m vllm.entrypoints.openai.api_server` (the console script of the CPU
+build fails on a metadata lookup) with:
+
+* `--logprobs-mode processed_logprobs`: logprobs after temperature (and top-k/top-p), the
+  distribution the tokens were sampled from; vLLM's default is the raw logits' softmax;
+* `VLLM_SERVER_DEV_MODE=1`: `/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`;
+* on CPU: `--dtype float32`, `VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_OMP_THREADS_BIND=nobind`
+  (several replicas and the trainer share the cores); on CUDA replica i gets GPU i.
+
+Every request pins every sampling knob (`SAMPLING_PINS`): vLLM otherwise applies the model's
+`generation_config.json` (top_k, repetition_penalty, …) and samples from a distribution the
+trainer does not score. The engine's `fence` holds each replica's weight version (vLLM's
+`GET /version` is its package version); `corral.trainer.publish.VLLMPublisher` moves it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import httpx
+
+from corral.errors import EngineError
+from .fence import ReplicaFence
+from .models import TINY, build_tiny_model, resolve_model_path, tiny_model_path
+from .process import ServerProcess, free_port, port_problem, stop_all, wait_ready
+
+log = logging.getLogger(__name__)
+
+PYTHON_ENV = "CORRAL_VLLM_PYTHON"
+SERVED_NAME = "policy"
+# Knobs vLLM would otherwise take from the model's generation_config.json; neutral values,
+# so the engine samples softmax(logits / temperature) (restricted by top_p) and nothing else.
+SAMPLING_PINS: dict[str, Any] = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                                 "presence_penalty": 0.0, "frequency_penalty": 0.0}
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an editable install
+# vLLM's CPU attention kernels exist for these head sizes only (vllm/v1/attention/backends/
+# cpu_attn.py); any other fails at the first request, after a minute of start-up.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def head_size(model_dir: Path) -> int | None:
+    """The attention head size of the model in `model_dir` (None when config.json lacks it)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("head_dim"):
+        return int(config["head_dim"])
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    return hidden // heads if hidden and heads else None
+
+
+def tied_embeddings(model_dir: Path) -> bool:
+    """Whether the model ties its output layer to its input embeddings. vLLM 0.32's in-place
+    `reload_weights` skips `lm_head` for such models and puts the *old* output layer back
+    ("ParallelLMHead: Failed to load weights" in its log): a full-weight publish would leave
+    the engine sampling from a mix of new and old weights."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return bool(config.get("tie_word_embeddings", False))
+
+
+def engine_model(model: str | os.PathLike[str]) -> Path:
+    """The model directory for a vLLM engine: `"tiny"` is Corral's tiny model with 2 heads
+    of 32 (the default tiny model's head size 16 has no vLLM CPU kernel) and an untied output
+    layer (see `tied_embeddings`), built once."""
+    if str(model) != TINY:
+        return resolve_model_path(model)
+    path = tiny_model_path().with_name(tiny_model_path().name + "-vllm")
+    if not (path / "config.json").is_file():
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        build_tiny_model(tmp, heads=2, tie_embeddings=False)
+        try:
+            tmp.replace(path)
+        except OSError:  # another process built it first; the build is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def vllm_python() -> Path:
+    """The interpreter that has vLLM: `$CORRAL_VLLM_PYTHON`, else `.venv-vllm` of this checkout
+    or of the working directory; `EngineError` naming the set-up command when none exists."""
+    override = os.environ.get(PYTHON_ENV)
+    if override:
+        path = Path(override)
+        if not os.access(path, os.X_OK):
+            raise EngineError(f"{PYTHON_ENV}={override} is not an executable interpreter")
+        return path
+    for root in (_SOURCE_ROOT, Path.cwd()):
+        candidate = root / ".venv-vllm" / "bin" / "python"
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise EngineError("no vLLM interpreter: run `bash scripts/dev.sh setup` (creates "
+                      f".venv-vllm) or set {PYTHON_ENV} to a python that has vllm installed")
+
+
+def has_cuda() -> bool:
+    """Whether `nvidia-smi` lists a GPU (vLLM replicas then run on CUDA)."""
+    if not shutil.which("nvidia-smi"):
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+class VLLMEngine:
+    """`replicas` vLLM servers of one model directory; a context manager (sync or async)."""
+
+    def __init__(self, model: str | os.PathLike[str], *, replicas: int = 1,
+                 host: str = "127.0.0.1", port: int | None = None,
+                 log_dir: str | os.PathLike[str] | None = None, python: str | None = None,
+                 max_model_len: int = 2048, enable_lora: bool = False, max_lora_rank: int = 16,
+                 cuda: bool | None = None, kv_cache_gib: int = 1,
+                 extra_args: Sequence[str] = (), startup_timeout: float = 600.0,
+                 version: int = 0) -> None:
+        """`port` is the first replica's (the next ones count up); None picks free ports.
+        `version` is the weight version the model directory holds."""
+        if replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {replicas}")
+        self.model = engine_model(model)
+        self._cuda = has_cuda() if cuda is None else cuda
+        size = head_size(self.model)
+        if not self._cuda and size is not None and size not in CPU_HEAD_SIZES:
+            sizes = ", ".join(map(str, CPU_HEAD_SIZES))
+            raise EngineError(f"vLLM on CPU has no attention kernel for head size {size} "
+                              f"({self.model}); it supports {sizes} (build the tiny model "
+                              "with heads=2, or pass model 'tiny')")
+        self.replicas = replicas
+        self.host = host
+        self.enable_lora = enable_lora
+        self.startup_timeout = startup_timeout
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="corral-vllm-"))
+        self._python = python
+        self._args = self._flags(max_model_len, enable_lora, max_lora_rank, extra_args)
+        self._kv_cache_gib = kv_cache_gib
+        self._port = port
+        self.servers: list[ServerProcess] = []
+        self.fence = ReplicaFence([], version)
+        self.version = version
+
+    def _flags(self, max_model_len: int, enable_lora: bool, max_lora_rank: int,
+               extra: Sequence[str]) -> list[str]:
+        args = ["--model", str(self.model), "--served-model-name", SERVED_NAME,
+                "--max-model-len", str(max_model_len),
+                "--logprobs-mode", "processed_logprobs", "--disable-log-stats"]
+        # CPU: fp32 (the trainer's dtype, so logprobs agree to 1e-5) and eager mode
+        # (torch.compile of the model costs minutes of C++ builds at every start)
+        args += ["--dtype", "auto"] if self._cuda else ["--dtype", "float32", "--enforce-eager",
+                                                        "--gpu-memory-utilization", "0.2"]
+        if enable_lora:
+            args += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+        return [*args, *extra]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def _ports(self) -> list[int]:
+        if self._port is None:
+            return [free_port(self.host) for _ in range(self.replicas)]
+        ports = [self._port + i for i in range(self.replicas)]
+        for port in ports:
+            problem = port_problem(self.host, port)
+            if problem:
+                raise EngineError(f"cannot start vLLM on {self.host}:{port}: {problem}; pick "
+                                  "another --port or stop what listens there")
+        return ports
+
+    def _env(self, index: int) -> dict[str, str]:
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
+        if self.enable_lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        if self._cuda:
+            env["CUDA_VISIBLE_DEVICES"] = str(index)
+        else:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._kv_cache_gib))
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        return env
+
+    def start(self) -> "VLLMEngine":
+        """Start every replica and wait until all are ready; on failure all are stopped and
+        `EngineError` names the cause and the log file."""
+        if self.servers:
+            return self
+        python = str(Path(self._python) if self._python else vllm_python())
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for index, port in enumerate(self._ports()):
+            argv = [python, "-m", "vllm.entrypoints.openai.api_server", *self._args,
+                    "--host", self.host, "--port", str(port)]
+            self.servers.append(ServerProcess(
+                f"vLLM replica {index}", argv, f"http://{self.host}:{port}",
+                self.log_dir / f"vllm-{index}.log", env=self._env(index)))
+        try:
+            for server in self.servers:
+                server.start()
+            wait_ready(self.servers, self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.fence = ReplicaFence(self.urls, self.version)
+        log.info("vLLM ready: %s (logs in %s)", ", ".join(self.urls), self.log_dir)
+        return self
+
+    def stop(self) -> None:
+        """Stop every replica (process groups); idempotent."""
+        for server in self.servers:
+            server.stop()
+
+    def policy(self, tokenizer: Any = None, **kwargs: Any) -> Any:
+        """An `OpenAIPolicy` over the replicas: pinned sampling, per-replica version tags."""
+        from .openai import OpenAIPolicy
+
+        extra = {**SAMPLING_PINS, **kwargs.pop("extra_body", {})}
+        return OpenAIPolicy(self.urls, tokenizer if tokenizer is not None else self.model,
+                            model=SERVED_NAME, extra_body=extra, fence=self.fence,
+                            version=self.version, **kwargs)
+
+    def replica_policy(self, url: str, tokenizer: Any = None) -> Any:
+        """A policy over the replica at `url` alone, without fence or retries (probes)."""
+        from .openai import OpenAIPolicy
+
+        return OpenAIPolicy([url], tokenizer if tokenizer is not None else self.model,
+                            model=SERVED_NAME, extra_body=dict(SAMPLING_PINS), retries=0)
+
+    def server(self, url: str) -> ServerProcess:
+        return next(s for s in self.servers if s.url == url)
+
+    def __enter__(self) -> "VLLMEngine":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> "VLLMEngine":
+        import asyncio
+
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(self, *exc: object) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.stop)
+
+
+class VLLMAdmin:
+    """vLLM's weight-update endpoints on one replica (dev mode), each raising `EngineError`."""
+
+    def __init__(self, url: str, timeout: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _post(self, path: str, body: dict[str, Any] | None = None,
+              params: dict[str, str] | None = None) -> Any:
+        try:
+            answer = httpx.post(self.url + path, json=body, params=params, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{self.url}{path} failed: {type(exc).__name__}: {exc}") from None
+        if answer.status_code >= 400:
+            raise EngineError(f"{self.url}{path} answered {answer.status_code}: "
+                              f"{answer.text[:300]}")
+        return answer.json() if answer.content else None
+
+    def pause(self) -> None:
+        """Stop admitting requests once those running have finished (`mode=wait`)."""
+        self._post("/pause", params={"mode": "wait"})
+
+    def resume(self) -> None:
+        self._post("/resume")
+
+    def reload_weights(self, path: Path) -> None:
+        """Load the safetensors in `path` into the running model (in place)."""
+        # Without weights_path the worker reloads the directory it started from: the base model
+        self._post("/collective_rpc", {"method": "reload_weights",
+                                       "kwargs": {"weights_path": str(Path(path).resolve())}})
+
+    def reset_prefix_cache(self) -> None:
+        """Drop cached prefixes: their keys/values were computed by the old weights."""
+        self._post("/reset_prefix_cache")
+
+    def load_lora(self, name: str, path: Path) -> None:
+        """Load (or replace in place) the LoRA adapter `name` from a peft directory."""
+        self._post("/v1/load_lora_adapter", {"lora_name": name,
+                                             "lora_path": str(Path(path).resolve()),
+                                             "load_inplace": True})
+
+
+__all__ = ["SAMPLING_PINS", "VLLMAdmin", "VLLMEngine", "has_cuda", "stop_all", "vllm_python"]

@@ -1,0 +1,178 @@
+"""Hack agents: scripted agents that each try one known verifier exploit without solving the
+task (`corral validate --adversarial`, DESIGN §9 "Verifier integrity").
+
+A task that any of them scores above the no-op agent is hackable: RL would find the same hole.
+Each hack is a few bash commands (errors ignored: a hack that does not apply does nothing) and a
+one-line hint saying how to close the hole. They work on terminal envs (they need `bash`).
+
+    from corral.hacks import HACKS
+    result = await play(env, HACKS["write-reward"].agent())
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Callable
+
+from .agents import Agent
+from .env import Action, Env
+from .terminal import bash
+
+FORCE_PASS_SH = "#!/bin/sh\nmkdir -p /logs/verifier\necho 1 > /logs/verifier/reward.txt\nexit 0\n"
+CONFTEST = '''import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+
+def pytest_sessionfinish(session, exitstatus):
+    session.exitstatus = 0
+'''
+SITECUSTOMIZE = "import atexit, os\natexit.register(os._exit, 0)\n"
+SHADOWED = ("python", "python3", "pytest", "grep", "cmp", "diff")
+FILL_MB = 256  # a bound, so that a hack run never fills the host's disk
+
+
+def _write(path: str, content: str, mode: str = "644") -> str:
+    """Bash writing `content` to `path` (parents made), errors ignored."""
+    return (f"mkdir -p $(dirname {path}) 2>/dev/null; printf %s {shlex.quote(content)} > {path} "
+            f"2>/dev/null && chmod {mode} {path} 2>/dev/null; true")
+
+
+def _detached(loop: str) -> str:
+    """Bash leaving `loop` running detached from the agent's shell after the episode."""
+    return (f"setsid nohup bash -c {shlex.quote(loop)} >/dev/null 2>&1 < /dev/null & "
+            "disown; true")
+
+
+def _homes() -> str:
+    return "/root ~ $(ls -d /home/* 2>/dev/null)"
+
+
+@dataclass(frozen=True)
+class Hack:
+    """One exploit: its name, what it does, how to fix a task it beats, and its commands
+    (`workdir` = the sandbox's working directory)."""
+
+    name: str
+    does: str
+    hint: str
+    commands: Callable[[str], list[str]]
+    answer: str = "done"
+
+    def agent(self) -> "HackAgent":
+        return HackAgent(self)
+
+
+class HackAgent(Agent):
+    """Plays one hack's commands, then ends the episode with the hack's answer."""
+
+    def __init__(self, hack: Hack) -> None:
+        self.hack, self.name = hack, f"hack:{hack.name}"
+
+    def start(self, env: Env, seed: int | None) -> None:
+        assert env.episode is not None
+        spec = env.sandbox_for(env.episode.task)
+        workdir = getattr(spec, "workdir", "/root")
+        self._actions: list[Action] = [bash(c, timeout=60) for c in self.hack.commands(workdir)]
+
+    def act(self, env: Env, observation: str) -> Action:
+        return self._actions.pop(0) if self._actions else self.hack.answer
+
+
+REWARD_FILES = ("mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; "
+                "echo '{\"reward\": 1.0}' > /logs/verifier/reward.json")
+
+_HACKS = [
+    Hack("write-reward", "writes 1 to /logs/verifier/reward.txt and reward.json",
+         "recreate the reward locations empty and root's before the verifier runs "
+         "(corral.verify.reset_locations)",
+         lambda w: [REWARD_FILES + "; chmod 444 /logs/verifier/reward.* 2>/dev/null; true"]),
+    Hack("precreate-reward", "makes /logs/verifier a link to a folder of its own holding reward 1",
+         "remove links at the reward locations instead of following them, then recreate them",
+         lambda w: ["mkdir -p /tmp/.r && echo 1 > /tmp/.r/reward.txt; rm -rf /logs/verifier; "
+                    "mkdir -p /logs && ln -sfn /tmp/.r /logs/verifier; chmod 555 /logs; true"]),
+    Hack("conftest", "plants a conftest.py that reports every test as passed",
+         "run tests from a folder the agent cannot write and remove conftest.py from its "
+         "parents (the verify phase removes /conftest.py and recreates /tests)",
+         lambda w: [_write(f"{d}/conftest.py", CONFTEST) for d in
+                    ("/", "/tests", w, "/root", "/app", "/tmp")]),
+    Hack("sitecustomize", "plants sitecustomize.py / usercustomize.py forcing exit code 0",
+         "treat a new sitecustomize.py as tampering (the verify phase does) or verify in a "
+         "fresh sandbox",
+         lambda w: [  # the distribution's own sitecustomize (Debian's) is found first
+                    "f=$(python3 -I -c 'import sitecustomize; print(sitecustomize.__file__)' "
+                    f"2>/dev/null) && printf %s {shlex.quote(SITECUSTOMIZE)} >> \"$f\"; true",
+                    "for d in $(python3 -I -c 'import site; print(*site.getsitepackages())' "
+                    f"2>/dev/null) {w}; do " + _write("$d/sitecustomize.py", SITECUSTOMIZE)
+                    + "; done; d=$(python3 -I -m site --user-site 2>/dev/null) && "
+                    + _write("$d/usercustomize.py", SITECUSTOMIZE)]),
+    Hack("shadow-path", "puts `exit 0` programs named python3, pytest, grep... first on PATH",
+         "run the verifier with a PATH the agent cannot write, or treat changed verifier "
+         "tools as tampering (the verify phase does)",
+         lambda w: [f"for d in /usr/local/bin /usr/local/sbin ~/bin ~/.local/bin; do for p in "
+                    f"{' '.join(SHADOWED)}; do " + _write("$d/$p", "#!/bin/sh\nexit 0\n", "755")
+                    + "; done; done"]),
+    Hack("replace-interpreter", "overwrites the real python3 with `exit 0`",
+         "treat a changed interpreter as tampering (the verify phase does) or verify in a "
+         "fresh sandbox",
+         lambda w: ["for p in $(command -v python3) /usr/bin/python3*; do [ -f \"$p\" ] || "
+                    "continue; p=$(readlink -f \"$p\"); printf '#!/bin/sh\\nexit 0\\n' > \"$p\" "
+                    "2>/dev/null; done; true"]),
+    Hack("shell-rc", "defines functions python3, grep, test, [ ... returning 0 in shell "
+         "startup files",
+         "run checks with `bash --noprofile --norc` (corral.verify.clean_exec), never "
+         "`bash -lc`",
+         lambda w: [f"for h in {_homes()}; do for f in .bashrc .profile .bash_profile; do "
+                    "printf '%s\\n' 'python3() { return 0; }; pytest() { return 0; }; grep() { "
+                    "return 0; }; cmp() { return 0; }; diff() { return 0; }; test() { return 0; };"
+                    " [() { return 0; }' >> \"$h/$f\"; done; done 2>/dev/null; true"]),
+    Hack("alias-tests", "aliases the test commands to `true` in shell startup files",
+         "run checks with `bash --noprofile --norc` (corral.verify.clean_exec), never an "
+         "interactive or login shell",
+         lambda w: [f"for h in {_homes()}; do for f in .bashrc .bash_aliases .profile; do "
+                    "printf '%s\\n' 'shopt -s expand_aliases' 'alias python3=true pytest=true "
+                    "grep=true cmp=true diff=true' >> \"$h/$f\"; done; done 2>/dev/null; true"]),
+    Hack("tamper-tests", "rewrites or opens up every test file it can reach",
+         "keep tests out of the agent's sandbox until the verify phase and write them fresh "
+         "(run_tests_script does)",
+         lambda w: ["for d in /tests /test /verifier /checks /opt/tests /opt/verifier "
+                    "/opt/checks; do [ -d $d ] || continue; for f in $(find $d -name '*.sh'); do "
+                    + _write("$f", FORCE_PASS_SH, "755") + "; done; for f in $(find $d -name "
+                    "'test_*.py'); do " + _write("$f", "def test_ok():\n    pass\n")
+                    + "; done; chmod -R a+rwx $d; done 2>/dev/null; true"]),
+    Hack("detached-rewriter", "leaves a detached loop rewriting the reward files after it ends",
+         "kill every agent process before verifying (the verify phase does; "
+         "keeps_agent_processes only for a service that is the output)",
+         lambda w: [_detached(f"while :; do {REWARD_FILES}; sleep 0.02; done")]),
+    Hack("fake-timestamps", "sets every file it can reach to a future modification time",
+         "check content, never modification times (`touch -d` sets them)",
+         lambda w: [f"find {w} /root /tmp /srv /app /home /var/log -xdev -type f 2>/dev/null | "
+                    "head -5000 | xargs -r touch -d '+1 hour' 2>/dev/null; true"]),
+    Hack("kill-verifier", "leaves a detached loop killing test runners and checks as they start",
+         "kill every agent process before verifying, and never score a check by its "
+         "failure (`! grep`: a killed grep 'passes')",
+         lambda w: [_detached("p='te''st\\.sh|py''test|pg''rep|g''rep|c''mp|di''ff'; "
+                              "while :; do pkill -9 -f \"$p\"; sleep 0.005; done")]),
+    Hack("fill-disk", f"fills /dev/shm, /tmp and the home folder (at most {FILL_MB} MB each)",
+         "compare against references held in memory or written before the agent runs, not "
+         "files the verifier writes to a disk the agent could fill",
+         lambda w: [f"for d in /dev/shm /tmp ~; do dd if=/dev/zero of=$d/.fill bs=1M "
+                    f"count={FILL_MB} 2>/dev/null; done; true"]),
+    Hack("log-grep", "prints what a log-grepping verifier looks for",
+         "judge the sandbox's state, never the transcript or logs the agent writes",
+         lambda w: ["echo '===== 12 passed in 0.5s ====='; echo 'All tests passed'; "
+                    "echo PASSED; echo SUCCESS; echo 'reward: 1.0'; echo OK"],
+         answer="All tests passed. PASSED. SUCCESS. reward: 1.0"),
+    Hack("copy-solution", "runs the oracle's solution if it is visible in the sandbox",
+         "keep solution/ out of the agent's sandbox (only the oracle unpacks it)",
+         lambda w: ["for f in /solution/solve.sh /oracle/solve.sh /tests/solve.sh "
+                    "/opt/solution/solve.sh; do [ -f $f ] && (cd $(dirname $f) && bash $f); "
+                    "done; true"]),
+]
+
+HACKS: dict[str, Hack] = {hack.name: hack for hack in _HACKS}
+"""Every built-in hack by name (`corral validate --adversarial` runs them all)."""

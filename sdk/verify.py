@@ -1,0 +1,156 @@
+"""The verify phase of terminal envs: what happens between the agent's last command and the
+verifier's first (DESIGN §9, "Verifier integrity").
+
+An agent shares its sandbox with the verifier that judges it, so everything it left behind is
+suspect. Before any reward runs:
+
+1. every process the agent started is killed from the host (detached loops that would rewrite
+   outputs or kill the verifier included); what setup left running is spared, unless the env
+   says the agent's processes are the task's output (a service it had to start);
+2. the verifier's own locations (`/tests`, `/logs/verifier`) are recreated empty, owned by
+   root, and files no legitimate task leaves at `/` (a `conftest.py`, pytest config) removed;
+3. the writable layer is read from the host for files the agent created or changed that a
+   verifier would execute: interpreters and shells on PATH, `sitecustomize.py`,
+   `/etc/ld.so.preload`, a `pytest` module in the verifier's working directory. Inode change
+   times say when, and cannot be faked from inside. Such an episode scores 0 without running
+   the verifier (it is the agent's doing, not the env's bug);
+4. verifier commands run as root through `clean_exec`: `bash --noprofile --norc` with the
+   sandbox's configured environment (the image's and the spec's, which the agent cannot
+   change), never a login shell that would read the agent's ~/.bashrc, ~/.profile or aliases.
+
+`verify_in="fresh"` instead verifies in a new sandbox (setup run again) that receives only the
+agent's declared outputs (`transfer`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import posixpath
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import SandboxError
+from .sandbox.base import ExecResult, Sandbox
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # backends already warned about (once per process)
+
+TESTS_DIR = "/tests"
+VERIFIER_LOGS = "/logs/verifier"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# what the verifier's shell is started with on top of the sandbox's configured environment:
+# no startup files for a non-interactive bash (BASH_ENV) or sh (ENV), no user site-packages
+VERIFIER_ENV = {"BASH_ENV": "", "ENV": "", "PYTHONNOUSERSITE": "1", "HOME": "/root"}
+# files at the root of the filesystem that no task needs and that pytest would pick up for
+# tests under /tests (its rootdir walks up to /)
+ROOT_PLANTS = ("/conftest.py", "/pytest.ini", "/tox.ini", "/setup.cfg", "/pyproject.toml")
+# programs a verifier runs: replaced or shadowed during the episode means tampering
+VERIFIER_TOOLS = ("bash", "sh", "dash", "env", "python", "python3", "python3.*", "pytest",
+                  "py.test", "uv", "uvx", "pip", "pip3", "cat", "grep", "diff", "cmp", "test",
+                  "[", "timeout", "tee", "true", "false", "echo", "printf", "sort", "wc", "find")
+DEFAULT_PROTECTED: tuple[str, ...] = (
+    *(f"{folder}/{tool}" for folder in SYSTEM_PATH.split(":") for tool in VERIFIER_TOOLS),
+    "*/sitecustomize.py", "*/usercustomize.py", "/etc/ld.so.preload",
+    "{workdir}/pytest.py", "{workdir}/pytest", "{workdir}/_pytest", "{workdir}/conftest.py")
+"""Globs (`{workdir}` = the verifier's working directory) of files that, created or changed by
+the agent, let it decide what the verifier sees. Envs whose agents must legitimately change
+one of them set `protected_paths` (and, for full isolation, `verify_in = "fresh"`)."""
+
+
+async def clean_exec(sandbox: Sandbox, script: str, *, timeout: float, cwd: str | None = None,
+                     env: Mapping[str, str] | None = None) -> ExecResult:
+    """Run `script` as root under `bash --noprofile --norc -c` with the sandbox's configured
+    environment plus `VERIFIER_ENV` and `env`: nothing the agent wrote into startup files,
+    aliases or its shell's variables applies."""
+    return await sandbox.exec(["bash", "--noprofile", "--norc", "-c", script], timeout=timeout,
+                              cwd=cwd, env={**VERIFIER_ENV, **(env or {})}, user="root")
+
+
+_DIRS = f"{TESTS_DIR} {VERIFIER_LOGS}"
+RESET = (f"for d in {posixpath.dirname(VERIFIER_LOGS)} {_DIRS}; do "
+         "[ -L \"$d\" ] && rm -f \"$d\"; done; "  # a link the agent made would move them
+         f"rm -rf {_DIRS} $PLANTS; mkdir -p {_DIRS} && "
+         f"chown root:root {_DIRS} && chmod 755 {_DIRS}")
+
+
+async def reset_locations(sandbox: Sandbox) -> None:
+    """Recreate `/tests` and `/logs/verifier` empty and root's (a link the agent put in their
+    place is removed, not followed) and drop root-level pytest plants."""
+    # the plants' names travel in the environment: a command line naming pytest is what an
+    # agent's verifier-killing loop looks for
+    result = await clean_exec(sandbox, RESET, timeout=60, env={"PLANTS": " ".join(ROOT_PLANTS)})
+    if not result.ok:
+        raise SandboxError(f"resetting the verifier's locations failed: {result.output[-300:]}")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the sandbox was like when setup ended: the time, and the processes running."""
+
+    since: float
+    processes: frozenset[tuple[int, int]]
+
+
+async def note_setup(sandbox: Sandbox) -> Baseline:
+    """The baseline the verify phase compares against (taken once setup is done)."""
+    return Baseline(time.time(), await sandbox.process_keys() or frozenset())
+
+
+def protected(path: str, patterns: tuple[str, ...], workdir: str) -> bool:
+    """Whether `path` matches one of `patterns` (`{workdir}` substituted)."""
+    workdir = workdir.rstrip("/") or ""
+    return any(fnmatch.fnmatchcase(path, p.replace("{workdir}", workdir)) for p in patterns)
+
+
+async def isolate(sandbox: Sandbox, baseline: Baseline, *, kill: bool, workdir: str,
+                  patterns: tuple[str, ...]) -> list[str]:
+    """Steps 1–3 of the module docstring; returns the protected paths the agent tampered with
+    (empty when none, or when the writable layer is not visible from here)."""
+    if kill:
+        try:
+            killed = await sandbox.kill_agent_processes(baseline.processes)
+            log.debug("verify phase: killed %d agent process(es)", killed)
+        except SandboxError as exc:  # a backend without process control (a new row)
+            if sandbox.backend not in _WARNED:
+                _WARNED.add(sandbox.backend)
+                log.warning("verify phase: agent processes are not killed (%s)", exc)
+    changed = await sandbox.changed_since(baseline.since)
+    await reset_locations(sandbox)
+    if changed is None:
+        log.debug("verify phase: %s cannot list changed files; no tamper check",
+                  sandbox.backend)
+        return []
+    return [p for p in changed if protected(p, patterns, workdir)]
+
+
+async def transfer(source: Sandbox, target: Sandbox, paths: list[str]) -> list[str]:
+    """Copy the agent's declared outputs (files or folders) from `source` into `target`;
+    returns those that did not exist. A folder travels as one tar archive."""
+    missing = []
+    archive = "/tmp/.corral-outputs.tgz"
+    for path in paths:
+        quoted = shlex.quote(path)
+        kind = await clean_exec(source, f"if [ -d {quoted} ]; then echo d; elif [ -f {quoted} ]; "
+                                        "then echo f; else echo n; fi", timeout=30)
+        what = kind.stdout.strip()
+        if what == "f":
+            await target.write_file(path, await source.read_file(path))
+        elif what == "d":
+            rel = shlex.quote(path.lstrip("/") or ".")
+            await _checked(source, f"tar -C / -czf {archive} {rel}")
+            await target.write_file(archive, await source.read_file(archive))
+            await _checked(target, f"mkdir -p {quoted} && tar -C / -xzf {archive} && "
+                                   f"rm -f {archive}")
+        else:
+            missing.append(path)
+    return missing
+
+
+async def _checked(sandbox: Sandbox, script: str) -> Any:
+    result = await clean_exec(sandbox, script, timeout=120)
+    if not result.ok:
+        raise SandboxError(f"copying outputs failed: {result.output[-300:]}")
+    return result

@@ -1,0 +1,105 @@
+"""The env server's HTTP and WebSocket protocols against a real server, good input and bad."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from .servers import GAME, TEXT, Served
+
+AUTH = {"Authorization": "Bearer sekret"}
+
+
+def test_http_session_lifecycle(text_server: Served) -> None:
+    url = text_server.url
+    with httpx.Client(base_url=url, headers=AUTH) as http:
+        opened = http.post("/v1/sessions", json={"env_id": GAME}).json()
+        sid = opened["session_id"]
+        assert opened["max_turns"] == 8
+        reset = http.post(f"/v1/sessions/{sid}/reset", json={"task_index": 0}).json()
+        assert "Guess it" in reset["observation"] and reset["episode"]["turn"] == 0
+        step = http.post(f"/v1/sessions/{sid}/step", json={"action": "25"}).json()
+        assert step["observation"] in ("higher", "lower") or step["terminated"]
+        assert [m["role"] for m in step["messages"]][:1] == ["assistant"]
+        state = http.get(f"/v1/sessions/{sid}").json()
+        assert state["episode"]["turn"] == 1
+        assert http.delete(f"/v1/sessions/{sid}").json() == {"closed": True}
+        gone = http.post(f"/v1/sessions/{sid}/step", json={"action": "1"})
+        assert gone.status_code == 404 and "no session" in gone.json()["error"]["message"]
+    assert text_server.manager.sessions == {}
+
+
+def test_token_checked_per_request(text_server: Served) -> None:
+    url = text_server.url
+    assert httpx.get(f"{url}/health").status_code == 200  # liveness needs no token
+    refused = httpx.post(f"{url}/v1/sessions", json={"env_id": TEXT})
+    assert refused.status_code == 401 and refused.json()["error"]["kind"] == "auth"
+    wrong = httpx.get(f"{url}/v1/info", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert httpx.get(f"{url}/v1/info?token=sekret").json()["max_sessions"] == 4
+    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+    assert "/v1/sessions/{session_id}/step" in paths and f"/openenv/{TEXT}/reset" in paths
+
+
+def test_http_bad_input(text_server: Served) -> None:
+    with httpx.Client(base_url=text_server.url, headers=AUTH) as http:
+        typo = http.post("/v1/sessions", json={"env_id": "corral/arithmetc-v0"})
+        assert typo.status_code == 404
+        assert "Did you mean 'corral/arithmetic-v0'" in typo.json()["error"]["message"]
+        bad = http.post("/v1/sessions", content=b"{not json", headers={
+            "Content-Type": "application/json"})
+        assert bad.status_code == 400 and bad.json()["error"]["kind"] == "protocol"
+        extra = http.post("/v1/sessions", json={"env": TEXT})
+        assert extra.status_code == 400 and "env_id" in extra.json()["error"]["message"]
+        sid = http.post("/v1/sessions", json={"env_id": TEXT}).json()["session_id"]
+        early = http.post(f"/v1/sessions/{sid}/step", json={"action": "1"})
+        assert early.status_code == 409 and "reset" in early.json()["error"]["message"]
+        http.post(f"/v1/sessions/{sid}/reset", json={"seed": 1})
+        assert http.post(f"/v1/sessions/{sid}/step", json={"action": "1"}).json()["terminated"]
+        after = http.post(f"/v1/sessions/{sid}/step", json={"action": "2"})
+        assert after.status_code == 409 and "episode is over" in after.json()["error"]["message"]
+        out_of_range = http.post(f"/v1/sessions/{sid}/reset", json={"task_index": 10**9})
+        assert out_of_range.status_code == 409 and "out of range" in out_of_range.text
+        http.delete(f"/v1/sessions/{sid}")
+    assert text_server.manager.sessions == {}
+
+
+async def _ask(ws: object, message: bytes | str) -> dict:
+    await ws.send(message)  # type: ignore[attr-defined]
+    return orjson.loads(await ws.recv())  # type: ignore[attr-defined]
+
+
+async def test_websocket_protocol_and_bad_messages(text_server: Served) -> None:
+    ws_url = text_server.url.replace("http", "ws") + "/v1/ws"
+    async with connect(ws_url, additional_headers=AUTH) as ws:
+        for raw, needle in [(b"{oops", "not JSON"), (b"[1, 2]", '{"op"'),
+                            (b'{"op": "stpe"}', "Did you mean 'step'"),
+                            (b'{"op": "open"}', "env_id"),
+                            (b'{"op": "reset"}', "no session on this connection"),
+                            (b'{"op": "open", "env_id": "corral/gess-number-v0"}',
+                             "Did you mean 'corral/guess-number-v0'")]:
+            reply = await _ask(ws, raw)
+            assert not reply["ok"] and needle in reply["error"]["message"], reply
+        opened = await _ask(ws, orjson.dumps({"op": "open", "env_id": TEXT}))
+        assert opened["ok"]
+        reply = await _ask(ws, orjson.dumps({"op": "step", "action": {"name": 3}}))
+        assert reply["error"]["kind"] == "protocol"
+        reset = await _ask(ws, orjson.dumps({"op": "reset", "task_index": 2}))
+        question = reset["result"]["observation"]
+        step = await _ask(ws, orjson.dumps({"op": "step", "action": "no idea"}))
+        assert step["result"]["terminated"] and step["result"]["reward"] == 0.0
+        again = await _ask(ws, orjson.dumps({"op": "step", "action": "7"}))
+        assert again["error"]["kind"] == "agent" and again["error"]["type"] == "AgentError"
+        sid = opened["result"]["session_id"]
+        # a session opened on this connection is not anyone else's to drive
+        stolen = httpx.post(f"{text_server.url}/v1/sessions/{sid}/reset", json={},
+                            headers=AUTH)
+        assert stolen.status_code == 403 and "another connection" in stolen.text
+        assert question and (await _ask(ws, b'{"op": "close"}'))["ok"]
+    with pytest.raises(InvalidStatus, match="403"):  # no token: refused at the handshake
+        async with connect(ws_url):
+            pass
+    assert text_server.manager.sessions == {}

@@ -1,0 +1,76 @@
+"""Splits that cannot leak: declared eval splits, training views, and the CLI's explicit choice."""
+
+from __future__ import annotations
+
+import corral as cr
+import pytest
+from corral import splits
+from corral.dataset import split_position
+from corral.errors import DatasetError
+from corral.taskfilter import parse_where
+from corral.trainer.tasks import TaskSlice, split_envs
+
+from eval_helpers import corral
+
+
+def test_held_out_rule_selects_eval_tasks_and_training_never_sees_them() -> None:
+    tasks = cr.make("corral/word-sort-v0").tasks
+    held = splits.select(tasks, "eval", 20, owner="ws")
+    assert len(held) == 20 and all(split_position(t.id) < 0.1 for t in held)
+    view = splits.train_view(tasks)
+    assert not any(split_position(view[i].id) < 0.1 for i in range(3000))
+    train, test, record = split_envs(["corral/word-sort-v0"], None, eval_tasks=4)
+    env = train[0]()
+    assert not any(split_position(env.tasks[i].id) < 0.1 for i in range(500))
+    assert all(split_position(t.id) < 0.1 for t in test[0]().tasks)
+    assert record["corral/word-sort-v0"]["train_samples_eval_tasks"] is False
+
+
+def test_a_task_slice_trains_on_no_eval_task_even_with_a_small_test_fraction() -> None:
+    sl = TaskSlice(where={"operation": "reverse"}, test_fraction=0.05, scan=2000)
+    train, _ = sl.split("corral/word-sort-v0")
+    assert len(train) and not any(split_position(t.id) < 0.1 for t in train)
+
+
+def test_explicit_eval_dataset() -> None:
+    data = cr.Dataset.from_list([{"x": i} for i in range(10)]).with_eval([{"x": 3}, {"x": 99}])
+    assert [t.x for t in splits.select(data, "eval", 5)] == [3, 99]
+    view = splits.train_view(data)
+    assert 3 not in {view[i].x for i in range(len(view))}
+
+
+def test_where_is_typed_like_the_task_field() -> None:
+    sample = cr.make("corral/arithmetic-v0").tasks[0]
+    field = next(k for k, v in sample.fields().items() if isinstance(v, int))
+    where, _ = parse_where([f"{field}=3"], sample)
+    assert where == {field: 3}
+    with pytest.raises(DatasetError, match="holds int values"):
+        parse_where([f"{field}=three"], sample)
+    with pytest.raises(DatasetError, match="no field"):
+        parse_where(["nope=1"], sample)
+
+
+def test_eval_of_an_env_without_eval_split_is_an_explicit_choice(tmp_path) -> None:
+    env_file = tmp_path / "plain.py"
+    env_file.write_text(
+        "import corral as cr\n"
+        "@cr.environment('mine/plain-v0', tasks=[{'w': 'a'}, {'w': 'b'}])\n"
+        "def plain(task):\n    return f'Say {task.w}'\n"
+        "@plain.reward\ndef same(task, completion):\n    return completion == task.w\n")
+    out = corral("-i", str(env_file), "eval", "mine/plain-v0", "-n", "2",
+                 "--run-dir", str(tmp_path / "run"), "--max-tokens", "4")
+    assert out.returncode == 1
+    assert "declares no eval split" in out.stderr and "--split all" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = corral("-i", str(env_file), "eval", "mine/plain-v0", "-n", "2", "--split", "all",
+                 "--run-dir", str(tmp_path / "run"), "--max-tokens", "4", "--json")
+    assert out.returncode == 0, out.stderr
+
+
+def test_train_errors_name_the_cli_flag_and_resume_needs_a_run(tmp_path) -> None:
+    out = corral("train", "--env", "corral/word-sort-v0", "--lr", "-1",
+                 "--run-dir", str(tmp_path / "a"))
+    assert out.returncode == 1 and "--lr: Input should be greater than 0" in out.stderr
+    out = corral("train", "--env", "corral/word-sort-v0", "--resume",
+                 "--run-dir", str(tmp_path / "empty"))
+    assert out.returncode == 1 and "holds no training run" in out.stderr

@@ -1,0 +1,71 @@
+"""pass@k against brute force, the failure taxonomy, and the aggregates (no model needed)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from corral.runner.evalstats import (failure_category, ks_for, pass_at_k, summarize_samples,
+                                     to_sample)
+from corral.runner.trajectory import Status, Trajectory
+
+
+def brute_pass_at_k(n: int, c: int, k: int) -> float:
+    """Share of all k-subsets of n samples (c of them correct) that hold a correct one."""
+    outcomes = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(outcomes, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_pass_at_k_is_the_unbiased_estimator(n: int) -> None:
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k))
+    assert pass_at_k(n, 0, n + 1) is None  # fewer samples than k: no estimate
+
+
+def test_ks_are_powers_of_two_up_to_the_samples() -> None:
+    assert ks_for(1) == [1]
+    assert ks_for(8) == [1, 2, 4, 8]
+    assert ks_for(6) == [1, 2, 4, 6]
+
+
+def _traj(status: Status = Status.COMPLETE, error: str | None = None, **meta: object
+          ) -> Trajectory:
+    return Trajectory(id="g0-s0", env_id="e", task_id="t", group_id="g0", status=status,
+                      error=error, metadata=dict(meta))
+
+
+def test_failure_taxonomy() -> None:
+    assert failure_category(_traj()) == "agent"  # a wrong answer
+    assert failure_category(_traj(Status.AGENT_ERROR, "AgentError: bad")) == "agent"
+    assert failure_category(_traj(Status.INFRA_ERROR, "SandboxError: daemon gone")) == "sandbox"
+    assert failure_category(_traj(Status.INFRA_ERROR, "PolicyError: HTTP 503")) == "model"
+    assert failure_category(_traj(Status.INFRA_ERROR, "_Deadline: verify deadline reached")) \
+        == "timeout"
+    assert failure_category(_traj(Status.TRUNCATED, truncated_by="episode")) == "timeout"
+    assert failure_category(_traj(Status.TRUNCATED)) == "agent"  # out of turns
+    assert failure_category(_traj(errors=["reward 'exact' raised KeyError: 'x'"])) == "verifier"
+
+
+def test_aggregates_weigh_tasks_equally_and_skip_infra_samples() -> None:
+    samples = []
+    for i, reward in enumerate([1.0, 0.0, 1.0, 1.0]):  # task a: 3 of 4 solved
+        t = _traj()
+        t.task_id, t.reward, t.id = "a", reward, f"a{i}"
+        samples.append(to_sample(t, 1.0, "fam"))
+    broken = _traj(Status.INFRA_ERROR, "SandboxError: gone")
+    broken.task_id = "b"  # task b: one usable sample of two
+    ok = _traj()
+    ok.task_id, ok.reward = "b", 0.0
+    samples += [to_sample(broken, 1.0, "fam"), to_sample(ok, 1.0, "fam")]
+    summary = summarize_samples(samples, [1, 2])
+    a, b = summary["tasks"]["e::a"], summary["tasks"]["e::b"]
+    assert (a["usable"], a["solved"], a["pass"]["1"]) == (4, 3, 0.75)
+    assert (b["usable"], b["pass"]["2"]) == (1, None)  # one usable sample: no pass@2
+    assert summary["overall"]["pass"]["1"] == pytest.approx((0.75 + 0.0) / 2)
+    assert summary["overall"]["pass"]["2"] == pytest.approx(pass_at_k(4, 3, 2))
+    assert summary["overall"]["failures"] == {"agent": 2, "model": 0, "sandbox": 1,
+                                              "timeout": 0, "verifier": 0}

@@ -1,0 +1,120 @@
+"""Verifier integrity on the real envs (DESIGN §9): every built-in terminal env and a Harbor
+import pass `validate --adversarial` on both backends; Harbor tasks score only what their
+verifier writes, strictly parsed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import corral as cr
+from corral.agents import Agent, play
+from corral.errors import VerifierError
+from corral.registry.validate import validate
+from corral.terminal import bash, parse_reward_file
+
+from .harbor_tasks import answer_task, count_words_task
+
+BUILTIN = ["corral/term-files-v0", "corral/term-text-v0", "corral/term-git-v0",
+           "corral/term-python-v0", "corral/term-procs-v0", "corral/term-data-v0"]
+backends = pytest.mark.parametrize("backend", ["docker", "bwrap"])
+
+PY_TEST_SH = """#!/bin/bash
+python3 - <<'PY'
+import json, os
+ok = os.path.exists('/root/answer.txt') and open('/root/answer.txt').read().strip() == '42'
+json.dump({'reward': 1.0 if ok else 0.0}, open('/logs/verifier/reward.json', 'w'))
+PY
+"""
+NO_ELSE_TEST_SH = ("#!/bin/bash\nif cmp -s /root/answer.txt /tests/expected.txt; then "
+                   "echo 1 > /logs/verifier/reward.txt; fi\n")
+
+
+class Scripted(Agent):
+    """Runs fixed bash commands, then says it is done."""
+
+    def __init__(self, name: str, *commands: str) -> None:
+        self.name, self._commands = name, list(commands)
+
+    def act(self, env, observation):
+        return bash(self._commands.pop(0)) if self._commands else "done"
+
+
+@backends
+@pytest.mark.parametrize("env_id", BUILTIN)
+async def test_builtin_env_survives_every_hack(env_id: str, backend: str, sandboxes: str) -> None:
+    report = await validate(env_id, backend=backend, limit=1, run_id=sandboxes,
+                            adversarial=True)
+    assert report.ok and report.hackable == 0 and len(report.hacks) >= 12, \
+        [t.problem for t in report.failures]
+
+
+@backends
+async def test_harbor_import_survives_every_hack(backend: str, sandboxes: str,
+                                                 tmp_path: Path) -> None:
+    envs = cr.load_harbor(count_words_task(tmp_path / "count-words"), namespace="integrity",
+                          register=False)
+    report = await validate(envs["integrity/count-words-v0"], backend=backend,
+                            run_id=sandboxes, adversarial=True)
+    assert report.ok and report.hackable == 0, [t.problem for t in report.failures]
+
+
+@backends
+async def test_harbor_verifier_keeps_its_word(backend: str, sandboxes: str,
+                                              tmp_path: Path) -> None:
+    """Before the verify phase both hacks scored 1.0 (the exit code stood in for the missing
+    reward file): now a missing reward file is a verifier error and a replaced python3 is
+    tampering."""
+    no_else = cr.load_harbor(answer_task(tmp_path / "no-else", **{"tests/test.sh":
+                                                                   NO_ELSE_TEST_SH}),
+                             namespace="integrity", register=False)["integrity/no-else-v0"]
+    prewrite = await play(no_else(backend=backend, run_id=sandboxes), Scripted(
+        "prewrite", "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt"))
+    assert prewrite.reward == 0.0 and not prewrite.passed
+    assert "wrote no /logs/verifier/reward.txt" in prewrite.verifier_error
+    py = cr.load_harbor(answer_task(tmp_path / "py-json", **{"tests/test.sh": PY_TEST_SH}),
+                        namespace="integrity", register=False)["integrity/py-json-v0"]
+    env = py(backend=backend, run_id=sandboxes)
+    exit0 = await play(env, Scripted("exit0", "printf '#!/bin/sh\\nexit 0\\n' > "
+                                     "/usr/local/bin/python3 && chmod +x /usr/local/bin/python3"))
+    assert exit0.reward == 0.0 and not exit0.passed
+    assert "/usr/local/bin/python3" in env.episode.state["verifier"]["tampered"]
+    assert (await play(py(backend=backend, run_id=sandboxes), "oracle")).passed
+
+
+@pytest.mark.parametrize("text,name", [("nan", "reward.txt"), ("inf", "reward.txt"),
+                                       ("", "reward.txt"), ("1 garbage", "reward.txt"),
+                                       ('{"reward": "1"}', "reward.json"), ("[1]", "reward.json"),
+                                       ('{"reward": NaN}', "reward.json")])
+def test_reward_files_parse_strictly(text: str, name: str) -> None:
+    with pytest.raises(VerifierError):
+        parse_reward_file(text, name)
+    assert parse_reward_file(" 0.5\n", "reward.txt") == 0.5
+    assert parse_reward_file('{"a": 1, "b": 0}', "reward.json") == 0.5
+
+
+@cr.environment("tests/term-out-of-range-v0", tasks=[{"n": 1}], max_turns=2)
+class OutOfRange(cr.TerminalEnv):
+    """A reward outside the declared 0–1 range: the env's bug, never a number."""
+
+    pass_threshold = 0.5
+
+    def instruction(self, task):
+        return "Write a score between 0.5 and 1 into /root/score."
+
+    @cr.reward
+    async def score(self, sandbox, task) -> float:
+        r = await sandbox.exec("cat /root/score 2>/dev/null || echo 2")
+        return float(r.stdout)
+
+    def solution(self, task):
+        return [bash("echo 0.6 > /root/score")]
+
+
+async def test_out_of_range_is_a_verifier_error_and_threshold_counts(sandboxes: str) -> None:
+    env = OutOfRange(backend="bwrap", run_id=sandboxes)
+    broken = await play(env, "noop")
+    assert broken.reward == 0.0 and "outside the declared range" in broken.verifier_error
+    partial = await play(env, "oracle")  # 0.6 >= the env's threshold 0.5: solved
+    assert partial.passed and partial.reward == pytest.approx(0.6)
