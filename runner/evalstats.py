@@ -55,7 +55,8 @@ def failure_category(traj: Trajectory) -> str:
             return "timeout"
         return "model" if error.startswith("PolicyError") else "sandbox"
     errors = [str(e) for e in traj.metadata.get("errors", [])]
-    if any(e.startswith("reward '") or "VerifierError" in e for e in errors):
+    if traj.status is Status.VERIFIER_ERROR or any(
+            e.startswith("reward '") or "VerifierError" in e for e in errors):
         return "verifier"
     if traj.status is Status.TRUNCATED and traj.metadata.get("truncated_by"):
         return "timeout"
@@ -71,7 +72,7 @@ class Sample:
     family: str
     reward: float
     solved: bool
-    usable: bool          # False for infrastructure errors: they say nothing about the model
+    usable: bool          # False for infra and verifier errors: nothing about the model
     turns: int
     tokens: int
     category: str | None  # failure category when not solved
@@ -79,7 +80,8 @@ class Sample:
 
 def to_sample(traj: Trajectory, threshold: float, family: str) -> Sample:
     """`traj` as a `Sample`; solved means reward >= `threshold` (the env's pass threshold)."""
-    usable = traj.status is not Status.INFRA_ERROR
+    # A broken verifier (an env bug) says as little about the model as a dead sandbox.
+    usable = traj.status not in (Status.INFRA_ERROR, Status.VERIFIER_ERROR)
     solved = usable and traj.reward >= threshold - 1e-9
     return Sample(traj.task_id, traj.env_id, family, float(traj.reward), solved, usable,
                   int(traj.turns), int(traj.generated_tokens),
