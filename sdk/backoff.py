@@ -42,9 +42,9 @@ class Backoff:
     def pause(self, retry: int, spent: float = 0.0,
               rng: random.Random | None = None) -> float | None:
         """Seconds to wait before retry `retry`, `spent` seconds after the first failure; None
-        when that wait would end beyond the budget."""
+        when the longest wait of that retry could end beyond the budget (decided before the
+        jitter is drawn, so whether a retry happens does not depend on chance)."""
         ceiling = self.ceiling(retry)
-        wait = ceiling / 2 + (rng or random).random() * ceiling / 2
-        if spent + wait > self.budget:
+        if spent + ceiling > self.budget:
             return None
-        return wait
+        return ceiling / 2 + (rng or random).random() * ceiling / 2

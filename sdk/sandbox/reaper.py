@@ -108,19 +108,12 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
     dirs = cgroups = 0
     root = sandboxes_dir()
     prefix = None if run is None else run.replace("/", "_") + "-"  # as bwrap names them
-    for d in sorted(root.iterdir()) if root.is_dir() else []:
-        if _stale(d, run, orphans_only, mine):
-            shutil.rmtree(d, ignore_errors=True)
-            for mnt in MOUNT_ROOT.glob(f"{d.name}-*"):  # its overlay's (empty) mount point
-                with contextlib.suppress(OSError):
-                    mnt.rmdir()
-            dirs += 1
     parents = [CGROUP_ROOT / "corral", *CGROUP_ROOT.glob("*/corral")]
     for cg in [c for p in parents if p.is_dir() for c in p.iterdir() if c.is_dir()]:
         if prefix is not None and not cg.name.startswith(prefix):
             continue
-        # decided now, not from the listing above: a sandbox created since then has its dir
-        # (made before its cgroup) and a sandbox closing drops its cgroup before its dir
+        # decided per cgroup, now: a sandbox created meanwhile has its dir (made before its
+        # cgroup) and a sandbox closing drops its cgroup before its dir
         if (root / cg.name).is_dir() and not _stale(root / cg.name, run, orphans_only, mine):
             continue
         try:
@@ -140,6 +133,15 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
             continue
         except OSError as exc:
             log.warning("cgroup %s still has processes: %s", cg, exc)
+    # Dirs after cgroups: an orphan's processes are dead by now, so nothing still writes into
+    # (or holds) the dir being removed.
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        if _stale(d, run, orphans_only, mine):
+            shutil.rmtree(d, ignore_errors=True)
+            for mnt in MOUNT_ROOT.glob(f"{d.name}-*"):  # its overlay's (empty) mount point
+                with contextlib.suppress(OSError):
+                    mnt.rmdir()
+            dirs += not d.exists()
     return dirs, cgroups
 
 
