@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import console, fail
-from .policy import _port_free
+from corral.runner.policy.process import port_problem
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
 
         for env_id in env_ids:
             spec(env_id)  # an unknown id fails here with "Did you mean"
-        problem = _port_free(host, port)
+        problem = port_problem(host, port)
         if problem:
             fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
         if host not in LOOPBACK and not token:

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import typer
 
 from corral.errors import CorralError
 from corral.runner.policy.base import RELOAD_TOKEN_ENV
+from corral.runner.policy.process import port_problem
 
 from .common import fail
-
-
-def _port_free(host: str, port: int) -> str | None:
-    """None when `host:port` can be bound, else the reason."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    return None
 
 
 def register(app: typer.Typer) -> None:
@@ -57,7 +45,7 @@ def register(app: typer.Typer) -> None:
             config.check_host(host)
         except ValueError as exc:
             fail(str(exc))
-        problem = _port_free(host, port)
+        problem = port_problem(host, port)
         if problem:
             fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
         try:
