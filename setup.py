@@ -10,6 +10,7 @@ ROOTS = {
     "corral": "sdk",
     "corral.envs": "envs",
     "corral.registry": "registry",
+    "corral.integrations": "integrations",
     "corral.runner": "runner",
     "corral.trainer": "trainer",
     "corral.cli": "cli",

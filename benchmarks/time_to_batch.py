@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/time_to_batch.py            # the published benchmark (~8 min)
     .venv/bin/python benchmarks/time_to_batch.py --quick    # 16 tasks x 4, 2 steady batches
+    .venv/bin/python benchmarks/time_to_batch.py --quick --backend bwrap   # Corral on bwrap
+    .venv/bin/python benchmarks/time_to_batch.py --quick --hosts URL,URL,...   # a Docker fleet
 
 One invocation runs, on the same host, image, caps and modelled inference replicas:
 
@@ -13,6 +15,14 @@ One invocation runs, on the same host, image, caps and modelled inference replic
 3. Corral, steady state: a fresh `Runner` yields `1 + --steady-batches` batches from
    `batches(size, group)`; time per batch = mean interval between consecutive batches after
    the first (work carried over from one batch to the next counts where it finishes).
+
+Corral holds `--spares` warm sandboxes beyond its capacity (the runner's `warm_spares`), so a
+container's start is not inside an episode's slot; the peak held is printed
+(`corral_*_peak_sandboxes`). `--backend bwrap` runs Corral's side on bubblewrap over the same
+image; the baseline is Docker either way. `--hosts` places Corral's containers on a fleet of
+Docker daemons (`CORRAL_DOCKER_HOSTS` syntax; `python -m faultkit.fleetd start 2` starts two
+extra ones on this machine) and prints what each host created; the baseline stays on the local
+daemon.
 
 The baseline has no carry-over, so its time per batch in steady state is its cold batch time.
 Every trajectory's script comes from the seeded workload (`workload/plans.py`) through the
@@ -78,11 +88,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help="diagnostic: size of asyncio's default thread pool, which Corral's "
                      "Docker backend uses for blocking SDK calls (0: Python's default, "
                      "min(32, cores + 4))")
+    run.add_argument("--backend", choices=["docker", "bwrap"], default="docker",
+                     help="Corral's sandbox backend over the same image: docker (like for like "
+                     "with the baseline) or bwrap (Corral's daemonless sandbox); the baseline "
+                     "always runs Docker")
+    run.add_argument("--hosts", default=None,
+                     help="Corral's sandboxes on this fleet of Docker hosts: comma-separated "
+                     "URL[?capacity=N&rate=R&burst=B] (as CORRAL_DOCKER_HOSTS); docker only")
+    run.add_argument("--spares", type=int, default=None,
+                     help="warm spare sandboxes held beyond --capacity (Runner(warm_spares=)); "
+                     "default: the runner's default (capacity // 4); 0 turns them off")
     run.add_argument("--quick", action="store_true",
                      help="smoke run: 16 tasks x 4, capacity 16, 2 steady batches")
     run.add_argument("--json", type=Path, help="also write every figure to this file")
     run.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.hosts and args.backend != "docker":
+        parser.error("--hosts places Docker containers: it needs --backend docker")
     if args.quick:
         args.tasks, args.capacity, args.steady_batches = 16, 16, 2
     return args
@@ -201,7 +223,24 @@ def runner_kwargs(args: argparse.Namespace, config: WorkloadConfig) -> dict[str,
     return dict(sandbox_capacity=args.capacity, inference_concurrency=args.inference_concurrency,
                 seed=config.seed, limits=EpisodeLimits(max_tokens=4096),
                 assembly=AssemblyConfig(filter_zero_variance=args.filter_zero_variance),
-                sandbox_backend="docker", run_id="bench-corral")
+                sandbox_backend=sandbox_backend(args), warm_spares=args.spares,
+                run_id="bench-corral")
+
+
+def sandbox_backend(args: argparse.Namespace) -> Any:
+    """Corral's sandbox backend: a name, or the Docker fleet of `--hosts`."""
+    from corral.sandbox.docker import DockerConfig
+
+    return DockerConfig(hosts=args.hosts) if args.hosts else args.backend
+
+
+def fleet_figures(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per host of `--hosts`: containers this process created there, images copied to it."""
+    from corral.sandbox.fleet import DockerFleet
+
+    fleet = DockerFleet.from_configs(sandbox_backend(args).hosts)  # the process's shared hosts
+    return [{k: h[k] for k in ("url", "capacity", "created", "loads", "state")}
+            for h in fleet.snapshot()]
 
 
 async def corral_cold(args: argparse.Namespace, config: WorkloadConfig, urls: list[str],
@@ -287,7 +326,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     print(f"workload: {json.dumps(config.as_dict())}")
     print(f"inference model: {json.dumps(cost.__dict__)} replicas={args.replicas}")
     print(f"caps: sandbox_capacity={args.capacity} baseline_concurrency={args.capacity} "
-          f"inference_concurrency={args.inference_concurrency}")
+          f"inference_concurrency={args.inference_concurrency} corral_backend={args.backend} "
+          f"warm_spares={'default' if args.spares is None else args.spares}"
+          + (f" hosts={args.hosts}" if args.hosts else ""))
     await asyncio.to_thread(ensure_base_image)
     env_cls = define_env(config)
     tools = env_cls().tool_schemas()
@@ -319,6 +360,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for t in trajs))
         print(f"corral_cold_request_ms={json.dumps(figures['corral_cold_request_ms'])}")
         print(f"corral_cold_pool={json.dumps(figures['corral_cold_pool'])}")
+        # spares are held beyond the slots: the peak is what the host really carried
+        emit(figures, "corral_cold_peak_sandboxes", cold["stats"]["executor"]["pool"]["peak_live"])
 
         # (a) cold batch, baseline(s), same tasks in group order
         teardowns = {"harbor": ["harbor"], "tuned": ["tuned"], "both": ["harbor", "tuned"],
@@ -405,6 +448,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             emit(figures, "corral_steady_slot_use",
                  sum(holds) / (args.capacity * per_batch * len(intervals)))
             pool = steady["stats"]["executor"]["pool"]
+            emit(figures, "corral_steady_peak_sandboxes", pool["peak_live"])
             for key in ("start_seconds", "wait_seconds"):  # a fresh container per trajectory
                 emit(figures, f"corral_steady_pool_{key}_mean", statistics.fmean(pool[key] or [0]))
             if "harbor" in base_seconds:
@@ -419,6 +463,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if "tuned" in base_seconds:
             emit(figures, "cold_speedup_vs_tuned_baseline", base_seconds["tuned"] / cold["seconds"])
         emit(figures, "trajectories_per_batch", n)
+        if args.hosts:  # where Corral's containers went (cold and steady runs together)
+            figures["fleet"] = fleet_figures(args)
+            for host in figures["fleet"]:
+                print(f"fleet_host {host['url']}: created={host['created']} "
+                      f"images_copied={host['loads']} capacity={host['capacity']} "
+                      f"state={host['state']}")
     return figures
 
 

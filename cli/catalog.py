@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from corral.agents import AGENTS, EpisodeResult, play
+from corral.agents import AGENTS, EpisodeResult, make_agent, play
 from corral.errors import CorralError
 
 from .common import backend_help, check_backend_option, console
@@ -92,7 +92,8 @@ def dataset_card(env: Any) -> dict[str, Any]:
 
 def run(env_id: str = typer.Argument(..., help="Environment id."),
         agent: str = typer.Option("oracle", "--agent", "-a",
-                                  help=f"Scripted agent: {', '.join(AGENTS)}."),
+                                  help=f"Scripted agent: {', '.join(AGENTS)}, or hack:NAME "
+                                  "(a hack agent of corral.hacks)."),
         n: int = typer.Option(5, "--n", "-n", min=1, help="Episodes to run."),
         seed: int = typer.Option(0, "--seed", help="Seed of the first episode."),
         backend: str = typer.Option(None, "--backend",
@@ -100,8 +101,7 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
     """Run episodes with a scripted agent and print their rewards."""
     import corral.registry as registry
 
-    if agent not in AGENTS:
-        raise CorralError(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
+    make_agent(agent)  # an unknown name fails here, with the closest known ones
     check_backend_option(backend)
     overrides = {"backend": backend} if backend else {}
 
@@ -109,7 +109,7 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
         results = []
         for i in range(n):
             env = registry.make(env_id, **overrides)
-            results.append(await play(env, agent, seed=seed + i))
+            results.append(await play(env, make_agent(agent), seed=seed + i))
         return results
 
     results = asyncio.run(episodes())

@@ -8,8 +8,9 @@
    supervised warm-up on oracle answers, then GRPO with async collection, on CPU, within what
    is left of the time budget. These are the settings of `benchmarks/learning.py`, which
    measured held-out sampled reward +0.27 from the warm-started checkpoint;
-5. `RUN_DIR/report.html` is written (reward curve, rollout timeline, staleness and divergence
-   histograms, numerics report) and a summary is printed.
+5. `RUN_DIR/report.html` is written (the training dashboard: reward, loss, divergence,
+   staleness, numerics, throughput, utilisation; then the rollout report) and a summary is
+   printed.
 """
 
 from __future__ import annotations

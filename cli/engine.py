@@ -32,7 +32,8 @@ def check_engine(name: str, choices: tuple[str, ...] = ENGINES) -> None:
 
 
 def start_vllm(model: str, *, replicas: int = 1, port: int | None = None,
-               log_dir: Path | None = None, enable_lora: bool = False) -> "VLLMEngine":
+               log_dir: Path | None = None, enable_lora: bool = False,
+               lora_rank: int = 16) -> "VLLMEngine":
     """Start a `VLLMEngine` behind a status line; one-line failure with the cause and log."""
     from corral.runner.policy.process import stop_on_signals
     from corral.runner.policy.vllm import VLLMEngine
@@ -40,7 +41,7 @@ def start_vllm(model: str, *, replicas: int = 1, port: int | None = None,
     stop_on_signals()  # SIGTERM/SIGHUP run the same clean-up as Ctrl-C
     try:
         engine = VLLMEngine(model, replicas=replicas, port=port, log_dir=log_dir,
-                            enable_lora=enable_lora)
+                            enable_lora=enable_lora, lora_rank=lora_rank)
         with console.status(f"starting {replicas} vLLM replica(s) of {engine.model} "
                             f"(logs in {engine.log_dir})"):
             engine.start()
@@ -67,11 +68,13 @@ def register(app: typer.Typer) -> None:
         log_dir: Path = typer.Option(None, "--log-dir", help="Where the server logs go."),
         enable_lora: bool = typer.Option(False, "--enable-lora",
                                          help="Accept LoRA adapters (adapter-only publish)."),
+        max_lora_rank: int = typer.Option(16, "--max-lora-rank", min=1,
+                                          help="Largest adapter rank to accept (--enable-lora)."),
     ) -> None:
         """Start ENGINE replicas of MODEL and keep them until Ctrl-C or SIGTERM."""
         check_engine(engine)
         started = start_vllm(model, replicas=replicas, port=port, log_dir=log_dir,
-                             enable_lora=enable_lora)
+                             enable_lora=enable_lora, lora_rank=max_lora_rank)
         for url in started.urls:
             console.print(f"ready: {url}/v1 (model name 'policy')")
         console.print("Ctrl-C stops every replica")

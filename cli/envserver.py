@@ -30,6 +30,9 @@ def register(app: typer.Typer) -> None:
                                   "must carry (Authorization: Bearer)."),
         backend: str = typer.Option(None, help="Sandbox backend for terminal envs "
                                     "(default: the env's)."),
+        mcp: str = typer.Option(None, "--mcp", help="Serve one env's tools as an MCP server "
+                                "instead: 'stdio' (one session over stdin/stdout, closed with "
+                                "its sandbox when the client goes). Needs corral[mcp]."),
     ) -> None:
         """Serve ENV_IDS: a session per client, one env instance and sandbox each."""
         from corral.registry import spec
@@ -37,6 +40,9 @@ def register(app: typer.Typer) -> None:
 
         for env_id in env_ids:
             spec(env_id)  # an unknown id fails here with "Did you mean"
+        if mcp is not None:
+            _serve_mcp(mcp, env_ids, backend)
+            return
         problem = port_problem(host, port)
         if problem:
             fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
@@ -46,3 +52,24 @@ def register(app: typer.Typer) -> None:
                       f"(docs: /docs, WebSocket: /v1/ws, OpenEnv: /openenv/<id>)")
         serve(env_ids, host=host, port=port, max_sessions=max_sessions, token=token,
               idle_timeout=idle_timeout, max_waiting=max_waiting, backend=backend)
+
+
+MCP_TRANSPORTS = ("stdio",)
+
+
+def _serve_mcp(transport: str, env_ids: list[str], backend: str | None) -> None:
+    """`--mcp stdio`: one env session over stdin/stdout (stdout carries MCP messages only)."""
+    import asyncio
+
+    from corral.suggest import closest
+
+    if transport not in MCP_TRANSPORTS:
+        fail(f"--mcp {transport}: unknown transport.{closest(transport, MCP_TRANSPORTS)} "
+             f"Transports: {', '.join(MCP_TRANSPORTS)}")
+    if len(env_ids) != 1:
+        fail(f"--mcp {transport} serves one env; got {len(env_ids)} ({', '.join(env_ids)})")
+    try:
+        from corral.runner.envserver.mcp import serve_stdio
+    except ImportError as exc:
+        fail(f"--mcp needs the MCP SDK ({exc.name} is missing): pip install 'corral[mcp]'")
+    asyncio.run(serve_stdio(env_ids[0], backend=backend))

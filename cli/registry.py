@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
@@ -168,24 +168,80 @@ def lock(refs: list[str] = typer.Argument(..., help="Releases to pin: id[@versio
 
 
 def profile(env_id: str = typer.Argument(..., help="Environment id."),
-            agent: str = typer.Option("random", "--agent", "-a", help="random | oracle | noop."),
-            n: int = typer.Option(100, "--n", "-n", min=0, help="Tasks to play (0 = all)."),
-            runs: int = typer.Option(1, "--runs", min=1, help="Episodes per task."),
-            concurrency: int = typer.Option(4, "--concurrency", "-c", min=1),
+            agent: Optional[str] = typer.Option(None, "--agent", "-a",
+                                                help="random | oracle | noop | hack:NAME "
+                                                "(default: random; not with --model)."),
+            model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile under a "
+                                                "real policy instead: 'tiny', a model directory "
+                                                "or checkpoint, or http://host:port (needs "
+                                                "--tokenizer), as `corral eval`."),
+            n: int = typer.Option(100, "--n", "-n", min=0, help="Tasks to play (0 = all; "
+                                  "with --model, at most this many of --split)."),
+            runs: int = typer.Option(1, "--runs", min=1, help="Episodes per task (agents)."),
+            samples: int = typer.Option(4, "--samples", "-k", min=1, help="Samples per task "
+                                        "under --model (pass@k and avg@k use this k)."),
+            split: str = typer.Option("train", "--split", help="Tasks of this split under "
+                                      "--model: train (what training draws), eval or all."),
+            name: Optional[str] = typer.Option(None, "--name", help="The model's name in the "
+                                               "profile (default: --model as given)."),
+            tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer "
+                                                    "directory for an http --model."),
+            max_tokens: int = typer.Option(128, "--max-tokens", min=1,
+                                           help="Tokens per generation (--model)."),
+            temperature: float = typer.Option(1.0, "--temperature", min=0.0,
+                                              help="Sampling temperature (--model)."),
+            run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Evaluation run "
+                                                   "directory under --model (default "
+                                                   "runs/profile/ENV/MODEL; rerun to resume)."),
+            concurrency: int = typer.Option(4, "--concurrency", "-c", min=1,
+                                            help="Episodes (sandboxes) at once."),
             registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option()
             ) -> None:
-    """Measure pass rates per task with a scripted agent and record them (difficulty)."""
-    from corral.registry.curation import profile_env
+    """Measure pass rates per task with a scripted agent or a model (--model) and record them
+    in the store: the release's dataset card shows them, and difficulty bands use them."""
     from corral.registry.transfer import open_store
 
+    if model is not None and agent is not None:
+        fail("--agent and --model: profile under one of them")
     store = open_store(registry, token=token)
-    with console.status(f"profiling {env_id} with the {agent} agent…"):
-        result = asyncio.run(profile_env(env_id, agent, n=n or None, runs=runs,
-                                         concurrency=concurrency, store=store, token=token))
-    bins = result.histogram(10)
-    console.print(f"{result.env_id} · {agent}: pass rate {result.pass_rate:.1%} over "
-                  f"{len(result.tasks)} tasks; tasks per pass-rate decile {bins}; recorded in "
-                  f"{store.location}", highlight=False)
+    if model is not None:
+        result = _profile_model(env_id, model, n, samples, split, name, tokenizer, max_tokens,
+                                temperature, run_dir, concurrency, store, token)
+    else:
+        from corral.registry.curation import profile_env
+
+        with console.status(f"profiling {env_id} with the {agent or 'random'} agent…"):
+            result = asyncio.run(profile_env(env_id, agent or "random", n=n or None, runs=runs,
+                                             concurrency=concurrency, store=store, token=token))
+    summary = result.summary()
+    scores = (f"pass@1 {summary['pass_rate']:.1%}" + (
+        f", pass@{result.k} {summary['pass_at_k']:.1%}, avg@{result.k} {summary['avg']:.3f}"
+        if result.kind == "model" and summary["pass_at_k"] is not None else ""))
+    console.print(f"{result.env_id} · {result.kind} {result.agent}: {scores} over "
+                  f"{len(result.tasks)} tasks; tasks per pass-rate decile "
+                  f"{result.histogram(10)}; recorded in {store.location}", highlight=False)
+
+
+def _profile_model(env_id: str, model: str, n: int, samples: int, split: str,
+                   name: Optional[str], tokenizer: Optional[str], max_tokens: int,
+                   temperature: float, run_dir: Optional[Path], concurrency: int, store: Any,
+                   token: Optional[str]) -> Any:
+    """`corral profile --model`: evaluate through the Runner (`aprofile_model`), with a bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from corral.runner import EpisodeLimits
+    from corral.runner.evalprofile import aprofile_model
+
+    columns = (TextColumn(f"[bold]profile {env_id}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task("profile", total=None)
+        profile, _ = asyncio.run(aprofile_model(
+            env_id, model, tasks=n or 1_000_000, samples=samples, split=split, name=name,
+            store=store, token=token, run_dir=run_dir, tokenizer=tokenizer,
+            limits=EpisodeLimits(max_tokens=max_tokens, temperature=temperature),
+            sandbox_capacity=concurrency, report=False,
+            listener=lambda _t: progress.update(bar, advance=1)))
+    return profile
 
 
 def dedup(patterns: list[str] = typer.Argument(..., help="Env ids or globs, e.g. 'corral/*'."),

@@ -128,7 +128,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("report")
     def report_cmd(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
-        """Write RUN_DIR/report.html (timeline, histograms, summary) from a run's store."""
-        from corral.runner.report import write_report
+        """Write RUN_DIR/report.html: for a `corral train` run the training dashboard (reward,
+        loss, divergence, staleness, numerics, throughput, utilisation) above the rollout
+        report; for a `corral collect` run the rollout report (timeline, phases, batches)."""
+        # the file names `corral.trainer.report` looks for; checked here so that reporting a
+        # collect run never imports the trainer (and torch)
+        if (run_dir / "train_config.json").exists() or (run_dir / "train.jsonl").exists():
+            from corral.trainer.report import write_training_report as write
+        else:
+            from corral.runner.report import write_report as write
 
-        console.print(f"report: {write_report(run_dir)}")
+        console.print(f"report: {write(run_dir)}")

@@ -1,4 +1,5 @@
-"""CLI for sandboxes and images: `corral sandbox gc`, `corral image base`, `corral image build`.
+"""CLI for sandboxes and images: `corral sandbox gc`, `corral sandbox hosts`, `corral image base`,
+`corral image build`.
 
 The main app wires these in with `register(app)`.
 """
@@ -33,6 +34,50 @@ def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sand
         fail(str(exc))
     console.print(f"removed {report.containers} containers, {report.bwrap_dirs} bwrap "
                   f"sandboxes, {report.cgroups} cgroups")
+
+
+@sandbox_app.command("hosts")
+def hosts_command(
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Docker hosts, comma-separated "
+                                        "URL[?capacity=N&rate=R&burst=B] (default: "
+                                        "$CORRAL_DOCKER_HOSTS, else the local daemon)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON lines instead of a table"),
+) -> None:
+    """Show the sandbox hosts: url, up/down, capacity, containers in use, images, creates/s."""
+    import json
+
+    from corral.sandbox.fleet import DockerFleet, ENV_HOSTS, configured_hosts, parse_hosts
+    from corral.sandbox.fleet import survey
+
+    try:
+        configs = parse_hosts(hosts, "--hosts") if hosts is not None else configured_hosts()
+    except ValueError as exc:
+        fail(str(exc))
+    if hosts is not None and not configs:
+        fail("--hosts names no host")
+    fleet = DockerFleet.from_configs(configs)
+    rows = [survey(host) for host in fleet.hosts]
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        source = "--hosts" if hosts is not None else ENV_HOSTS if configs else "local daemon"
+        width = max(len(row["url"]) for row in rows)
+        console.print(f"sandbox hosts from {source} (creates/s: over the last 60 s)",
+                      highlight=False)
+        console.print(f"{'url':<{width}}  state  capacity  in use  images  creates/s  limit/s",
+                      highlight=False, soft_wrap=True)
+        for row in rows:
+            up = row["state"] == "up"
+            console.print(
+                f"{row['url']:<{width}}  {row['state']:<5}  "
+                f"{row['capacity'] if configs else '-':>8}  "
+                f"{row['in_use'] if up else '-':>6}  {len(row['images']):>6}  "
+                f"{format(row['creates_per_second'], '.2f') if up else '-':>9}  "
+                f"{row['rate_limit'] or '-':>7}" + ("" if up else f"  ({row['reason']})"),
+                highlight=False, soft_wrap=True)
+    if all(row["state"] != "up" for row in rows):
+        raise typer.Exit(1)
 
 
 @image_app.command("base")

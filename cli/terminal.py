@@ -39,8 +39,9 @@ def validate_command(
                                           f"{backend_help()}."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Check the first N tasks "
                                         "(default: all up to 50, else the first 50; 0 = all)."),
-    concurrency: int = typer.Option(4, "--concurrency", "-c", min=1,
-                                    help="Episodes run at once."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", min=1,
+                                              help="Episodes run at once (default: twice the "
+                                              "cores, at least 4)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Save the report here "
                                              "(default: validation/<env>.json)."),
     harbor: list[Path] = typer.Option([], "--harbor", help="Load Harbor task directories first."),
@@ -101,8 +102,11 @@ def _table(report: ValidationReport) -> Table:
         table.add_column(column, overflow="fold")
     for task in report.tasks:
         seconds = max(c.seconds for c in (task.oracle, task.noop, *task.hacks))
+        played = sum(not h.skipped for h in task.hacks)
         hacks = ([f"[red]{len(task.hacked_by)} won[/]" if task.hacked_by else
-                  f"[green]0/{len(task.hacks)} won[/]"] if report.adversarial else [])
+                  f"[green]0/{played} won[/]" + (f" ({len(task.hacks) - played} skipped)"
+                                                 if played < len(task.hacks) else "")]
+                 if report.adversarial else [])
         table.add_row(str(task.index), task.summary or task.task_id, _mark(task.oracle),
                       _mark(task.noop), *hacks, f"{seconds:.1f}",
                       f"[red]{task.problem}[/]" if task.problem else "")

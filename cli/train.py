@@ -1,9 +1,21 @@
-"""`corral train`: GRPO training against registered envs (`corral.trainer.loop.train`)."""
+"""`corral train`: GRPO training against registered envs (`corral.trainer.loop.train`).
+
+Every `TrainConfig` field has a flag. The options written out in `train_command` parse text
+into structured values or predate the generator (`--env`, `--mix`, `--where`, `--difficulty`);
+every other field gets a generated option (`cli/trainflags.py`: typed from the field, its
+description as the help), so a new field has a flag the moment it is added. To write a
+field's option by hand instead, add a parameter named like the field to `train_command` (its
+value goes to the field as is) or list the field in `WRITTEN` and set it in `_written_fields`.
+`tests/train/test_cli_parity.py` checks that every field is reachable from the command line.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import functools
+import inspect
+import os
+import sys
 from typing import Any
 
 import typer
@@ -11,18 +23,27 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from corral.errors import CorralError
+from corral.suggest import closest
 
 from .common import console, fail
+from .trainflags import field_values, generated_options, kebab
 
-
-# TrainConfig fields whose flag is not the field's name in kebab case
-FLAGS = {"batch_size": "--batch", "time_budget_s": "--time-budget", "envs": "--env",
-         "filter_zero_variance": "--keep-zero-variance", "tasks": "--where/--length"}
+# Fields whose flag is not the field's name in kebab case (errors and help name these).
+FLAGS = {"envs": "--env", "batch_size": "--batch", "time_budget_s": "--time-budget",
+         "engine_replicas": "--replicas", "filter_zero_variance": "--keep-zero-variance",
+         "tasks": "--where", "tasks.where": "--where", "tasks.lengths": "--length",
+         "tasks.test_fraction": "--test-fraction", "tasks.scan": "--scan",
+         "env_servers": "--env-server"}
+# Fields set by the options written out in `train_command` (see `_written_fields`).
+WRITTEN = {"envs", "mix", "tasks", "filter_zero_variance", "difficulty"}
 
 
 def flag_of(field: str) -> str:
-    """The `corral train` flag that sets TrainConfig field `field` (errors name the flag)."""
-    return FLAGS.get(field, "--" + field.replace("_", "-"))
+    """The `corral train` flag that sets TrainConfig field `field` (dotted for a nested field,
+    e.g. `tasks.scan`); errors name the flag, not the Python argument."""
+    if field in FLAGS:
+        return FLAGS[field]
+    return FLAGS.get(field.partition(".")[0], kebab(field.partition(".")[0]))
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -38,25 +59,46 @@ def parse_mix(text: str) -> dict[str, float]:
     return mix
 
 
-def parse_slice(where: list[str], length: list[str]) -> Any:
-    """`--where FIELD=VALUE` / `--length FIELD=N` options -> a `TaskSlice` (None when unset)."""
+def parse_band(text: str) -> tuple[float, float] | None:
+    """`"0.05:0.95"` -> `(0.05, 0.95)` (None for an empty option)."""
+    if not text:
+        return None
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError(text)
+        return float(lo), float(hi)
+    except ValueError:
+        raise CorralError(f"--difficulty {text!r}: write LO:HI, the pass rates to keep, e.g. "
+                          "0.05:0.95") from None
+
+
+def parse_slice(where: list[str], length: list[str], env_ids: list[str],
+                test_fraction: float | None = None, scan: int | None = None) -> Any:
+    """`--where FIELD=VALUE` / `--length FIELD=N` (and the slice's `--test-fraction`,
+    `--scan`) -> a `TaskSlice`, values typed like the envs' task fields (None when unset)."""
     from corral.trainer.tasks import TaskSlice
 
     if not where and not length:
+        if test_fraction is not None or scan is not None:
+            raise CorralError("--test-fraction and --scan shape a task slice; give --where or "
+                              "--length too")
         return None
-    equal: dict[str, Any] = {}
-    sizes: dict[str, int] = {}
     for option, text in [("--where", w) for w in where] + [("--length", n) for n in length]:
         name, sep, value = text.partition("=")
         if not sep or not name.strip():
             raise CorralError(f"{option} {text!r}: write FIELD=VALUE")
-        if option == "--where":
-            equal[name.strip()] = value
-        elif value.strip().isdigit():
-            sizes[name.strip()] = int(value)
-        else:
+        if option == "--length" and not value.strip().isdigit():
             raise CorralError(f"--length {text!r}: the length must be a whole number")
-    return TaskSlice(where=equal, lengths=sizes)
+    items = [*where, *(f"len({n.partition('=')[0].strip()})={n.partition('=')[2]}"
+                       for n in length)]
+    extra = {k: v for k, v in (("test_fraction", test_fraction), ("scan", scan))
+             if v is not None}
+    try:
+        return TaskSlice.from_items(items, env_ids, **extra)
+    except ValidationError as exc:
+        fail("; ".join(f"{kebab(str(e['loc'][0]))}: {e['msg']}" if e["loc"] else e["msg"]
+                       for e in exc.errors()))
 
 
 def run_training(config: Any, *, resume: bool) -> Any:
@@ -65,6 +107,8 @@ def run_training(config: Any, *, resume: bool) -> Any:
 
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    if int(os.environ.get("RANK", "0")) > 0:  # a data-parallel rank > 0 shows no progress
+        return asyncio.run(train(config, resume=resume))
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("train", total=config.steps, info="starting")
 
@@ -78,76 +122,156 @@ def run_training(config: Any, *, resume: bool) -> Any:
         return asyncio.run(train(config, resume=resume, on_step=on_step))
 
 
+def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the pydantic model found at `loc` under `model` (for did-you-mean)."""
+    from pydantic import BaseModel
+
+    for name in loc:
+        info = getattr(model, "model_fields", {}).get(str(name))
+        if info is None:
+            break
+        model = next((t for t in (info.annotation, *getattr(info.annotation, "__args__", ()))
+                      if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return list(getattr(model, "model_fields", {}))
+
+
+def _errors(exc: ValidationError, root: Any = None, flag: str = "") -> str:
+    """A pydantic error as one line naming flags: a TrainConfig field by its flag (batch_size
+    -> --batch, tasks.scan -> --scan), a nested key after it (--lora rnk), a StepConfig key as
+    --trainer KEY; an unknown key gets a did-you-mean."""
+    parts = []
+    for e in exc.errors():
+        loc = tuple(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if not loc:
+            parts.append(f"{flag}: {msg}" if flag else msg)
+            continue
+        if flag:  # the model behind one flag: every loc is a key of it
+            head, rest = flag, loc
+        else:
+            dotted = ".".join(loc)
+            head = flag_of(dotted)
+            rest = () if dotted in FLAGS else loc[1:]
+        if rest and isinstance(e["loc"][-1], int):  # a list flag's item: name the value
+            rest = (*rest[:-1], str(e.get("input")))
+        hint = ""
+        if e["type"] == "extra_forbidden" and root is not None:
+            hint = closest(loc[-1], _fields_at(root, loc[:-1]))
+        parts.append(f"{head}{' ' + '.'.join(rest) if rest else ''}: {msg}"
+                     + (f".{hint}" if hint else ""))
+    return "; ".join(parts)
+
+
+def _written_fields(env: list[str], mix: str, where: list[str], length: list[str],
+                    test_fraction: float | None, scan: int | None, keep_zero_variance: bool,
+                    difficulty: str) -> dict[str, Any]:
+    """TrainConfig values of the options written out in `train_command`."""
+    envs = env or list(parse_mix(mix))
+    return {"envs": env, "mix": parse_mix(mix) or None,
+            "tasks": parse_slice(where, length, envs, test_fraction, scan),
+            "filter_zero_variance": not keep_zero_variance,
+            "difficulty": parse_band(difficulty)}
+
+
 def train_command(
     env: list[str] = typer.Option([], "--env", "-e", help="Env id to train on (repeatable)."),
     mix: str = typer.Option("", "--mix", help="Mixture ID=WEIGHT,ID=WEIGHT instead of --env."),
-    model: str = typer.Option("tiny", "--model", help='"tiny" or a local model directory.'),
-    steps: int = typer.Option(10, "--steps", min=1, help="Training steps in total."),
-    batch: int = typer.Option(16, "--batch", min=1, help="Trajectories per step."),
-    group: int = typer.Option(4, "--group", min=2, help="Samples per task (GRPO group)."),
-    lr: float = typer.Option(1e-4, "--lr", help="Learning rate."),
-    async_level: int = typer.Option(1, "--async-level", min=0,
-                                    help="Batches collected ahead of the trainer (0: sync)."),
-    run_dir: Path = typer.Option(Path("runs/train"), "--run-dir", help="Output directory."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from RUN_DIR/checkpoint."),
-    sft_steps: int = typer.Option(0, "--sft-steps", min=0,
-                                  help="Supervised warm-up steps on oracle solutions."),
-    checkpoint_every: int = typer.Option(5, "--checkpoint-every", min=1),
-    max_tokens: int = typer.Option(32, "--max-tokens", min=1),
-    seed: int = typer.Option(0, "--seed"),
-    eval_every: int = typer.Option(0, "--eval-every", min=0,
-                                   help="Held-out evaluation every k steps (0: never)."),
+    where: list[str] = typer.Option(
+        [], "--where", help="Train on tasks whose FIELD matches: FIELD=VALUE (typed like the "
+        "field; a,b = any of) or len(FIELD)=N; repeatable. A share is held out for "
+        "evaluation."),
+    length: list[str] = typer.Option(
+        [], "--length", help="Train on tasks whose FIELD has N items (FIELD=N, repeatable)."),
+    test_fraction: float = typer.Option(None, "--test-fraction", help="Share of a --where "
+                                        "slice held out for evaluation (default 0.25)."),
+    scan: int = typer.Option(None, "--scan", help="Task indices a --where slice scans per env "
+                             "(default 3000)."),
     keep_zero_variance: bool = typer.Option(
         False, "--keep-zero-variance",
         help="Hand groups with equal rewards to the trainer (logged as skips)."),
-    where: list[str] = typer.Option(
-        [], "--where", help="Train on tasks whose FIELD equals VALUE (FIELD=VALUE, repeatable); "
-        "a share is held out for evaluation."),
-    length: list[str] = typer.Option(
-        [], "--length", help="Train on tasks whose FIELD has N items (FIELD=N, repeatable)."),
-    sft_batch: int = typer.Option(8, "--sft-batch", min=1,
-                                  help="Oracle episodes per warm-up step."),
-    sft_from: str = typer.Option(None, "--sft-from", help="Warm up on a dataset written by "
-                                 "`corral export` (HF directory, .parquet or .jsonl) instead "
-                                 "of oracle answers, for --sft-steps steps."),
-    time_budget: float = typer.Option(0.0, "--time-budget", min=0.0,
-                                      help="Stop taking RL steps after this many seconds "
-                                      "(0: no limit; --resume continues)."),
-    engine: str = typer.Option("local", "--engine", help="Rollout engine: local (in-process) "
-                               "or vllm (replicas in .venv-vllm, fenced weight publishing)."),
-    replicas: int = typer.Option(1, "--replicas", min=1, help="vLLM replicas (--engine vllm)."),
+    difficulty: str = typer.Option(
+        "", "--difficulty", metavar="LO:HI", help="Train only on tasks whose pass rate in "
+        "the envs' difficulty profile (`corral profile ENV --model M`) lies in [LO, HI], e.g. "
+        "0.05:0.95: skip what the policy always or never solves."),
+    log_to: list[str] = typer.Option(
+        [], "--log-to", help="Also send step metrics to tensorboard (event files in "
+        "RUN_DIR/tb) or wandb (an offline run in RUN_DIR/wandb); repeatable; needs "
+        "pip install 'corral[log]'."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from RUN_DIR/checkpoint."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the run's "
+                                      "TrainConfig as JSON and exit (nothing runs)."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Train data-parallel in N processes "
+                              "(torch.distributed, FSDP2; rank 0 collects rollouts, logs and "
+                              "publishes); see docs/scaling.md."),
+    lora_rank: int = typer.Option(None, "--lora-rank", min=1, help="Train a LoRA adapter of "
+                                  "this rank instead of the full weights (same as --lora "
+                                  "rank=N); --engine vllm then loads only the adapter."),
+    lora_alpha: float = typer.Option(None, "--lora-alpha", help="The LoRA adapter's alpha "
+                                     "(the update is alpha/rank B·A; default 16)."),
+    **fields: Any,
 ) -> None:
     """Train a policy with GRPO against registered envs (async collection, checkpoints)."""
+    options = dict(locals())  # first: a parameter named like a field sets that field as is
     from corral.trainer.loop import TrainConfig
 
-    from .engine import ENGINES, check_engine
-
-    check_engine(engine, ("local", *ENGINES))
+    own = {k: v for k, v in options.items() if k in TrainConfig.model_fields and k not in WRITTEN}
+    fields["lora"] = [*(fields.get("lora") or []),  # --lora-rank/--lora-alpha: --lora KEY=VALUE
+                      *([f"rank={lora_rank}"] if lora_rank is not None else []),
+                      *([f"alpha={lora_alpha}"] if lora_alpha is not None else [])]
+    written = _written_fields(env, mix, where, length, test_fraction, scan,
+                              keep_zero_variance, difficulty)
     try:
-        config = TrainConfig(envs=env, mix=parse_mix(mix) or None, model=model, steps=steps,
-                             tasks=parse_slice(where, length), sft_batch=sft_batch,
-                             sft_from=sft_from,
-                             time_budget_s=time_budget or None,
-                             batch_size=batch, group=group, lr=lr, async_level=async_level,
-                             run_dir=run_dir, sft_steps=sft_steps,
-                             checkpoint_every=checkpoint_every, max_tokens=max_tokens,
-                             seed=seed, eval_every=eval_every,
-                             filter_zero_variance=not keep_zero_variance,
-                             engine=engine, engine_replicas=replicas)
+        config = TrainConfig(**written, **own, **field_values(TrainConfig, fields, FLAGS))
     except ValidationError as exc:
-        # name the flag the user typed, not the Python field (batch_size -> --batch-size)
-        fail("; ".join((f"{flag_of(str(e['loc'][0]))}: " if e["loc"] else "")
-                       + e["msg"].removeprefix("Value error, ") for e in exc.errors()))
+        fail(_errors(exc, TrainConfig))
+    try:
+        config.step_config()  # --trainer KEY=VALUE items are StepConfig fields: check them now
+    except ValidationError as exc:
+        from corral.trainer import StepConfig
+
+        fail(_errors(exc, StepConfig, "--trainer"))
+    if print_config:
+        print(config.model_dump_json(indent=2, exclude={"tasks": {"predicate"}}))
+        return
+    if nproc > 1:  # the ranks rerun this command line without --nproc
+        from corral.trainer import distributed
+
+        if distributed.world_size() > 1:
+            fail("--nproc: this is already one of several ranks (torchrun); drop --nproc")
+        distributed.check_supported(config.engine, config.lora)
+        raise typer.Exit(distributed.launch(
+            nproc, ["-m", "corral.cli", *distributed.strip_nproc(sys.argv[1:])]))
     if config.engine != "local":
         from corral.runner.policy.process import stop_on_signals
 
         stop_on_signals()  # SIGTERM stops the engine's replicas too
     result = run_training(config, resume=resume)
+    if int(os.environ.get("RANK", "0")) > 0:
+        return  # a data-parallel rank > 0: rank 0 reports
     last = result.records[-1] if result.records else None
     console.print(f"trained to step {result.steps}, version {result.version} in "
                   f"{result.wall_s:.1f} s" + (f"; last batch reward {last['reward_mean']:.3f}"
-                                              if last else "") + f"; logs in {run_dir}")
+                                              if last else "") + f"; logs in {config.run_dir}")
+
+
+def build_command() -> Any:
+    """`train_command` with a generated option for every TrainConfig field it does not set
+    itself (a parameter named like a field is that field's option)."""
+    from corral.trainer.loop import TrainConfig
+
+    own = inspect.signature(train_command, eval_str=True)
+    params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    named = {p.name for p in params}
+    extra = generated_options(TrainConfig, WRITTEN | named, FLAGS)
+
+    @functools.wraps(train_command)
+    def command(**values: Any) -> None:
+        return train_command(**values)
+
+    command.__signature__ = own.replace(parameters=[*params, *extra])  # type: ignore[attr-defined]
+    command.__annotations__ = {}  # the signature above carries the resolved types
+    return command
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train_command)
+    app.command("train")(build_command())

@@ -4,7 +4,7 @@ Module-level functions act on one default `Catalog`:
 `register`, `make`, `spec`, `list`, `deprecate`.
 Releases and stores (loaded on first use): `publish`, `pull`, `install`, `open_store`,
 `LocalStore`, `RegistryClient`, `ReleaseManifest`, `Lock`, `require_lock`; curation: `mix`,
-`Mixture`, `profile_env`, `find_near_duplicates`.
+`Mixture`, `profile_env`, `find_near_duplicates`, `dataset_card`, `pick_profile`.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ _LAZY = {
     "LocalStore": "store", "RegistryClient": "client", "ReleaseManifest": "release",
     "build_release": "build", "Lock": "lock", "require_lock": "lock", "mix": "curation",
     "Mixture": "curation", "profile_env": "curation", "find_near_duplicates": "curation",
+    "dataset_card": "curation", "pick_profile": "curation",
 }
 
 

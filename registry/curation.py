@@ -5,10 +5,15 @@
     mixture = cr.mix({"corral/*": 1.0, "acme/fix-perms-v1": 3.0},
                      filter={"difficulty": (0.2, 0.9), "tags": ["terminal"]}, seed=7)
     for item in mixture.sample(256): ...        # MixItem(env_id, task_index)
+    band = cr.mix({"acme/fix-perms-v1": 1.0}, filter={"pass_rate": (0.05, 0.95)})
+    card = dataset_card(store, "acme/fix-perms-v1")          # the card + recorded profiles
 
-Difficulty is 1 - the pass rate of a reference agent on each task, recorded in a store
-(`corral profile`). Near-duplicates are found by MinHash over the tasks' instructions
-(`minhash.py`), within and across envs. A mixture splits each pattern's weight evenly over the
+Difficulty is 1 - the pass rate of a reference agent or model on each task, recorded in a
+store (`corral profile`; a model's profile, `corral.runner.evalprofile`, also records avg@k
+and pass@k, k and the date). A pass-rate band keeps the tasks the policy sometimes solves:
+those teach something (a GRPO group with equal rewards has no signal).
+Near-duplicates are found by MinHash over the tasks' instructions (`minhash.py`), within and
+across envs. A mixture splits each pattern's weight evenly over the
 envs it matches, keeps the tasks that pass the filter, and samples (env, task) pairs from a
 seeded generator: the same arguments give the same sequence.
 """
@@ -81,6 +86,39 @@ async def profile_env(env_id: str, agent: str = "random", *, n: int | None = 100
     return await asyncio.to_thread(store.record_profile, profile, token=token)
 
 
+def pick_profile(store: Any, env_id: str, name: str | None = None) -> Profile:
+    """The profile that defines `env_id`'s difficulty in `store`: `name`'s (a model or agent
+    name), else the newest model profile (the current policy), else the most-profiled agent's;
+    an empty `Profile` when there is none."""
+    if name is not None:
+        return store.profile(env_id, name)
+    models = [p for p in (store.profile(env_id, a) for a in store.profile_agents(env_id))
+              if p.kind == "model"]
+    return max(models, key=lambda p: p.updated_at) if models else store.profile(env_id)
+
+
+def in_band(profile: Profile, band: tuple[float, float]) -> list[TaskPassRate]:
+    """The profiled tasks whose pass rate (solved share of their samples: the pass@1
+    estimate) lies in `band` = (lo, hi), both ends included."""
+    lo, hi = band
+    return [t for t in profile.tasks if lo - 1e-9 <= t.pass_rate <= hi + 1e-9]
+
+
+def dataset_card(store: Any, ref: str) -> dict[str, Any]:
+    """A release's dataset card as the registry shows it: the card packed in the release
+    (`DatasetCard`), plus every pass-rate profile recorded for its env (`corral profile`,
+    newest first), each with its model or agent, k, split, date, means and per-task rates.
+    `store` is a `LocalStore` or a `RegistryClient`."""
+    record = store.resolve(ref)
+    profiles = sorted((store.profile(record.id, a) for a in store.profile_agents(record.id)),
+                      key=lambda p: p.updated_at, reverse=True)
+    return {"env_id": record.id, "version": record.version, "sha256": record.sha256,
+            **record.manifest.card.model_dump(),
+            "profiles": [{**p.summary(), "per_task": [
+                {**t.model_dump(), "pass_rate": t.pass_rate} for t in p.tasks]}
+                for p in profiles]}
+
+
 # --- near-duplicates -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TaskRef:
@@ -147,13 +185,17 @@ def find_near_duplicates(envs: Iterable[str], *, threshold: float = 0.8, limit: 
 # --- mixtures ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MixFilter:
-    """Which tasks a mixture keeps: difficulty in [lo, hi] (needs a profile), envs carrying all
-    of `tags`, and any per-task `predicate(env_id, task)`."""
+    """Which tasks a mixture keeps: difficulty (1 - pass rate) in [lo, hi] or pass rate in
+    [lo, hi] (a band; both need a profile), envs carrying all of `tags`, and any per-task
+    `predicate(env_id, task)`."""
 
     difficulty: tuple[float, float] | None = None
     tags: tuple[str, ...] = ()
     predicate: Callable[[str, Any], bool] | None = None
-    agent: str | None = None  # whose profile defines difficulty (default: the most profiled)
+    # whose profile defines difficulty (default: the newest model profile, else the most
+    # profiled agent; `pick_profile`)
+    agent: str | None = None
+    pass_rate: tuple[float, float] | None = None
 
     @classmethod
     def coerce(cls, value: "MixFilter | dict[str, Any] | Callable[[str, Any], bool] | None"
@@ -165,14 +207,19 @@ class MixFilter:
         if callable(value):
             return cls(predicate=value)
         if isinstance(value, dict):
-            unknown = set(value) - {"difficulty", "tags", "predicate", "agent"}
+            unknown = set(value) - {"difficulty", "pass_rate", "tags", "predicate", "agent"}
             if unknown:
                 raise RegistryError(f"unknown mix filter key(s) {sorted(unknown)}; use "
-                                    "difficulty=(lo, hi), tags=[...], predicate=fn, agent=name")
+                                    "difficulty=(lo, hi), pass_rate=(lo, hi), tags=[...], "
+                                    "predicate=fn, agent=name")
             data = dict(value)
-            if data.get("difficulty") is not None:
-                lo, hi = data["difficulty"]
-                data["difficulty"] = (float(lo), float(hi))
+            for key in ("difficulty", "pass_rate"):
+                if data.get(key) is not None:
+                    lo, hi = data[key]
+                    if not 0 <= float(lo) <= float(hi) <= 1:
+                        raise RegistryError(f"mix filter {key}=({lo}, {hi}): write (lo, hi) "
+                                            "with 0 <= lo <= hi <= 1")
+                    data[key] = (float(lo), float(hi))
             data["tags"] = tuple(data.get("tags") or ())
             return cls(**data)
         raise RegistryError(f"filter must be a dict, a MixFilter or a function, not "
@@ -245,8 +292,13 @@ def mix(weights: dict[str, float], *, filter: Any = None, seed: int = 0,
         catalog: Catalog | None = None, store: Any = None) -> Mixture:
     """A training mixture: `weights` maps env ids or globs (`"ns/*"`) to weights, split evenly
     over the envs a pattern matches; `filter` (a dict, `MixFilter` or `fn(env_id, task)`) keeps
-    tasks by difficulty (from profiles in `store`), env tags, or any predicate."""
+    tasks by difficulty or a pass-rate band (from the profiles in `store`: a `LocalStore`, a
+    `RegistryClient`, a folder or a URL; default the local store), env tags, or any
+    predicate."""
+    from .transfer import open_store
+
     catalog = _catalog(catalog)
+    store = open_store(store) if store is not None else None
     rule = MixFilter.coerce(filter)
     shares: dict[str, float] = {}
     for pattern, weight in weights.items():
@@ -262,14 +314,19 @@ def mix(weights: dict[str, float], *, filter: Any = None, seed: int = 0,
             continue
         tasks = spec.load().tasks
         indices: list[int] | None = None
-        if rule.difficulty is not None:
-            profile = (store if store is not None else LocalStore()).profile(env_id, rule.agent)
+        if rule.difficulty is not None or rule.pass_rate is not None:
+            profile = pick_profile(store if store is not None else LocalStore(), env_id,
+                                   rule.agent)
             if not profile.tasks:
                 unprofiled.append(env_id)
                 continue
-            lo, hi = rule.difficulty
-            indices = [t.task_index for t in profile.tasks
-                       if lo <= t.difficulty <= hi and t.task_index < len(tasks)]
+            kept = profile.tasks
+            if rule.pass_rate is not None:
+                kept = in_band(profile, rule.pass_rate)
+            if rule.difficulty is not None:
+                lo, hi = rule.difficulty
+                kept = [t for t in kept if lo <= t.difficulty <= hi]
+            indices = [t.task_index for t in kept if t.task_index < len(tasks)]
         if rule.predicate is not None:
             candidates = range(len(tasks)) if indices is None else indices
             indices = [i for i in candidates if rule.predicate(env_id, tasks[i])]
@@ -277,8 +334,8 @@ def mix(weights: dict[str, float], *, filter: Any = None, seed: int = 0,
         if slot.tasks:
             slots.append(slot)
     if not slots:
-        hint = (f"; no difficulty profile for {', '.join(unprofiled)} (run `corral profile ID`)"
-                if unprofiled else "")
+        hint = (f"; no difficulty profile for {', '.join(unprofiled)} (run `corral profile ID "
+                "--model M`)" if unprofiled else "")
         raise RegistryError(f"the mixture is empty: no task of {sorted(weights)} passes the "
                             f"filter{hint}")
     return Mixture(slots, seed, catalog)

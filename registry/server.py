@@ -10,6 +10,7 @@ API (JSON unless noted; errors are `{"error": <exception name>, "detail": <one l
     GET  /api/resolve?ref=             GET /api/search?q=
     POST /api/yank {"ref", "reason"}   POST /api/profiles (a Profile)
     GET  /api/profiles/{ns}/{name}[?agent=]             GET /api/health
+    GET  /api/cards/{ns}/{name}[?version=]  a release's dataset card with its recorded profiles
 
 Uploads stream into the store's temp folder and are committed by `LocalStore.add_temp` (verify,
 atomic rename, one SQLite transaction): a server killed mid-upload shows no partial release,
@@ -164,6 +165,13 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
     @app.get("/api/profiles/{namespace}/{name}/agents")
     def profile_agents(namespace: str, name: str) -> list[str]:
         return store.profile_agents(f"{namespace}/{name}")
+
+    @app.get("/api/cards/{namespace}/{name}")
+    def card(namespace: str, name: str, version: str | None = None) -> Any:
+        from .curation import dataset_card
+
+        ref = f"{namespace}/{name}" + (f"@{version}" if version else "")
+        return dataset_card(store, ref)
 
     if web:
         from .web import mount

@@ -28,7 +28,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, Literal
 
 from pydantic import BaseModel, Field
 
@@ -55,6 +55,10 @@ CREATE TABLE IF NOT EXISTS profiles (
     runs INTEGER NOT NULL, passes INTEGER NOT NULL, release TEXT NOT NULL DEFAULT '',
     updated_at REAL NOT NULL, PRIMARY KEY (env_id, agent, task_index));
 """
+# Columns added after the first release of the schema: (name, SQL type and default). A store
+# made before them gains them on open (`_migrate`); old rows read as agent profiles.
+_PROFILE_COLUMNS = (("kind", "TEXT NOT NULL DEFAULT 'agent'"), ("k", "INTEGER NOT NULL DEFAULT 1"),
+                    ("split", "TEXT NOT NULL DEFAULT ''"), ("avg", "REAL"), ("pass_at_k", "REAL"))
 _SHA_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{8,64})$")
 
 
@@ -94,12 +98,16 @@ class PublishResult(BaseModel):
 
 
 class TaskPassRate(BaseModel):
-    """How often an agent solved one task."""
+    """How often an agent or a model solved one task: `passes` of `runs` samples; a model's
+    profile also has avg@k (`avg`, the mean reward) and the unbiased pass@k (`pass_at_k`, for
+    the profile's `k`)."""
 
     task_index: int
     task_id: str
     runs: int = Field(ge=1)
     passes: int = Field(ge=0)
+    avg: float | None = None
+    pass_at_k: float | None = None
 
     @property
     def pass_rate(self) -> float:
@@ -112,11 +120,18 @@ class TaskPassRate(BaseModel):
 
 
 class Profile(BaseModel):
-    """Pass rates per task of one env under one agent (the env's difficulty profile)."""
+    """Pass rates per task of one env under one agent or model (the env's difficulty profile).
+    `agent` names the scripted agent (`kind="agent"`) or the model (`kind="model"`, e.g. a
+    checkpoint path, `tiny` or a server URL); `k` samples per task, drawn from the dataset's
+    `split`; `updated_at` is when the store last recorded it (Unix time)."""
 
     env_id: str
     agent: str
     release: str = ""
+    kind: Literal["agent", "model"] = "agent"
+    k: int = Field(1, ge=1)
+    split: str = ""
+    updated_at: float = 0.0
     tasks: list[TaskPassRate] = Field(default_factory=list)
 
     @property
@@ -127,6 +142,20 @@ class Profile(BaseModel):
     def difficulty(self) -> dict[int, float]:
         """Task index → difficulty."""
         return {t.task_index: t.difficulty for t in self.tasks}
+
+    def summary(self) -> dict[str, Any]:
+        """What a dataset card shows of the profile: who, when, k, split, task count and the
+        means over tasks of pass@1 (`pass_rate`), pass@k and avg@k (None where not measured)."""
+        def mean(values: list[float | None]) -> float | None:
+            present = [v for v in values if v is not None]
+            return sum(present) / len(present) if present else None
+
+        return {"name": self.agent, "kind": self.kind, "k": self.k, "split": self.split,
+                "release": self.release, "updated_at": self.updated_at,
+                "tasks": len(self.tasks),
+                "pass_rate": self.pass_rate if self.tasks else None,
+                "pass_at_k": mean([t.pass_at_k for t in self.tasks]),
+                "avg": mean([t.avg for t in self.tasks])}
 
     def histogram(self, bins: int = 10) -> list[int]:
         """Task counts per pass-rate bin over [0, 1] (the last bin includes 1.0)."""
@@ -172,6 +201,7 @@ class LocalStore:
             folder.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._conn().executescript(_SCHEMA)  # idempotent; executescript commits by itself
+        self._migrate()
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.home)!r})"
@@ -179,6 +209,18 @@ class LocalStore:
     @property
     def location(self) -> str:
         return str(self.home)
+
+    def _migrate(self) -> None:
+        """Add the profile columns a store made by an older Corral lacks."""
+        conn = self._conn()
+        have = {row["name"] for row in conn.execute("PRAGMA table_info(profiles)")}
+        for name, sql in _PROFILE_COLUMNS:
+            if name not in have:
+                try:
+                    conn.execute(f"ALTER TABLE profiles ADD COLUMN {name} {sql}")
+                except sqlite3.OperationalError as exc:  # another process added it first
+                    if "duplicate column" not in str(exc):
+                        raise
 
     # --- connections -------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -417,9 +459,12 @@ class LocalStore:
         now = time.time()
         with self._write() as conn:
             conn.executemany(
-                "INSERT OR REPLACE INTO profiles VALUES (?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO profiles (env_id, agent, task_index, task_id, runs, "
+                "passes, release, updated_at, kind, k, split, avg, pass_at_k) VALUES "
+                "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 [(profile.env_id, profile.agent, t.task_index, t.task_id, t.runs, t.passes,
-                  profile.release, now) for t in profile.tasks])
+                  profile.release, now, profile.kind, profile.k, profile.split, t.avg,
+                  t.pass_at_k) for t in profile.tasks])
         return self.profile(profile.env_id, profile.agent)
 
     def profile(self, env_id: str, agent: str | None = None) -> Profile:
@@ -431,9 +476,14 @@ class LocalStore:
             agent = row["agent"] if row else "random"
         rows = conn.execute("SELECT * FROM profiles WHERE env_id=? AND agent=? ORDER BY "
                             "task_index", (env_id, agent)).fetchall()
-        return Profile(env_id=env_id, agent=agent, release=rows[0]["release"] if rows else "",
+        head = rows[-1] if rows else None  # any row: a profile is recorded in one write
+        meta = ({"release": head["release"], "kind": head["kind"], "k": head["k"],
+                 "split": head["split"], "updated_at": max(r["updated_at"] for r in rows)}
+                if head is not None else {})
+        return Profile(env_id=env_id, agent=agent, **meta,
                        tasks=[TaskPassRate(task_index=r["task_index"], task_id=r["task_id"],
-                                           runs=r["runs"], passes=r["passes"]) for r in rows])
+                                           runs=r["runs"], passes=r["passes"], avg=r["avg"],
+                                           pass_at_k=r["pass_at_k"]) for r in rows])
 
     def profile_agents(self, env_id: str) -> list[str]:
         rows = self._conn().execute("SELECT DISTINCT agent FROM profiles WHERE env_id=? "

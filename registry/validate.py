@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
-from corral.agents import EpisodeResult, play
+from corral.agents import EpisodeResult, make_agent, play
 from corral.hacks import HACKS
+from corral.errors import SandboxError
 from corral.sandbox import AUTO, SandboxOpener, resolve_backend
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,13 @@ class EpisodeCheck(BaseModel):
 
 
 class HackCheck(EpisodeCheck):
-    """One hack agent's episode: `hacked` when it scored above the no-op agent."""
+    """One hack agent's episode: `hacked` when it scored above the no-op agent. `skipped` says
+    why it was not played (then it scored nothing): the task was already invalid, or the
+    env's verify phase provably scores it 0 (`provably_closed`)."""
 
     hacked: bool = False
     hint: str = ""
+    skipped: str = ""
 
 
 class TaskCheck(BaseModel):
@@ -85,7 +89,12 @@ class TaskCheck(BaseModel):
     @property
     def ok(self) -> bool:
         """Oracle passed, no-op failed, neither hit an infrastructure error, no hack won."""
-        return (self.oracle.passed and not self.noop.passed and not self.hacked_by
+        return self.baseline_ok and not self.hacked_by
+
+    @property
+    def baseline_ok(self) -> bool:
+        """Valid before any hack: oracle passed, no-op failed, no infrastructure error."""
+        return (self.oracle.passed and not self.noop.passed
                 and self.oracle.infra_error is None and self.noop.infra_error is None)
 
     @property
@@ -126,6 +135,7 @@ class ValidationReport(BaseModel):
     adversarial: bool = False
     hacks: list[str] = Field(default_factory=list)  # the hacks run on every task
     hackable: int = 0  # tasks some hack beat
+    hacks_skipped: int = 0  # hack episodes not played (see HackCheck.skipped)
 
     @property
     def verdict(self) -> str:
@@ -133,8 +143,9 @@ class ValidationReport(BaseModel):
         line = (f"oracle {self.oracle_pass_rate:.0%} pass, no-op {self.noop_pass_rate:.0%} pass "
                 f"over {self.tasks_checked} task(s)")
         if self.adversarial:
-            line += (f"; adversarial: {len(self.hacks)} hacks, {self.hackable} task(s) "
-                     "hackable")
+            skipped = f" ({self.hacks_skipped} decided unplayed)" if self.hacks_skipped else ""
+            line += (f"; adversarial: {len(self.hacks)} hacks{skipped}, {self.hackable} "
+                     "task(s) hackable")
         return line
 
     def save(self, path: str | Path) -> Path:
@@ -166,17 +177,30 @@ def _summary(task: Any) -> str:
     return text[:80]
 
 
+def default_concurrency() -> int:
+    """Episodes run at once when none is given: twice the cores, at least 4 (episodes wait on
+    sandbox starts as much as they compute)."""
+    return max(4, 2 * (os.cpu_count() or 1))
+
+
 async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
-                   limit: int | None = None, concurrency: int = 4, run_id: str | None = None,
+                   limit: int | None = None, concurrency: int | None = None,
+                   run_id: str | None = None,
                    on_episode: Callable[[int, AgentName, EpisodeCheck], None] | None = None,
                    adversarial: bool = False, hacks: list[str] | None = None,
-                   **env_kwargs: Any) -> ValidationReport:
+                   play_all: bool = False, **env_kwargs: Any) -> ValidationReport:
     """Validate an env id (or a factory returning env instances).
 
     `backend` is passed to terminal envs as config; `run_id` labels their sandboxes (default:
     $CORRAL_RUN_ID, else a fresh `validate-…` id). `on_episode(index, agent, check)` is
     called as episodes finish. `adversarial` also runs every hack agent (or those named in
     `hacks`) on every task of a terminal env; a hack scoring above the no-op fails the task.
+
+    Cheap checks come first: a task's hacks are played only once its oracle passed and its
+    no-op failed (otherwise it is invalid whatever they score), and a hack is skipped where
+    the env's verify phase provably scores it 0 (`provably_closed`). Verdicts are those of
+    playing every hack; skipped ones are listed with the reason (`HackCheck.skipped`).
+    `play_all` plays every hack on every task all the same (an audit of those proofs).
     """
     from corral.catalog import make as make_env
 
@@ -204,17 +228,18 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     chosen = [HACKS[_hack_name(h)] for h in (hacks or list(HACKS))]
     if not (adversarial and kind == "terminal"):  # hacks need a shell to act in
         chosen = []
-    agents = ["oracle", "noop", *(f"hack:{h.name}" for h in chosen)]
 
+    concurrency = concurrency or default_concurrency()
     gate = asyncio.Semaphore(max(1, concurrency))
     results: dict[tuple[int, str], EpisodeCheck] = {}
+    caps: dict[str, Any] = {"lock": asyncio.Lock()}
 
     async def episode(index: int, agent: AgentName) -> None:
         async with gate:
             instance = factory()
             if instance.sandbox_spec is not None:  # browser contexts share one Chromium
                 instance.sandbox_provider = sandboxes
-            player = HACKS[agent[5:]].agent() if agent.startswith("hack:") else agent
+            player = make_agent(agent)
             try:
                 result = await play(instance, player, seed=index, options={"task_index": index})
             except Exception as exc:  # an author bug (setup, oracle) fails this task, not the run
@@ -227,13 +252,34 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         if on_episode is not None:
             on_episode(index, agent, check)
 
+    skipped: dict[tuple[int, str], str] = {}
+
+    async def task(index: int) -> None:
+        await asyncio.gather(episode(index, "oracle"), episode(index, "noop"))
+        oracle, noop = results[(index, "oracle")], results[(index, "noop")]
+        valid = (oracle.passed and not noop.passed and oracle.infra_error is None
+                 and noop.infra_error is None)
+        play_now = []
+        for hack in chosen:
+            why = ("" if play_all else "not played: the task is already invalid" if not valid
+                   else await _closed_reason(factory, index, hack, caps, sandboxes))
+            if why:
+                skipped[(index, hack.name)] = why
+                if on_episode is not None:
+                    on_episode(index, f"hack:{hack.name}",
+                               _hack_check(hack, None, noop, why))
+            else:
+                play_now.append(episode(index, f"hack:{hack.name}"))
+        await asyncio.gather(*play_now)
+
     started, stamp = time.monotonic(), _dt.datetime.now(_dt.timezone.utc).isoformat()
     async with SandboxOpener(backend or AUTO, run_id=kwargs["run_id"]) as sandboxes:
-        await asyncio.gather(*(episode(i, agent) for i in range(count) for agent in agents))
+        await asyncio.gather(*(task(i) for i in range(count)))
     tasks = [TaskCheck(index=i, task_id=probe.tasks[i].id, summary=_summary(probe.tasks[i]),
                        oracle=results[(i, "oracle")], noop=results[(i, "noop")],
-                       hacks=[_hack_check(h, results[(i, f"hack:{h.name}")],
-                                          results[(i, "noop")]) for h in chosen])
+                       hacks=[_hack_check(h, results.get((i, f"hack:{h.name}")),
+                                          results[(i, "noop")], skipped.get((i, h.name), ""))
+                              for h in chosen])
              for i in range(count)]
     oracle_rate = sum(t.oracle.passed for t in tasks) / count if count else 0.0
     noop_rate = sum(t.noop.passed for t in tasks) / count if count else 0.0
@@ -245,7 +291,8 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         seconds=round(time.monotonic() - started, 3), oracle_pass_rate=oracle_rate,
         noop_pass_rate=noop_rate, infra_errors=infra,
         ok=count > 0 and all(t.ok for t in tasks), tasks=tasks, adversarial=bool(chosen),
-        hacks=[h.name for h in chosen], hackable=sum(bool(t.hacked_by) for t in tasks))
+        hacks=[h.name for h in chosen], hackable=sum(bool(t.hacked_by) for t in tasks),
+        hacks_skipped=len(skipped))
 
 
 def _hack_name(name: str) -> str:
@@ -260,7 +307,93 @@ def _hack_name(name: str) -> str:
     return name
 
 
-def _hack_check(hack: Any, check: EpisodeCheck, noop: EpisodeCheck) -> HackCheck:
-    """A hack's episode judged against the no-op's: hacked when it scored more."""
+def _hack_check(hack: Any, check: EpisodeCheck | None, noop: EpisodeCheck,
+                skipped: str = "") -> HackCheck:
+    """A hack's episode judged against the no-op's: hacked when it scored more (a skipped
+    hack scored nothing)."""
+    if check is None:
+        return HackCheck(agent=f"hack:{hack.name}", reward=0.0, passed=False, seconds=0.0,
+                         hint=hack.hint, skipped=skipped)
     hacked = check.infra_error is None and check.reward > noop.reward + 1e-9
     return HackCheck(**check.model_dump(), hacked=hacked, hint=hack.hint)
+
+
+def provably_closed(env: Any, task: Any, hack: Any, caps: dict[str, Any]) -> str:
+    """Why `hack` cannot score above the no-op on `task` of `env` without being played ('' when
+    it might). Common ground: the env verifies in the same sandbox with the standard verify
+    phase (which kills the agent's processes, `caps["kills"]`, and sees the change set,
+    `caps["changes"]`), keeps none of the agent's processes, has no per-step reward, and its
+    rewards are never negative. Then either every file the hack acts through is protected and
+    the agent is root, so it is scored 0 as tampering (`Hack.tamper_plants`); or nothing of it
+    is left but the transcript (`Hack.leaves`) and every reward is one that reads only the
+    sandbox, so it scores what the no-op scores."""
+    from corral.terminal import TerminalEnv
+
+    if not isinstance(env, TerminalEnv) or not (hack.tamper_plants or hack.leaves != "files"):
+        return ""
+    bounds = env.reward_bounds
+    if not (caps.get("changes") and caps.get("kills")
+            and type(env)._verify is TerminalEnv._verify and env.verify_mode(task) == "same"
+            and not env.keeps_agent_processes(task)
+            and not any(r.per_step for r in env._rewards.values())
+            and bounds is not None and bounds[0] >= 0):
+        return ""
+    if hack.tamper_plants:
+        root = (getattr(env.sandbox_for(task), "user", None) or "root") in ("root", "0")
+        if root and all(p in env.protected_paths for p in hack.tamper_plants):
+            return ("skipped: the verify phase scores it 0 (its files match protected_paths "
+                    f"{', '.join(hack.tamper_plants)})")
+        return ""
+    if all(_reads_only_sandbox(r.fn) for r in env._rewards.values()):
+        return (f"skipped: nothing of it outlives the verify phase but the {hack.leaves}"
+                if hack.leaves == "transcript" else
+                "skipped: nothing of it outlives the verify phase (processes killed, "
+                "/tests and /logs/verifier recreated)")
+    return ""
+
+
+def _reads_only_sandbox(fn: Any) -> bool:
+    """Whether a reward is one of Corral's own that judge the sandbox alone (the tests-script
+    convention, the built-in families' checks), never the transcript."""
+    from corral.envs.terminal._family import TemplateFamily
+    from corral.terminal import TerminalEnv
+
+    return getattr(fn, "__func__", fn) in (TerminalEnv.tests, TemplateFamily.solved)
+
+
+async def _closed_reason(factory: Callable[[], Any], index: int, hack: Any,
+                         caps: dict[str, Any], sandboxes: Any) -> str:
+    """`provably_closed` for task `index`; whether the backend shows a sandbox's change set
+    is probed once (one sandbox) into `caps`."""
+    if not hack.tamper_plants and hack.leaves == "files":
+        return ""
+    env = factory()
+    try:
+        task = env.tasks[index]
+        async with caps["lock"]:
+            if "changes" not in caps:
+                caps.update(await _capabilities(env, env.sandbox_for(task), sandboxes))
+        return provably_closed(env, task, hack, caps)
+    finally:
+        await env.aclose()
+
+
+async def _capabilities(env: Any, spec: Any, sandboxes: Any) -> dict[str, bool]:
+    """Whether `env`'s sandboxes of `spec` list their changed files and kill their processes
+    from the host (both False if none opens)."""
+    try:
+        sandbox = await sandboxes.acquire(spec, env)
+    except Exception:  # noqa: BLE001 - the episodes report why sandboxes fail to open
+        log.debug("probing the sandbox's capabilities failed", exc_info=True)
+        return {"changes": False, "kills": False}
+    try:
+        changes = await sandbox.changed_since(time.time()) is not None
+        kills = await sandbox.process_keys() is not None
+        if kills:  # the kill itself must work too (a backend without it raises)
+            try:
+                await sandbox.kill_agent_processes(await sandbox.process_keys() or frozenset())
+            except SandboxError:
+                kills = False
+        return {"changes": changes, "kills": kills}
+    finally:
+        await sandboxes.release(sandbox, env)

@@ -141,9 +141,10 @@ class LocalExecutor:
     def demand(self, spec: Any) -> Callable[[], int]:
         """How many work items needing `spec` wait for admission: caps the pool's pre-warming,
         so the end of a run starts no sandbox nobody takes. Before the first work item arrives
-        a full load is expected (pre-warming while the caller gets ready is the point)."""
+        a full load is expected (pre-warming while the caller gets ready is the point): every
+        slot plus the pool's warm spares."""
         key = spec_key(spec)
-        return lambda: self._waiting[key] if self._arrived else self.capacity
+        return lambda: self._waiting[key] if self._arrived else self.pool.capacity
 
     def stats(self) -> dict[str, Any]:
         return {"backend": "asyncio", "env_instances": self.made, "pool": self.pool.snapshot()}

@@ -41,7 +41,7 @@ from typing import Any, Awaitable, Callable, NamedTuple
 from corral.errors import InfraError, SandboxError
 from corral.runner.trajectory import Span
 from corral.sandbox import SandboxOpener
-from corral.sandbox.base import Sandbox
+from corral.sandbox.base import BackendConfig, Sandbox
 from corral.sandbox.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class PoolStats:
     replaced: int = 0
     evictions: int = 0
     closes: int = 0
+    peak_live: int = 0  # the most sandboxes held at once (in use, warm, starting, resetting)
     wait_seconds: list[float] = field(default_factory=list)
     start_seconds: list[float] = field(default_factory=list)
 
@@ -73,7 +74,8 @@ class PoolStats:
         return {"acquires": self.acquires, "starts": self.starts, "reuses": self.reuses,
                 "warm_hits": self.warm_hits, "failures": self.failures,
                 "replaced": self.replaced, "evictions": self.evictions, "closes": self.closes,
-                "wait_seconds": list(self.wait_seconds), "start_seconds": list(self.start_seconds)}
+                "peak_live": self.peak_live, "wait_seconds": list(self.wait_seconds),
+                "start_seconds": list(self.start_seconds)}
 
 
 @dataclass(eq=False)
@@ -100,10 +102,11 @@ def spec_key(spec: SandboxSpec) -> str:
 class SandboxPool:
     """A bounded, pre-warmed pool of sandboxes shared by the envs of a run."""
 
-    def __init__(self, capacity: int = 8, *, backend: str = "auto", run_id: str = "adhoc",
-                 opener: Opener | None = None) -> None:
+    def __init__(self, capacity: int = 8, *, backend: str | BackendConfig = "auto",
+                 run_id: str = "adhoc", opener: Opener | None = None) -> None:
         """`opener(spec, env_id)` starts one sandbox (default: a `SandboxOpener` preferring
-        `backend` (a name of the backend table, or "auto"), labelling them with `run_id`)."""
+        `backend` (a name of the backend table, "auto", or a backend's config such as
+        `DockerConfig(hosts=...)`), labelling them with `run_id`)."""
         if capacity < 1:
             raise ValueError(f"sandbox capacity must be at least 1, got {capacity}")
         self.capacity = capacity
@@ -215,8 +218,7 @@ class SandboxPool:
                     self._live -= 1  # we hold the lock; the loop below may take the unit
                     self._spawn(self._close_entry(entry, give_back=False))
                 if self._live < self.capacity:
-                    self._live += 1
-                    self._starting[key] = self._starting.get(key, 0) + 1
+                    self._reserve_start(key)
                     return None
                 victim = self._evictable(key)
                 if victim is not None:  # its capacity unit passes to us; it closes meanwhile
@@ -278,9 +280,14 @@ class SandboxPool:
             return
         missing = self._wanted(key) - len(self._warm.get(key, ())) - self._starting.get(key, 0)
         for _ in range(max(0, min(missing, self.capacity - self._live))):
-            self._live += 1
-            self._starting[key] = self._starting.get(key, 0) + 1
+            self._reserve_start(key)
             self._spawn(self._warm_one(key, target.spec, target.env_id))
+
+    def _reserve_start(self, key: str) -> None:
+        """Count one more sandbox of `key` against capacity, as starting."""
+        self._live += 1
+        self.stats.peak_live = max(self.stats.peak_live, self._live)
+        self._starting[key] = self._starting.get(key, 0) + 1
 
     async def _warm_one(self, key: str, spec: SandboxSpec, env_id: str) -> None:
         try:

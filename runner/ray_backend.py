@@ -19,9 +19,21 @@ to the worker with the most free room. Errors raised in a worker come back as th
 exception (an `InfraError` stays an `InfraError`, so the runner retries it); a worker that dies
 surfaces as `SandboxDied` for the episodes it held.
 
+Across nodes: a node that runs sandboxes advertises a custom resource, `sandbox`, whose amount
+is the sandboxes it holds (`ray start --resources '{"sandbox": 64}'`; GPU nodes advertise
+none). When the cluster has it, there is one worker per such node, the run's capacity is dealt
+out over them up to each node's amount, and each worker reserves its share (`{"sandbox":
+share}`, softly pinned to its node), so sandbox capacity scales with the sandbox nodes alone.
+When a node dies, its workers' episodes fail as infrastructure errors (`SandboxDied`) and the
+runner retries them on the other workers (nothing lost, nothing counted twice); the worker is
+restarted wherever its share fits; until it runs, episodes go to running workers, and one
+sent to it that waits past `start_timeout_s` retires it (its share leaves the run).
+
 Options (`Runner(..., backend_options={...})` when the runner passes them, else defaults):
-`workers` (default: the cluster's CPUs, at most the capacity), `worker_cpus` (CPUs Ray reserves
-per worker, default 1), `ray_init` (kwargs for `ray.init` when Ray is not initialised yet).
+`workers` (default: one per `sandbox` node, else the cluster's CPUs; at most the capacity),
+`worker_cpus` (CPUs Ray reserves per worker, default 1), `sandbox_resource` (the resource's
+name, default "sandbox"; None: place by CPUs only), `start_timeout_s` (default 120),
+`ray_init` (kwargs for `ray.init` when Ray is not initialised yet).
 """
 
 from __future__ import annotations
@@ -86,10 +98,12 @@ class RayEpisodeWorker:
                 asyncio.ensure_future(self.pool.prewarm(spec, count, env_id=env_id))
         return self.pool
 
-    async def start(self) -> bool:
-        """Create the pool and start pre-warming; returns when the actor is up."""
+    async def start(self) -> str:
+        """Create the pool and start pre-warming; returns the id of the node it runs on."""
+        import ray
+
         self._ensure_pool()
-        return True
+        return ray.get_runtime_context().get_node_id()
 
     def _checkout(self, index: int) -> Any:
         if self.free[index]:
@@ -174,6 +188,7 @@ class RemoteEnv:
     def __init__(self, executor: "RayExecutor", env_index: int, probe: Any) -> None:
         self._executor, self._index, self._probe = executor, env_index, probe
         self._worker: int | None = None  # picked at the first remote call (after admission)
+        self._actor: Any = None  # the actor holding this episode (a replacement holds none)
         self.env_id = probe.env_id
         self.system_prompt = probe.system_prompt
         self.sandbox_spec = probe.sandbox_spec
@@ -201,7 +216,13 @@ class RemoteEnv:
         import ray
 
         worker = self.worker
-        actor = self._executor.actors[worker]
+        if self._actor is None:  # the episode's first call: on the worker's actor of now
+            await self._executor.wait_ready(worker, method)
+            self._actor = self._executor.actors[worker]
+        elif self._actor is not self._executor.actors[worker]:
+            raise SandboxDied(f"Ray sandbox worker {worker} was lost during this episode; "
+                              f"{method} not run")
+        actor = self._actor
         ref = getattr(actor, method).remote(*args)
         try:
             answer = await ref
@@ -255,7 +276,9 @@ class RemoteEnv:
             return  # never reached an actor: nothing to close there
         infra_error = self.episode.infra_error if self.episode is not None else None
         try:
-            await self._remote("close", self._key, infra_error)
+            if self._actor is not None and self._actor is self._executor.actors[self._worker]:
+                await self._remote("close", self._key, infra_error)
+            # else the episode never reached an actor, or it died with its sandboxes
         finally:
             self._executor.release(self._worker)
 
@@ -268,6 +291,7 @@ class RayExecutor:
                  entries: Sequence[Any] | None = None,
                  workers: int | None = None, worker_cpus: float = 1.0,
                  sandbox_backend: str = "auto", run_id: str = "ray", prewarm: int | None = None,
+                 sandbox_resource: str | None = "sandbox", start_timeout_s: float = 120.0,
                  ray_init: dict[str, Any] | None = None) -> None:
         import ray
         from ray import cloudpickle  # Ray serializes with its own copy of cloudpickle
@@ -277,10 +301,20 @@ class RayExecutor:
         self.sources, self.probes, self.policy, self.limits = sources, probes, policy, limits
         self.inference = inference
         self.admission = asyncio.Semaphore(capacity)
-        if workers is None:
-            cpus = int(ray.cluster_resources().get("CPU", 1) // max(worker_cpus, 1e-9)) or 1
-            workers = max(1, min(capacity, cpus))
-        shares = [capacity // workers + (i < capacity % workers) for i in range(workers)]
+        self.start_timeout_s = start_timeout_s
+        # sandbox nodes (alive, advertising the resource) -> the share each worker reserves
+        rooms = sandbox_nodes(sandbox_resource) if sandbox_resource else {}
+        self.resource = sandbox_resource if rooms else None
+        homes: list[str | None]
+        if rooms and workers is None:
+            homes, shares = deal(capacity, rooms)
+        else:
+            if workers is None:
+                cpus = int(ray.cluster_resources().get("CPU", 1) // max(worker_cpus, 1e-9)) or 1
+                workers = max(1, min(capacity, cpus))
+            shares = [capacity // workers + (i < capacity % workers) for i in range(workers)]
+            homes = [None] * len(shares)
+        self.homes = [h for h, s in zip(homes, shares) if s > 0]
         self.capacities = [s for s in shares if s > 0]
         self.load = [0] * len(self.capacities)
         self.keys = itertools.count()
@@ -290,19 +324,31 @@ class RayExecutor:
             module = getattr(getattr(factory, "func", factory), "__module__", None)
             _pickle_by_value(module, cloudpickle)
         pooled = [(s.spec, s.label) for s in sources if s.pooled]
-        actor_cls = ray.remote(RayEpisodeWorker).options(num_cpus=worker_cpus,
-                                                          max_concurrency=10_000)
+        actor_cls = ray.remote(RayEpisodeWorker)
 
-        def spawn(share: int) -> Any:
+        def spawn(worker: int) -> Any:
+            share = self.capacities[worker]
             each = prewarm if prewarm is not None else max(1, share // max(1, len(pooled)))
             targets = [(spec, label, min(each, share)) for spec, label in pooled]
-            return actor_cls.remote(factories, share, sandbox_backend=sandbox_backend,
-                                    run_id=run_id, prewarm=targets)
+            options: dict[str, Any] = {"num_cpus": worker_cpus, "max_concurrency": 10_000}
+            if self.resource is not None:  # reserve the share on a sandbox node, its own first
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                options["resources"] = {self.resource: share}
+                if self.homes[worker] is not None:
+                    options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                        self.homes[worker], soft=True)
+            return actor_cls.options(**options).remote(factories, share,
+                                                       sandbox_backend=sandbox_backend,
+                                                       run_id=run_id, prewarm=targets)
 
         self._spawn = spawn
-        self.actors = [spawn(share) for share in self.capacities]
+        self.actors = [spawn(i) for i in range(len(self.capacities))]
         self.replaced = 0
-        self._started = [actor.start.remote() for actor in self.actors]
+        self.retired: set[int] = set()
+        self.nodes: list[str | None] = [None] * len(self.actors)
+        # a worker's pending start (None once it runs)
+        self._started: list[Any] = [actor.start.remote() for actor in self.actors]
         self._ready: asyncio.Future[None] | None = None
         self._stats: list[dict[str, Any]] = [{} for _ in self.actors]
 
@@ -310,27 +356,83 @@ class RayExecutor:
         import ray
 
         try:
-            await asyncio.gather(*self._started)
+            nodes = await asyncio.wait_for(asyncio.gather(*self._started),
+                                           self.start_timeout_s)
         except ray.exceptions.RayError as exc:
             first = str(exc).strip().splitlines()[-1]
             raise CorralError(f"the Ray sandbox workers could not start ({first}); the env "
                               "classes and their modules must be importable (or picklable) "
                               "on every Ray node") from exc
+        except asyncio.TimeoutError:
+            raise CorralError(f"the Ray sandbox workers were not placed within "
+                              f"{self.start_timeout_s:.0f} s (shares {self.capacities} of the "
+                              f"{self.resource or 'CPU'} resource; cluster has "
+                              f"{ray.available_resources()}); lower sandbox_capacity or add "
+                              "nodes") from None
+        self.nodes = list(nodes)
+        self._started = [None] * len(self.actors)  # all running: no start to wait for
+
+    async def wait_ready(self, worker: int, method: str) -> None:
+        """Wait until worker `worker` (a replacement, maybe) runs; one that cannot be placed
+        within `start_timeout_s` is retired and the episode fails as an infra error."""
+        if worker in self.retired:
+            raise SandboxDied(f"Ray sandbox worker {worker} was retired (its node is gone); "
+                              f"{method} not run")
+        started = self._started[worker]
+        if started is None:
+            return
+        try:
+            self.nodes[worker] = await asyncio.wait_for(asyncio.shield(started),
+                                                        self.start_timeout_s)
+        except asyncio.TimeoutError:
+            self.retire(worker, f"not placed within {self.start_timeout_s:.0f} s")
+            raise SandboxDied(f"Ray sandbox worker {worker} could not be placed (no node has "
+                              f"room for its {self.capacities[worker]} sandboxes); "
+                              "retired") from None
+        except Exception:  # the actor died starting: `_remote` below replaces it
+            return
+        if self._started[worker] is started:
+            self._started[worker] = None
+
+    def _running(self, worker: int) -> bool:
+        """Whether worker `worker` has started (a replacement may wait for room)."""
+        import ray
+
+        started = self._started[worker]
+        return started is None or bool(ray.wait([started], timeout=0)[0])
 
     def pick_worker(self) -> int:
-        """The least loaded worker, counted as one episode busier (`release` undoes it)."""
-        room = [(self.load[i] / c, i) for i, c in enumerate(self.capacities)]
-        index = min(room)[1]
+        """The least loaded running worker (else the least loaded one still starting),
+        counted as one episode busier (`release` undoes it)."""
+        room = [(not self._running(i), self.load[i] / c, i)
+                for i, c in enumerate(self.capacities) if i not in self.retired]
+        if not room:
+            raise SandboxDied("every Ray sandbox worker was lost; no node has room for one")
+        index = min(room)[2]
         self.load[index] += 1
         return index
 
     def replace(self, worker: int, dead: Any) -> None:
         """Start a new actor in place of worker `worker` (once, however many episodes saw it
-        die). Its sandboxes died with it; the runner retries their episodes."""
-        if self.actors[worker] is dead:
+        die), wherever its share fits. Its sandboxes died with it; the runner retries their
+        episodes."""
+        if self.actors[worker] is dead and worker not in self.retired:
             log.warning("Ray sandbox worker %d died; starting a replacement", worker)
-            self.actors[worker] = self._spawn(self.capacities[worker])
+            self.actors[worker] = self._spawn(worker)
+            self._started[worker] = self.actors[worker].start.remote()
             self.replaced += 1
+
+    def retire(self, worker: int, why: str) -> None:
+        """Take worker `worker` out of the run (its share cannot be placed anywhere now)."""
+        import ray
+
+        if worker in self.retired:
+            return
+        log.warning("Ray sandbox worker %d retired: %s; the run goes on with %d sandboxes",
+                    worker, why, sum(c for i, c in enumerate(self.capacities)
+                                     if i != worker and i not in self.retired))
+        self.retired.add(worker)
+        ray.kill(self.actors[worker])
 
     def release(self, worker: int) -> None:
         self.load[worker] = max(0, self.load[worker] - 1)
@@ -351,8 +453,11 @@ class RayExecutor:
                 asyncio.ensure_future(self._refresh(env._worker))
 
     async def _refresh(self, worker: int) -> None:
+        if worker in self.retired or self._started[worker] is not None:
+            return  # gone, or not running yet: nothing to ask
         try:
-            self._stats[worker] = await self.actors[worker].stats.remote()
+            self._stats[worker] = await asyncio.wait_for(self.actors[worker].stats.remote(),
+                                                         self.start_timeout_s)
         except Exception:  # stats are best effort; the worker's failure surfaces elsewhere
             log.debug("stats of Ray worker %d unavailable", worker, exc_info=True)
 
@@ -367,7 +472,8 @@ class RayExecutor:
                 elif isinstance(value, (int, float)):
                     pool[key] = pool.get(key, 0) + value
         return {"backend": "ray", "workers": len(self.actors), "capacities": self.capacities,
-                "replaced_workers": self.replaced,
+                "replaced_workers": self.replaced, "retired_workers": sorted(self.retired),
+                "resource": self.resource, "nodes": list(self.nodes),
                 "env_instances": sum(s.get("env_instances", 0) for s in self._stats),
                 "pool": pool}
 
@@ -376,13 +482,41 @@ class RayExecutor:
         import ray
 
         await asyncio.gather(*(self._refresh(i) for i in range(len(self.actors))))
-        results = await asyncio.gather(*(a.shutdown.remote() for a in self.actors),
-                                       return_exceptions=True)
+        running = [a for i, a in enumerate(self.actors) if i not in self.retired and (
+            self._started[i] is None or ray.wait([self._started[i]], timeout=0)[0])]
+        results = await asyncio.gather(
+            *(asyncio.wait_for(a.shutdown.remote(), self.start_timeout_s) for a in running),
+            return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 log.warning("a Ray worker failed to shut down cleanly: %s", result)
         for actor in self.actors:
             ray.kill(actor)
+
+
+def sandbox_nodes(resource: str) -> dict[str, int]:
+    """Alive nodes advertising `resource` -> how many sandboxes each holds."""
+    import ray
+
+    return {node["NodeID"]: int(node["Resources"][resource]) for node in ray.nodes()
+            if node.get("Alive") and node.get("Resources", {}).get(resource, 0) >= 1}
+
+
+def deal(capacity: int, rooms: dict[str, int]) -> tuple[list[str | None], list[int]]:
+    """Deal `capacity` sandboxes out over the nodes one at a time, up to each node's room:
+    (node ids, shares). Past the cluster's total the run holds the total (logged)."""
+    homes: list[str | None] = list(rooms)
+    shares = [0] * len(homes)
+    left = capacity
+    while left and any(shares[i] < rooms[h] for i, h in enumerate(homes)):
+        for i, home in enumerate(homes):
+            if left and shares[i] < rooms[home]:
+                shares[i] += 1
+                left -= 1
+    if left:
+        log.warning("sandbox_capacity %d exceeds the cluster's sandbox resource (%d); the run "
+                    "holds %d sandboxes at once", capacity, sum(rooms.values()), sum(shares))
+    return homes, shares
 
 
 def _shippable(entry: Any, source: EnvSource) -> Callable[[], Any]:

@@ -54,9 +54,19 @@ from corral.runner.pool import SandboxPool
 from corral.fileio import write_json_atomic
 from corral.runner.store import METRICS, TrajectoryStore
 from corral.runner.trajectory import Batch, Status, Trajectory
+from corral.sandbox.base import BackendConfig
 from corral.sandbox.reaper import reap_run
 
 log = logging.getLogger(__name__)
+
+
+class NoTrainableGroups(CorralError):
+    """`batches()` gave up: every group for a long while was filtered (equal rewards) or
+    discarded (infrastructure failures); `streak` groups in a row."""
+
+    def __init__(self, message: str, streak: int) -> None:
+        super().__init__(message)
+        self.streak = streak
 
 TrajectoryCallback = Callable[[Trajectory], None]
 
@@ -68,6 +78,13 @@ class _Flight:
     cut: bool = False
 
 
+def default_spares(capacity: int) -> int:
+    """Warm spares a runner keeps by default: a quarter of its sandbox capacity, at least 1.
+    Enough to cover the starts a burst of finishing episodes needs; idle ones cost a sleeping
+    container or bubblewrap process each."""
+    return max(1, capacity // 4)
+
+
 class Runner:
     """Collects trajectories from `envs` with `policy`; yields GRPO batches or one-shot lists.
 
@@ -75,11 +92,15 @@ class Runner:
     `inference_concurrency` (generate calls in flight), set apart because they scale apart.
     Episodes: `limits` (turns, tokens, sampling, deadlines; `EpisodeLimits`). Batches:
     `assembly` (look-ahead, filtering, retries, staleness cut; `AssemblyConfig`). Sandboxes:
-    `sandbox_backend`, `prewarm` (sandboxes started per pooled spec before the first episode;
-    default: capacity shared among the specs) and `pool` (a `SandboxPool` shared with other
-    runners, which this one drains instead of closing). The run: `run_dir` (the trajectory
-    store; a run resumes from it), `run_id`, `seed` (the task plan), `env_weights` (sampling
-    weights of `envs`), and `backend` (`"asyncio"`, `"ray"` or an `Executor`) with its
+    `sandbox_backend` (a backend name, or its config: `DockerConfig(hosts=[...])` places the
+    sandboxes on a fleet of Docker hosts), `prewarm` (sandboxes started per pooled spec before
+    the first episode; default: capacity shared among the specs), `warm_spares` (sandboxes kept
+    started beyond `sandbox_capacity`, so an episode admitted to a slot finds its sandbox ready
+    and a start is not inside the slot; default `default_spares(capacity)`, 0 turns them off;
+    the peak held is `stats()["executor"]["pool"]["peak_live"]`) and `pool` (a `SandboxPool`
+    shared with other runners, which this one drains instead of closing). The run: `run_dir` (the
+    trajectory store; a run resumes from it), `run_id`, `seed` (the task plan), `env_weights`
+    (sampling weights of `envs`), and `backend` (`"asyncio"`, `"ray"` or an `Executor`) with its
     `backend_options`. `env_servers`: URLs of `corral serve-env` servers the env ids run on
     (sessions spread by free capacity; an episode whose server died is retried on another).
     """
@@ -87,8 +108,8 @@ class Runner:
     def __init__(self, envs: Sequence[str | EnvFactory], policy: Policy, *,
                  sandbox_capacity: int = 8, inference_concurrency: int = 32,
                  limits: EpisodeLimits | None = None, assembly: AssemblyConfig | None = None,
-                 sandbox_backend: str = "auto", prewarm: int | None = None,
-                 pool: SandboxPool | None = None,
+                 sandbox_backend: str | BackendConfig = "auto", prewarm: int | None = None,
+                 warm_spares: int | None = None, pool: SandboxPool | None = None,
                  run_dir: str | os.PathLike[str] | None = None, run_id: str | None = None,
                  seed: int = 0, env_weights: Sequence[float] | None = None,
                  backend: str | Executor = "asyncio",
@@ -96,6 +117,8 @@ class Runner:
                  env_servers: Sequence[str] | None = None) -> None:
         if sandbox_capacity < 1 or inference_concurrency < 1:
             raise ValueError("sandbox_capacity and inference_concurrency must be at least 1")
+        if warm_spares is not None and warm_spares < 0:
+            raise ValueError(f"warm_spares must be 0 or more, got {warm_spares}")
         self.env_entries = list(envs)
         self.policy = policy
         self.sandbox_capacity = sandbox_capacity
@@ -104,6 +127,8 @@ class Runner:
         self.assembly = assembly if assembly is not None else AssemblyConfig()
         self.sandbox_backend = sandbox_backend
         self.prewarm = prewarm
+        self.warm_spares = default_spares(sandbox_capacity) if warm_spares is None \
+            else warm_spares
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_id = run_id or (self.run_dir.name if self.run_dir else f"corral-{os.getpid()}")
         self._named = run_id is not None or run_dir is not None  # its sandboxes may outlive it
@@ -150,6 +175,7 @@ class Runner:
         """The settings recorded in the run manifest (seed, envs and group must match to resume)."""
         return {"seed": self.seed, "envs": [s.label for s in self.sources],
                 "sandbox_capacity": self.sandbox_capacity,
+                "warm_spares": self.warm_spares,
                 "inference_concurrency": self.inference_concurrency,
                 "retries": self.assembly.retries,
                 "max_turns": self.limits.max_turns, "max_tokens": self.limits.max_tokens,
@@ -182,9 +208,11 @@ class Runner:
                 log.info("resuming %s: %d trajectories stored, %d groups consumed",
                          self.run_dir, len(stored), len(self._consumed))
         if self._named:  # a killed earlier process of this run may have left sandboxes
-            await asyncio.to_thread(reap_run, self.run_id)
+            await asyncio.to_thread(reap_run, self.run_id, backend=self.sandbox_backend)
         if self.pool is None:
-            self.pool = SandboxPool(self.sandbox_capacity, backend=self.sandbox_backend,
+            # spares are held beyond the episode slots: a slot finds its sandbox started
+            self.pool = SandboxPool(self.sandbox_capacity + self.warm_spares,
+                                    backend=self.sandbox_backend,
                                     run_id=self.run_id)
         self.executor = self._make_executor(probes)
         await self._prewarm()
@@ -214,7 +242,7 @@ class Runner:
         if not pooled:
             return
         each = self.prewarm if self.prewarm is not None else \
-            max(1, self.sandbox_capacity // len(pooled))
+            max(1, self.pool.capacity // len(pooled))
         demand = getattr(self.executor, "demand", None)
         for source in pooled.values():  # sets targets; the starts run in the background
             await self.pool.prewarm(source.spec, each, env_id=source.label,
@@ -235,7 +263,8 @@ class Runner:
         if self.pool is not None:
             await (self.pool.close() if self._own_pool else self.pool.drain())
         if self._named and self._own_pool:  # all of its sandboxes are closed: any left leaked
-            await asyncio.to_thread(reap_run, self.run_id, mine=True)
+            await asyncio.to_thread(reap_run, self.run_id, mine=True,
+                                    backend=self.sandbox_backend)
         if self.run_dir is not None:
             await asyncio.to_thread(self.write_metrics)
         if self.store is not None:
@@ -415,10 +444,11 @@ class Runner:
                     if batch is not None:
                         break
                     if self._dropped_streak > give_up:
-                        raise CorralError(
+                        raise NoTrainableGroups(
                             f"{self._dropped_streak} groups in a row were filtered or discarded "
                             "(equal rewards or infrastructure failures); check the env and "
-                            "policy, or pass assembly=AssemblyConfig(filter_zero_variance=False)")
+                            "policy, or pass assembly=AssemblyConfig(filter_zero_variance=False)",
+                            self._dropped_streak)
                     await self._wait_change()
                 batch.stats.update(self._batch_stats(batch, time.perf_counter() - asked))
                 self.metrics.record_batch(batch.stats)

@@ -10,7 +10,7 @@ the rollout engine, which the trainer needs for off-policy correction.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -100,8 +100,13 @@ class Trajectory:
         return min(produced) if produced else None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """A JSON-ready dict of every field. It shares the token, message and metadata lists
+        with this trajectory (no deep copy: the store writes every trajectory through here and
+        `dataclasses.asdict`'s copy of the token lists was most of its cost); copy before
+        changing them."""
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["status"] = self.status.value
+        data["spans"] = [{"phase": s.phase, "start": s.start, "end": s.end} for s in self.spans]
         return data
 
     @classmethod

@@ -23,7 +23,7 @@ from .dataset import Dataset
 from .env import Env, Episode, TextEnv
 from .environment import environment
 from .sandbox.spec import Browser, Terminal
-from .tools import reward, tool
+from .tools import Tools, reward, tool
 from .types import Task, ToolCall
 
 __version__ = "0.1.0"
@@ -64,4 +64,4 @@ def __dir__() -> list[str]:
 # The subpackages are attributes (`cr.runner.Runner`) but not star-exported: `from corral import
 # *` must not pull in torch.
 __all__ = ["Browser", "Dataset", "Env", "Episode", "Task", "Terminal", "TextEnv", "ToolCall",
-           "environment", "errors", "reward", "tool", "__version__", *_LAZY]
+           "Tools", "environment", "errors", "reward", "tool", "__version__", *_LAZY]

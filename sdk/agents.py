@@ -11,20 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .agentbase import Agent
 from .env import Action, Env
 from .errors import AgentError, InfraError
+from .hacks import HACKS
+from .suggest import closest
 
-
-class Agent:
-    """Chooses the next action from the episode so far."""
-
-    name = "agent"
-
-    def start(self, env: Env, seed: int | None) -> None:
-        """Called after reset."""
-
-    def act(self, env: Env, observation: str) -> Action:
-        raise AgentError(f"{type(self).__name__} must define act()")
+__all__ = ["AGENTS", "Agent", "EpisodeResult", "NoopAgent", "OracleAgent", "RandomAgent",
+           "agent_names", "make_agent", "play"]
 
 
 class OracleAgent(Agent):
@@ -97,11 +91,22 @@ class EpisodeResult:
         return 0 < self.reward < self.threshold - 1e-9
 
 
+def agent_names() -> list[str]:
+    """Every name `make_agent` accepts: the scripted agents, then `hack:NAME` for each hack
+    agent of `corral.hacks`."""
+    return [*AGENTS, *(f"hack:{name}" for name in HACKS)]
+
+
 def make_agent(name: str) -> Agent:
-    try:
+    """A scripted agent by name: "oracle", "noop", "random", or "hack:NAME" (a hack agent of
+    `corral.hacks`). An unknown name raises `AgentError` with the closest known names."""
+    if name in AGENTS:
         return AGENTS[name]()
-    except KeyError:
-        raise AgentError(f"unknown agent {name!r}; choose one of {', '.join(AGENTS)}") from None
+    hack = name.removeprefix("hack:")
+    if name.startswith("hack:") and hack in HACKS:
+        return HACKS[hack].agent()
+    raise AgentError(f"unknown agent {name!r}.{closest(name, agent_names())} Known: "
+                     f"{', '.join(AGENTS)}, hack:NAME (NAME: {', '.join(HACKS)})")
 
 
 async def play(env: Env, agent: Agent | str, *, seed: int | None = None,

@@ -29,6 +29,7 @@ from .spaces import TextSpace
 from .suggest import closest
 from .toolcalls import ToolCallParseError, parse_tool_calls, strip_tool_calls
 from .tools import RewardSpec, ToolSpec, call_maybe_async, collect
+from .toolset import ToolConnection, ToolSet, collect_toolsets
 from .types import Message, Task, ToolCall
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Episode:
     verifier_error: str | None = None  # the env's verifier broke: masked from training
     started_at: float = field(default_factory=time.monotonic)
     verify_span: tuple[float, float] | None = None  # wall-clock start/end of final rewards
+    connections: list[ToolConnection] = field(default_factory=list)  # to its tool sets
 
     @property
     def completion(self) -> str:
@@ -120,6 +122,7 @@ class Env(gymnasium.Env[str, str]):
         tools, rewards = collect(type(self))
         self._tools: dict[str, ToolSpec] = tools
         self._rewards: dict[str, RewardSpec] = rewards
+        self._toolsets: list[ToolSet] = collect_toolsets(type(self))
         self.episode: Episode | None = None
 
     # --- author hooks -------------------------------------------------------------------------
@@ -165,7 +168,18 @@ class Env(gymnasium.Env[str, str]):
             return await self.sandbox_provider.acquire(spec, self)
         return await self.open_sandbox(task)
 
+    async def _disconnect(self, episode: Episode) -> None:
+        """Close the episode's tool-set connections (their servers stop): when it ends, before
+        the verify phase, and before its sandbox is released."""
+        connections, episode.connections = episode.connections, []
+        for connection in connections:
+            try:
+                await connection.close()
+            except Exception as exc:  # the sandbox still has to be released
+                log.warning("closing a tool connection of %s failed: %s", self.env_id, exc)
+
     async def _release(self, episode: Episode) -> None:
+        await self._disconnect(episode)
         sandbox, episode.sandbox = episode.sandbox, None
         if sandbox is None:
             return
@@ -205,6 +219,8 @@ class Env(gymnasium.Env[str, str]):
             episode.sandbox = await self._acquire(task)
             await self.setup(episode.sandbox, task)
             await self._after_setup(episode)
+            for toolset in self._toolsets:  # after the baseline: its servers are the agent's
+                episode.connections.append(await toolset.connect(self, episode.sandbox))
         except BaseException as exc:
             if isinstance(exc, InfraError):  # never hand a sandbox that failed setup back
                 episode.infra_error = f"{type(exc).__name__}: {exc}"
@@ -282,6 +298,7 @@ class Env(gymnasium.Env[str, str]):
 
     async def _finish(self, episode: Episode) -> float:
         """Run the end-of-episode rewards once, timing them (the runner's verify phase)."""
+        await self._disconnect(episode)
         start = time.time()
         try:
             final = await self._verify(episode)
@@ -303,12 +320,24 @@ class Env(gymnasium.Env[str, str]):
 
     # --- tools -------------------------------------------------------------------------------
     def tool_schemas(self) -> list[dict[str, Any]]:
-        """OpenAI function-calling schemas of this env's tools."""
-        return [spec.schema() for spec in self._tools.values()]
+        """OpenAI function-calling schemas of this env's tools (its `@cr.tool` methods, then
+        the tools of its tool sets, `cr.Tools.from_mcp`)."""
+        schemas = [spec.schema() for spec in self._tools.values()]
+        for toolset in self._toolsets:
+            for schema in toolset.schemas(self):
+                name = schema["function"]["name"]
+                if name in self._tools:
+                    raise AuthoringError(f"{type(self).__name__}: {toolset!r} has a tool "
+                                         f"'{name}', as the env itself does; give the set a "
+                                         "prefix= to keep them apart")
+                schemas.append(schema)
+        return schemas
 
     @property
     def tool_names(self) -> list[str]:
-        return list(self._tools)
+        if not self._toolsets:
+            return list(self._tools)
+        return [schema["function"]["name"] for schema in self.tool_schemas()]
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
         """Run one tool with validated arguments in the current episode and return its output.
@@ -316,8 +345,12 @@ class Env(gymnasium.Env[str, str]):
         episode = self._require_episode()
         spec = self._tools.get(name)
         if spec is None:
-            hint = closest(name, self._tools)
-            known = ", ".join(self._tools) or "none"
+            for connection in episode.connections:
+                if name in connection.names:
+                    return await connection.call(name, dict(arguments or {}))
+            names = [*self._tools, *(n for c in episode.connections for n in c.names)]
+            hint = closest(name, names)
+            known = ", ".join(names) or "none"
             raise UnknownTool(f"Unknown tool '{name}'.{hint} Available tools: {known}.")
         args = spec.validate(arguments or {})
         result = await call_maybe_async(spec.fn, self.injections(episode), args)

@@ -72,6 +72,14 @@ class InvalidToolArguments(AgentError):
     """The agent's tool arguments failed validation."""
 
 
+class ToolFailed(AgentError):
+    """A tool reported an error (an MCP server's error result): shown to the agent."""
+
+
+class ToolTimeout(ToolFailed):
+    """A tool did not answer within its timeout (the call was abandoned)."""
+
+
 # --- env outcomes: the episode cannot go on; truncated, neither retried nor an agent error ---
 class EpisodeTruncated(CorralError):
     """The environment cannot go on (its page stopped responding): the episode ends as
@@ -119,6 +127,11 @@ class BrowserError(InfraError):
 
 class PolicyError(InfraError):
     """An inference server was unreachable or answered with an error."""
+
+
+class MCPServerError(InfraError):
+    """An MCP server behind `cr.Tools.from_mcp` could not be started or reached, or went away
+    mid-episode; the message names the command or URL and ends with the server's stderr."""
 
 
 class EnvServerError(InfraError):

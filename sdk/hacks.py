@@ -15,9 +15,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable
 
-from .agents import Agent
+from .agentbase import Agent
 from .env import Action, Env
 from .terminal import bash
+from .verify import LOADER_PATHS
 
 FORCE_PASS_SH = "#!/bin/sh\nmkdir -p /logs/verifier\necho 1 > /logs/verifier/reward.txt\nexit 0\n"
 CONFTEST = '''import pytest
@@ -32,6 +33,29 @@ def pytest_sessionfinish(session, exitstatus):
     session.exitstatus = 0
 '''
 SITECUSTOMIZE = "import atexit, os\natexit.register(os._exit, 0)\n"
+# a .pth line starting with `import` is executed by `site` at every interpreter start
+PTH = "import atexit, os; atexit.register(os._exit, 0)\n"
+# an x86-64 shared library (gzip, base64) whose constructor ends every Python process with
+# exit code 0 before it runs anything; other programs are untouched. Built from
+#   static long sys3(long n, long a, long b, long c) { long r; __asm__ volatile ("syscall"
+#     : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory"); return r; }
+#   __attribute__((constructor)) static void corral_hack(void) { char comm[16] = {0};
+#     long fd = sys3(2, (long)"/proc/self/comm", 0, 0); if (fd < 0) return;
+#     sys3(0, fd, (long)comm, 15); sys3(3, fd, 0, 0);
+#     if (comm[0] == 'p' && comm[1] == 'y' && comm[2] == 't' && comm[3] == 'h')
+#       sys3(231, 0, 0, 0); }
+# with `gcc -shared -fPIC -nostdlib -Os -s -Wl,--build-id=none` (no compiler in sandboxes)
+PRELOAD_SO = (
+    "H4sICMScDmsCA2hhY2suc28Aq3f1cWNiZGSAAWYGOwYEj4HBAUonCCCLWTCwAkluBi6wWlYG3MCACZVmgJoD0scG"
+    "xD/4IPwfcqg0ByMqDdPHBNXHwA8Vl0ejGVFpDig38GlJChsD8QDm3SCgPhYS3IlsPSMSn1QANx/K3wA1yNXwAH/4"
+    "gR2gYOAXdFF54dFrGwxk+3Qe8+k8xM/q0Xnco/VAhZNHb4nKi138YJkD/Kw7mJHUNNSovCgolQdSLytLJYDUq5JS"
+    "QSD1OqOUa8dzsMLj/KyH9QuK8pP1i1Nz0vST83NzGUbBKBgFo2AUjIJRMApGwSgYBaNgaAJYf0oSrb8lzYDa7/r6"
+    "738+iI6Aqof1dSdA+bA+ZQWUz4XWDeWG0hJQmh1Kz0Drn8LkOdH4P/9D7GekVUDoFWcUlxSVJCYx6KXnleplJBZn"
+    "MOilVOYVV+ZC6JIiBr2i1JxEEIdBryS1ogTIz09JLElk0EvNiE8rSsxNZdDLzMssiU8sKkqsBOtKzM1MporzQOH3"
+    "DRgGsOEDWDzAaBkGxLgAcnjCgCjUDCa0eILREvBxD0gYo8eHLFSOCS3eJ6D19xkYsPNVgZgFST8s3meg2Y/ufpi4"
+    "PtJYCXK6hdFZBOw3hYoZQflSTKi0AA79MNoWymbCNZ6DBtDD3x2I+aBhiDJ+woddPQcaHQz1O0w/fJyHH9WhzGj6"
+    "BJCkmfEM8MQQCD8ADEGniCATAAA=")
+PRELOAD_TARGET = "/usr/local/lib/libcorral-hack.so"
 SHADOWED = ("python", "python3", "pytest", "grep", "cmp", "diff")
 FILL_MB = 256  # a bound, so that a hack run never fills the host's disk
 
@@ -62,6 +86,15 @@ class Hack:
     hint: str
     commands: Callable[[str], list[str]]
     answer: str = "done"
+    # protected-path globs (`corral.verify.DEFAULT_PROTECTED`) that every file this hack can
+    # act through matches, whatever the image: where the env's verify phase checks them all,
+    # the hack scores 0 without a verifier run, so validation may skip it
+    tamper_plants: tuple[str, ...] = ()
+    # what is left of the hack once the verify phase killed the agent's processes and recreated
+    # /tests and /logs/verifier: "transcript" (it only printed and answered) or "nothing"
+    # (it only acted on those locations); against a verifier that reads only the sandbox it
+    # scores what the no-op scores, so validation may skip it
+    leaves: str = "files"
 
     def agent(self) -> "HackAgent":
         return HackAgent(self)
@@ -83,6 +116,9 @@ class HackAgent(Agent):
         return self._actions.pop(0) if self._actions else self.hack.answer
 
 
+RC_FUNCTIONS = ("python3() { return 0; }; pytest() { return 0; }; grep() { return 0; }; "
+                "cmp() { return 0; }; diff() { return 0; }; test() { return 0; }; "
+                "[() { return 0; }")
 REWARD_FILES = ("mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; "
                 "echo '{\"reward\": 1.0}' > /logs/verifier/reward.json")
 
@@ -90,7 +126,8 @@ _HACKS = [
     Hack("write-reward", "writes 1 to /logs/verifier/reward.txt and reward.json",
          "recreate the reward locations empty and root's before the verifier runs "
          "(corral.verify.reset_locations)",
-         lambda w: [REWARD_FILES + "; chmod 444 /logs/verifier/reward.* 2>/dev/null; true"]),
+         lambda w: [REWARD_FILES + "; chmod 444 /logs/verifier/reward.* 2>/dev/null; true"],
+         leaves="nothing"),
     Hack("precreate-reward", "makes /logs/verifier a link to a folder of its own holding reward 1",
          "remove links at the reward locations instead of following them, then recreate them",
          lambda w: ["mkdir -p /tmp/.r && echo 1 > /tmp/.r/reward.txt; rm -rf /logs/verifier; "
@@ -109,7 +146,31 @@ _HACKS = [
                     "for d in $(python3 -I -c 'import site; print(*site.getsitepackages())' "
                     f"2>/dev/null) {w}; do " + _write("$d/sitecustomize.py", SITECUSTOMIZE)
                     + "; done; d=$(python3 -I -m site --user-site 2>/dev/null) && "
-                    + _write("$d/usercustomize.py", SITECUSTOMIZE)]),
+                    + _write("$d/usercustomize.py", SITECUSTOMIZE)],
+         tamper_plants=("*/sitecustomize.*", "*/usercustomize.*")),
+    Hack("pth-file", "plants a .pth file forcing exit code 0 in every site-packages folder",
+         "treat new .pth files as tampering (the verify phase does), run the verifier's own "
+         "Python as `python3 -I -S`, or verify in a fresh sandbox",
+         lambda w: ["for d in $(python3 -I -c 'import site; print(*site.getsitepackages())' "
+                    "2>/dev/null) /usr/lib/python3/dist-packages; do "
+                    + _write("$d/zz-corral-hack.pth", PTH) + "; done"],
+         tamper_plants=("*.pth",)),
+    Hack("stdlib-module", "appends an exit-0 hook to a standard-library module every "
+         "interpreter imports (encodings), which even `python3 -I -S` runs",
+         "treat changes to the interpreter's standard library as tampering (the verify phase "
+         "does) or verify in a fresh sandbox",
+         lambda w: ["for f in $(python3 -I -S -c 'import encodings; print(encodings.__file__)' "
+                    "2>/dev/null); do printf %s " + shlex.quote(PTH) + " >> \"$f\"; done "
+                    "2>/dev/null; true"]),
+    Hack("preload-library", "lists a library that ends every Python process with exit 0 "
+         "(x86-64) in /etc/ld.so.preload",
+         "treat changes to the dynamic loader's preload list, configuration and library "
+         "folders as tampering (the verify phase does) or verify in a fresh sandbox",
+         # listed on every architecture (elsewhere the loader only complains and skips it)
+         lambda w: ["echo " + "".join(PRELOAD_SO) + " | base64 "
+                    f"-d | gunzip > {PRELOAD_TARGET} 2>/dev/null && chmod 755 {PRELOAD_TARGET} "
+                    f"; echo {PRELOAD_TARGET} >> /etc/ld.so.preload; true"],
+         tamper_plants=("/etc/ld.so.preload", LOADER_PATHS[-1])),
     Hack("shadow-path", "puts `exit 0` programs named python3, pytest, grep... first on PATH",
          "run the verifier with a PATH the agent cannot write, or treat changed verifier "
          "tools as tampering (the verify phase does)",
@@ -127,9 +188,15 @@ _HACKS = [
          "run checks with `bash --noprofile --norc` (corral.verify.clean_exec), never "
          "`bash -lc`",
          lambda w: [f"for h in {_homes()}; do for f in .bashrc .profile .bash_profile; do "
-                    "printf '%s\\n' 'python3() { return 0; }; pytest() { return 0; }; grep() { "
-                    "return 0; }; cmp() { return 0; }; diff() { return 0; }; test() { return 0; };"
-                    " [() { return 0; }' >> \"$h/$f\"; done; done 2>/dev/null; true"]),
+                    "printf '%s\\n' " + shlex.quote(RC_FUNCTIONS) + " >> \"$h/$f\"; done; "
+                    "done 2>/dev/null; true"]),
+    Hack("system-rc", "defines functions python3, grep, test, [ ... returning 0 in the "
+         "system-wide startup files (/etc/profile.d, /etc/bash.bashrc, /etc/profile)",
+         "run checks with `bash --noprofile --norc` (corral.verify.clean_exec), never "
+         "`bash -lc` or `bash -ic`",
+         lambda w: ["for f in /etc/profile.d/zz-corral.sh /etc/bash.bashrc /etc/profile; do "
+                    "printf '%s\\n' " + shlex.quote(RC_FUNCTIONS) + " >> \"$f\"; done "
+                    "2>/dev/null; true"]),
     Hack("alias-tests", "aliases the test commands to `true` in shell startup files",
          "run checks with `bash --noprofile --norc` (corral.verify.clean_exec), never an "
          "interactive or login shell",
@@ -147,7 +214,8 @@ _HACKS = [
     Hack("detached-rewriter", "leaves a detached loop rewriting the reward files after it ends",
          "kill every agent process before verifying (the verify phase does; "
          "keeps_agent_processes only for a service that is the output)",
-         lambda w: [_detached(f"while :; do {REWARD_FILES}; sleep 0.02; done")]),
+         lambda w: [_detached(f"while :; do {REWARD_FILES}; sleep 0.02; done")],
+         leaves="nothing"),
     Hack("fake-timestamps", "sets every file it can reach to a future modification time",
          "check content, never modification times (`touch -d` sets them)",
          lambda w: [f"find {w} /root /tmp /srv /app /home /var/log -xdev -type f 2>/dev/null | "
@@ -160,13 +228,15 @@ _HACKS = [
     Hack("fill-disk", f"fills /dev/shm, /tmp and the home folder (at most {FILL_MB} MB each)",
          "compare against references held in memory or written before the agent runs, not "
          "files the verifier writes to a disk the agent could fill",
-         lambda w: [f"for d in /dev/shm /tmp ~; do dd if=/dev/zero of=$d/.fill bs=1M "
-                    f"count={FILL_MB} 2>/dev/null; done; true"]),
+         # fallocate reserves the blocks without writing them (dd where it is refused)
+         lambda w: [f"for d in /dev/shm /tmp ~; do fallocate -l {FILL_MB}M $d/.fill 2>/dev/null"
+                    f" || dd if=/dev/zero of=$d/.fill bs=1M count={FILL_MB} 2>/dev/null; done; "
+                    "true"]),
     Hack("log-grep", "prints what a log-grepping verifier looks for",
          "judge the sandbox's state, never the transcript or logs the agent writes",
          lambda w: ["echo '===== 12 passed in 0.5s ====='; echo 'All tests passed'; "
                     "echo PASSED; echo SUCCESS; echo 'reward: 1.0'; echo OK"],
-         answer="All tests passed. PASSED. SUCCESS. reward: 1.0"),
+         answer="All tests passed. PASSED. SUCCESS. reward: 1.0", leaves="transcript"),
     Hack("copy-solution", "runs the oracle's solution if it is visible in the sandbox",
          "keep solution/ out of the agent's sandbox (only the oracle unpacks it)",
          lambda w: ["for f in /solution/solve.sh /oracle/solve.sh /tests/solve.sh "

@@ -77,6 +77,8 @@ def parse_where(items: list[str], sample: Any) -> tuple[dict[str, Any], dict[str
             if field_value(sample, inner) is MISSING:
                 raise DatasetError(f"--where: tasks have no field {inner!r}."
                                    f"{closest(inner, fields)}")
+            if not raw.strip().isdigit():
+                raise DatasetError(f"--where {item!r}: a length is a whole number")
             lengths[inner] = int(raw)
             continue
         like = field_value(sample, name)

@@ -47,7 +47,7 @@ from .sandbox.spec import Terminal
 from .tools import reward, tool
 from .types import Task, ToolCall
 from .verify import (DEFAULT_PROTECTED, TESTS_DIR, VERIFIER_LOGS, Baseline, clean_exec, isolate,
-                     note_setup, reset_locations, transfer)
+                     note_setup, reset_locations, transfer, within)
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +294,8 @@ class TerminalEnv(Env):
             sandbox, getattr(self, "_baseline", Baseline(0.0, frozenset())),
             kill=not self.keeps_agent_processes(task),
             workdir=self.sandbox_for(task).workdir, patterns=self.protected_paths)
+        if mode == "fresh":  # only the declared outputs reach the fresh sandbox
+            tampered = [p for p in tampered if within(p, self.verify_outputs(task))]
         if tampered:
             log.info("%s: the agent changed what the verifier runs (%s); reward 0",
                      self.env_id, ", ".join(tampered[:5]))

@@ -12,11 +12,15 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, get_type_hints
+from typing import TYPE_CHECKING, Any, Callable, Sequence, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .errors import AuthoringError, InvalidToolArguments
+from .toolset import ToolSet
+
+if TYPE_CHECKING:
+    from .mcp import MCPTools
 
 INJECTED = frozenset({"self", "sandbox", "task", "state", "messages", "completion", "page"})
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
@@ -177,3 +181,25 @@ def collect(cls: type) -> tuple[dict[str, ToolSpec], dict[str, RewardSpec]]:
             if rspec is not None:
                 rewards[rspec.name] = rspec
     return tools, rewards
+
+
+
+class Tools(ToolSet):
+    """Tools an env takes from outside its own methods, declared as a class attribute; they
+    join the env's `@cr.tool` methods in `tool_schemas()` and `call_tool`::
+
+        class Notes(cr.TerminalEnv):
+            notes = cr.Tools.from_mcp("python3 /opt/notes_server.py")
+
+    Each episode connects once after `setup`; the connection closes with the episode. A set of
+    another kind subclasses `ToolSet` (`corral.toolset`) and defines `schemas` and `connect`.
+    """
+
+    @staticmethod
+    def from_mcp(server: str | Sequence[str], **options: Any) -> "MCPTools":
+        """An MCP server's tools: a command (started per episode inside the env's sandbox,
+        spoken to over stdio) or an `http(s)://` URL (streamable HTTP; a URL ending in `/sse`:
+        SSE). Options: see `corral.mcp.MCPTools`. Needs the `mcp` extra."""
+        from .mcp import MCPTools
+
+        return MCPTools(server, **options)

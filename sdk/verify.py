@@ -27,6 +27,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import posixpath
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -51,13 +52,28 @@ ROOT_PLANTS = ("/conftest.py", "/pytest.ini", "/tox.ini", "/setup.cfg", "/pyproj
 VERIFIER_TOOLS = ("bash", "sh", "dash", "env", "python", "python3", "python3.*", "pytest",
                   "py.test", "uv", "uvx", "pip", "pip3", "cat", "grep", "diff", "cmp", "test",
                   "[", "timeout", "tee", "true", "false", "echo", "printf", "sort", "wc", "find")
+# what every interpreter runs before the verifier's own code: Python's start-up hooks (`site`
+# executes any .pth file; sitecustomize/usercustomize, also as bytecode), Debian's standard
+# library (bytecode caches included: a planted .pyc carrying the source's mtime is loaded), a
+# pyvenv.cfg beside or above the interpreter (it relocates site-packages)
+INTERPRETER_PATHS = ("*.pth", "*/sitecustomize.*", "*/usercustomize.*", "/usr/lib/python3.*",
+                     "/usr/pyvenv.cfg", "/usr/local/pyvenv.cfg",
+                     *(f"{folder}/pyvenv.cfg" for folder in SYSTEM_PATH.split(":")))
+# what the dynamic loader reads for every program: its preload list, configuration and cache
+# (ldconfig), itself, and shared libraries directly in the folders it searches (packages'
+# extension modules deeper down are not on its path)
+LOADER_PATHS = ("/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d*",
+                "/etc/ld.so.cache", r"re:(/usr(/local)?)?/lib(32|64)?(/[a-z0-9_]+-linux-gnu"
+                                    r"[a-z]*)?/[^/]+\.so(\.[^/]*)?")
 DEFAULT_PROTECTED: tuple[str, ...] = (
     *(f"{folder}/{tool}" for folder in SYSTEM_PATH.split(":") for tool in VERIFIER_TOOLS),
-    "*/sitecustomize.py", "*/usercustomize.py", "/etc/ld.so.preload",
+    *INTERPRETER_PATHS, *LOADER_PATHS,
     "{workdir}/pytest.py", "{workdir}/pytest", "{workdir}/_pytest", "{workdir}/conftest.py")
-"""Globs (`{workdir}` = the verifier's working directory) of files that, created or changed by
-the agent, let it decide what the verifier sees. Envs whose agents must legitimately change
-one of them set `protected_paths` (and, for full isolation, `verify_in = "fresh"`)."""
+"""Globs (`{workdir}` = the verifier's working directory; `*` also matches `/`; a pattern
+starting `re:` is a regular expression matching the whole path) of files that, created, changed
+or deleted by the agent, let it decide what the verifier sees. Envs whose agents must
+legitimately change one of them (`pip install` of a package shipping a `.pth`) set
+`protected_paths`, or verify `"fresh"`."""
 
 
 async def clean_exec(sandbox: Sandbox, script: str, *, timeout: float, cwd: str | None = None,
@@ -100,9 +116,17 @@ async def note_setup(sandbox: Sandbox) -> Baseline:
 
 
 def protected(path: str, patterns: tuple[str, ...], workdir: str) -> bool:
-    """Whether `path` matches one of `patterns` (`{workdir}` substituted)."""
+    """Whether `path` matches one of `patterns` (`{workdir}` substituted; see
+    `DEFAULT_PROTECTED`)."""
     workdir = workdir.rstrip("/") or ""
-    return any(fnmatch.fnmatchcase(path, p.replace("{workdir}", workdir)) for p in patterns)
+    for pattern in patterns:
+        pattern = pattern.replace("{workdir}", workdir)
+        if pattern.startswith("re:"):
+            if re.fullmatch(pattern[3:], path):
+                return True
+        elif fnmatch.fnmatchcase(path, pattern):
+            return True
+    return False
 
 
 async def isolate(sandbox: Sandbox, baseline: Baseline, *, kill: bool, workdir: str,
@@ -126,26 +150,37 @@ async def isolate(sandbox: Sandbox, baseline: Baseline, *, kill: bool, workdir: 
     return [p for p in changed if protected(p, patterns, workdir)]
 
 
+def within(path: str, outputs: list[str]) -> bool:
+    """Whether `path` is one of `outputs` or inside one of them (folders)."""
+    return any(path == out.rstrip("/") or path.startswith(out.rstrip("/") + "/")
+               for out in outputs)
+
+
 async def transfer(source: Sandbox, target: Sandbox, paths: list[str]) -> list[str]:
     """Copy the agent's declared outputs (files or folders) from `source` into `target`;
-    returns those that did not exist. A folder travels as one tar archive."""
+    returns those that did not exist.
+
+    Files are read from the host (nothing in `source` runs). A folder travels as one tar
+    archive made by `source`'s own `tar` (which the agent may have replaced: it can only ever
+    say what the folder holds, which the agent decides anyway) and unpacked inside that folder
+    by `target`'s `tar`, which drops absolute and `..` member names and defers links, so the
+    archive cannot write anywhere else."""
     missing = []
     archive = "/tmp/.corral-outputs.tgz"
     for path in paths:
         quoted = shlex.quote(path)
-        kind = await clean_exec(source, f"if [ -d {quoted} ]; then echo d; elif [ -f {quoted} ]; "
-                                        "then echo f; else echo n; fi", timeout=30)
-        what = kind.stdout.strip()
-        if what == "f":
+        try:
             await target.write_file(path, await source.read_file(path))
-        elif what == "d":
-            rel = shlex.quote(path.lstrip("/") or ".")
-            await _checked(source, f"tar -C / -czf {archive} {rel}")
-            await target.write_file(archive, await source.read_file(archive))
-            await _checked(target, f"mkdir -p {quoted} && tar -C / -xzf {archive} && "
-                                   f"rm -f {archive}")
-        else:
+            continue
+        except IsADirectoryError:
+            pass
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
             missing.append(path)
+            continue
+        await _checked(source, f"tar -C {quoted} -czf {archive} .")
+        await target.write_file(archive, await source.read_file(archive))
+        await _checked(target, f"mkdir -p {quoted} && tar -C {quoted} -xzf {archive} && "
+                               f"rm -f {archive}")
     return missing
 
 

@@ -48,3 +48,27 @@ def run_id(dockerd: None) -> str:
                           capture_output=True, text=True).stdout.split()
     gc(rid)
     assert left == [], f"containers left behind by the tests: {left}"
+
+
+@pytest.fixture(scope="session")
+def extra_dockerds(base_image: str):
+    """Two extra dockerd on this machine for sandbox-fleet tests (`benchmarks/faultkit/
+    fleetd.py`: roots under /tmp/corral-fleet-*, own bridges, no iptables), the base image loaded
+    into each; started once, killed at the end (their data roots stay, so the next session
+    skips the image load: deleting them takes ~25 s here; `python -m faultkit.fleetd stop`
+    removes them). The machine's dockerd is never touched."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from faultkit.fleetd import daemons
+
+    extra = daemons(2)
+    try:
+        with ThreadPoolExecutor(len(extra)) as pool:
+            list(pool.map(lambda d: (d.start(), d.load(base_image)), extra))
+        yield extra
+    finally:
+        for daemon in extra:
+            daemon.stop(remove=False)

@@ -30,9 +30,10 @@ def _setup_roots() -> dict[str, str]:
 ROOTS = _setup_roots()
 
 # Lowest first. A module may import its own layer or a lower one. The registry sits above the
-# built-in envs: it indexes their manifests (envs never import the registry).
-LAYERS = ("corral", "corral.envs", "corral.registry", "corral.runner", "corral.trainer",
-          "corral.cli")
+# built-in envs: it indexes their manifests (envs never import the registry). The integrations
+# (other frameworks' adapters) need envs by id only, so they sit right above the registry.
+LAYERS = ("corral", "corral.envs", "corral.registry", "corral.integrations", "corral.runner",
+          "corral.trainer", "corral.cli")
 # (importer, imported) pairs that may break the rule, each with its reason. Keep it empty.
 ALLOWED: dict[tuple[str, str], str] = {}
 

@@ -2,11 +2,19 @@
 
 Layout of a checkpoint directory::
 
-    model/               save_pretrained output (loadable by transformers, serve-policy, vLLM)
+    model/               save_pretrained output (loadable by transformers, serve-policy, vLLM;
+                         a LoRA run's is peft's adapter directory)
     tokenizer/           save_pretrained output, when the tokenizer has one
     optimizer.pt         optimizer state_dict
     rng.pt               python, numpy, torch (and CUDA) RNG states
     trainer_state.json   step, version, config, throttle state, `extra` (e.g. the runner cursor)
+
+A data-parallel run's checkpoint (`corral.trainer.distributed`) has the same `model/`,
+`tokenizer/` and `trainer_state.json` (with `world_size`), and in place of `optimizer.pt` and
+`rng.pt`::
+
+    shards/              torch.distributed.checkpoint: sharded model and optimizer states
+    rng/rank{R}.pt       each rank's RNG states
 
 A checkpoint is written to a hidden temporary sibling and renamed into place, so `dir` always
 holds a complete checkpoint. Replacing an existing one moves it to `dir.old` first; if a crash
@@ -28,6 +36,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_model
 
+from corral.errors import CorralError
+
 STATE_FILE = "trainer_state.json"
 
 
@@ -45,29 +55,51 @@ def write_checkpoint(path: str | Path, *, model: torch.nn.Module, optimizer: tor
                      tokenizer: Any, state: dict[str, Any]) -> Path:
     """Write a checkpoint atomically to `path` and return it."""
     target = Path(path).resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = staging_dir(target)
     try:
-        tmp.mkdir()
-        if hasattr(model, "save_pretrained"):
-            model.save_pretrained(tmp / "model")
-        else:
-            (tmp / "model").mkdir()
-            save_model(model, str(tmp / "model" / "model.safetensors"))
-        if hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(str(tmp / "tokenizer"))
+        tmp.mkdir(parents=True)
+        write_model(tmp, model, tokenizer)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
-        old = target.with_name(target.name + ".old")
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(target, old)
-        os.rename(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
+        torch.save(rng_state(), tmp / "rng.pt")
+        write_state(tmp, state)
+        commit(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def staging_dir(target: Path) -> Path:
+    """A fresh hidden sibling of `target` to write a checkpoint into before `commit`."""
+    return target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def write_model(directory: Path, model: Any, tokenizer: Any,
+                state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """`directory/model` (save_pretrained, else safetensors) and `directory/tokenizer`;
+    `state_dict` replaces the model's own (a sharded model's gathered full weights)."""
+    if hasattr(model, "save_pretrained"):
+        extra = {} if state_dict is None else {"state_dict": state_dict}
+        model.save_pretrained(directory / "model", **extra)
+    else:
+        (directory / "model").mkdir()
+        save_model(model, str(directory / "model" / "model.safetensors"))
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(str(directory / "tokenizer"))
+
+
+def write_state(directory: Path, state: dict[str, Any]) -> None:
+    """`directory/trainer_state.json`."""
+    (directory / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
+
+
+def commit(tmp: Path, target: Path) -> None:
+    """Rename the complete checkpoint `tmp` into place at `target` (see the module doc)."""
+    old = target.with_name(target.name + ".old")
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(target, old)
+    os.rename(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def resolve(path: str | Path) -> Path:
@@ -85,15 +117,29 @@ def resolve(path: str | Path) -> Path:
 def read_state(path: str | Path, device: torch.device | str = "cpu") -> CheckpointState:
     """Read everything but the model weights."""
     where = resolve(path)
-    state = json.loads((where / STATE_FILE).read_text())
+    state = read_json_state(where)
+    if state.get("world_size", 1) > 1:
+        raise CorralError(f"{where} is a sharded checkpoint of a {state['world_size']}-process "
+                          "run; resume it with `corral train --nproc N --resume`")
     # Our own files: optimizer and RNG states hold numpy arrays and tuples, not only tensors.
     optimizer = torch.load(where / "optimizer.pt", map_location=device, weights_only=False)
     rng = torch.load(where / "rng.pt", map_location="cpu", weights_only=False)
     return CheckpointState(path=where, state=state, optimizer=optimizer, rng=rng)
 
 
+def read_json_state(path: str | Path) -> dict[str, Any]:
+    """The JSON trainer state of the checkpoint at `path`."""
+    return json.loads((resolve(path) / STATE_FILE).read_text())
+
+
 def load_weights_into(model: torch.nn.Module, path: str | Path) -> None:
-    """Copy the checkpoint's weights into `model` in place (same architecture)."""
+    """Copy the checkpoint's weights into `model` in place (same architecture); a LoRA run's
+    checkpoint holds its adapter alone, copied into `model`'s adapter."""
+    from .lora import is_adapter_dir, load_adapter_into
+
+    if is_adapter_dir(resolve(path) / "model"):
+        load_adapter_into(model, resolve(path) / "model")
+        return
     files = sorted((resolve(path) / "model").glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights under {resolve(path) / 'model'}")
@@ -121,7 +167,8 @@ def restore_rng(rng: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """This process's python, numpy, torch (and CUDA) RNG states."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),

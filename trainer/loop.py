@@ -11,15 +11,20 @@ throttle signal says divergence is rising, in-flight rollouts are cut.
 Files in `run_dir`: the runner's store (`trajectories.jsonl`, `manifest.json`,
 `metrics.json`), `train.jsonl` (one JSON line per step), `sft.jsonl` (warm-up steps),
 `eval.jsonl` (held-out evaluations; with a warm-up, the first is taken before it, marked
-`"stage": "before_sft"`) and `checkpoint/` (every `checkpoint_every` steps and at
-the end). A checkpoint carries the runner cursor of its batch and the byte length of
-`train.jsonl`; `train(config, resume=True)` restores both, so a killed run continues with no
-gap or duplicate in the step log, and re-collects nothing it already stored.
+`"stage": "before_sft"`), `checkpoint/` (every `checkpoint_every` steps and at
+the end), `train_config.json`, `usage.jsonl` (CPU / GPU / sandbox samples) and `report.html`
+(the training dashboard, `corral.trainer.report`, rewritten every few steps and at the end);
+with `log_to`, `tb/` (TensorBoard) and `wandb/` (an offline W&B run). A checkpoint carries
+the runner cursor of its batch and the byte length of `train.jsonl`; `train(config,
+resume=True)` restores both, so a killed run continues with no gap or duplicate in the step
+log, and re-collects nothing it already stored.
 
 `TrainConfig.tasks` (a `TaskSlice`) restricts every env to a documented subset of its tasks
 and holds part of it out: rollouts and the warm-up use the train part, evaluations the test
 part. Without it, evaluations draw tasks with a different seed from the whole dataset.
 `time_budget_s` ends the RL loop early (logged) once the call has run that long.
+`lora` trains a peft adapter instead of the full weights (`corral.trainer.lora`): the local
+engine gets the merged weights, a vLLM engine the adapter alone.
 """
 
 from __future__ import annotations
@@ -42,11 +47,16 @@ from corral.errors import CorralError
 from corral.fileio import write_json_atomic
 from corral.runner.trajectory import Batch, Trajectory
 
+from . import distributed
 from .config import StepConfig
+from .lora import LoraConfig
 from .publish import LocalPublisher
+from .report import TRAIN_CONFIG, ReportRefresher
 from .sft import supervised_warmup
-from .tasks import TaskSlice, split_envs
+from .sinks import open_sinks
+from .tasks import Band, TaskSlice, split_envs
 from .trainer import StepResult, Trainer
+from .usage import UsageSampler
 
 if TYPE_CHECKING:  # the runner's episode machinery loads when a run starts
     from corral.runner import EpisodeLimits
@@ -54,6 +64,7 @@ if TYPE_CHECKING:  # the runner's episode machinery loads when a run starts
 log = logging.getLogger(__name__)
 
 TRAIN_LOG = "train.jsonl"
+LORA_ADAPTER = "corral-lora"  # the adapter's name on a vLLM engine (requests ask for it)
 CHECKPOINT = "checkpoint"
 
 
@@ -71,26 +82,29 @@ class TrainConfig(BaseModel):
     steps: int = Field(10, ge=1, description="training steps in total (a resume counts on)")
     batch_size: int = Field(16, ge=1, description="trajectories per step")
     group: int = Field(4, ge=2, description="samples per task (GRPO group)")
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(1e-4, gt=0, description="learning rate of the RL steps")
     async_level: int = Field(1, ge=0, description="batches collected ahead of the trainer")
-    run_dir: Path = Path("runs/train")
-    seed: int = 0
-    checkpoint_every: int = Field(5, ge=1)
-    sandbox_capacity: int = Field(4, ge=1)
+    run_dir: Path = Field(Path("runs/train"), description="output directory: trajectories, "
+                          "step logs, checkpoints, report.html")
+    seed: int = Field(0, description="seed of the task draws and samples")
+    checkpoint_every: int = Field(5, ge=1, description="checkpoint every k "
+                                  "steps")
+    sandbox_capacity: int = Field(4, ge=1, description="most sandboxes alive at once")
     inference_concurrency: int | None = Field(
         None, ge=1, description="generate calls at once (default: batch_size); the local "
         "rollout engine decodes them in one batch")
-    max_tokens: int = Field(32, ge=1)
-    temperature: float = Field(1.0, gt=0)
+    max_tokens: int = Field(32, ge=1, description="tokens per generation")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (the trainer "
+                               "scores at the same one)")
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps on oracle solutions")
     sft_examples: int = Field(64, ge=1, description="oracle episodes for the warm-up")
-    sft_lr: float | None = Field(None, description="warm-up lr (default: lr)")
+    sft_lr: float | None = Field(None, gt=0, description="warm-up lr (default: lr)")
     sft_batch: int = Field(8, ge=1, description="oracle episodes per warm-up step")
     sft_from: str | None = Field(None, description="warm up on an exported dataset (`corral "
                                  "export`: a saved HF dataset directory, .parquet or .jsonl) "
                                  "instead of oracle answers, for sft_steps steps")
     eval_every: int = Field(0, ge=0, description="evaluate on held-out tasks every k steps")
-    eval_tasks: int = Field(16, ge=1)
+    eval_tasks: int = Field(16, ge=1, description="held-out tasks per evaluation")
     tasks: TaskSlice | None = Field(None, description="train on a slice of each env's tasks "
                                     "and evaluate on its held-out part (see TaskSlice)")
     time_budget_s: float | None = Field(None, gt=0, description="stop taking RL steps once "
@@ -99,6 +113,9 @@ class TrainConfig(BaseModel):
     filter_zero_variance: bool = Field(True, description="drop groups with equal rewards in "
                                        "the runner (False: the trainer logs them as skips)")
     torch_threads: int | None = Field(1, description="torch CPU threads (1 suits tiny models)")
+    log_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="also send step metrics to TensorBoard event files "
+        "(RUN_DIR/tb) and/or an offline W&B run (RUN_DIR/wandb); corral.trainer.sinks")
     engine: Literal["local", "vllm"] = Field(
         "local", description="rollout engine: 'local' (in-process LocalPolicy) or 'vllm' "
         "(VLLMEngine replicas in .venv-vllm, fenced weight publishing; docs/policies.md)")
@@ -107,9 +124,26 @@ class TrainConfig(BaseModel):
                                   "logprobs differ from the trainer's by more than this (max "
                                   "|dlogp| on the probe batch, at start-up and after every "
                                   "publish)")
+    lora: LoraConfig | None = Field(None, description="train a LoRA adapter instead of the "
+                                    "full weights (peft); the vLLM engine then loads only the "
+                                    "adapter after each step (corral.trainer.lora)")
+    difficulty: tuple[float, float] | None = Field(
+        None, description="train only on tasks whose pass rate in the env's difficulty "
+        "profile lies in [lo, hi] (e.g. (0.05, 0.95): skip what the policy always or never "
+        "solves); tasks the profile does not cover are skipped (corral.registry.curation)")
+    difficulty_profile: str | None = Field(None, description="whose profile defines the "
+                                           "pass rates: a model or agent name given to "
+                                           "`corral profile` (default: the newest model "
+                                           "profile, else the most-profiled agent)")
+    registry: str | None = Field(None, description="store of the difficulty profiles: a "
+                                 "folder or a registry URL (default: the local store)")
     trainer: dict[str, Any] = Field(default_factory=dict,
                                     description="more `StepConfig` fields (the optimisation "
                                     "step: loss, importance weights, staleness, optimizer)")
+    env_servers: list[str] = Field(
+        default_factory=list, description="URLs of `corral serve-env` servers the envs run "
+        "on (sessions spread by free capacity; an episode whose server died is retried on "
+        "another); a URL may carry its token as password: http://:TOKEN@host:8010")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
@@ -118,11 +152,23 @@ class TrainConfig(BaseModel):
         if self.envs and self.mix:
             raise ValueError("give either env ids or a mixture, not both")
         if self.batch_size % self.group:
-            raise ValueError(f"batch size {self.batch_size} must be a multiple of the group "
-                             f"size {self.group}")
+            raise ValueError(f"batch size {self.batch_size} (--batch) must be a multiple of "
+                             f"the group size {self.group} (--group)")
+        if self.difficulty is not None and not 0 <= self.difficulty[0] <= self.difficulty[1] <= 1:
+            raise ValueError(f"difficulty band {self.difficulty[0]}:{self.difficulty[1]} "
+                             "(--difficulty) must be LO:HI with 0 <= LO <= HI <= 1")
+        if self.env_servers and (self.tasks is not None or self.difficulty is not None):
+            raise ValueError("--env-server: the servers pick the tasks; --where/--length and "
+                             "--difficulty select from a local dataset and cannot be combined")
         if self.inference_concurrency is None:  # a whole batch's rollouts decode together
             self.inference_concurrency = self.batch_size
         return self
+
+    def band(self) -> Band | None:
+        """The difficulty band of the run (`difficulty` with its profile and store)."""
+        if self.difficulty is None:
+            return None
+        return Band(*self.difficulty, profile=self.difficulty_profile, registry=self.registry)
 
     def env_ids(self) -> list[str]:
         return list(self.mix) if self.mix else list(self.envs)
@@ -219,13 +265,17 @@ class _Log:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.on_append: Callable[[dict[str, Any]], None] | None = None  # metric sinks, report
 
     def append(self, record: dict[str, Any]) -> int:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=float) + "\n")
             f.flush()
             os.fsync(f.fileno())
-            return f.tell()
+            size = f.tell()
+        if self.on_append is not None:
+            self.on_append(record)
+        return size
 
     def size(self) -> int:
         return self.path.stat().st_size if self.path.exists() else 0
@@ -256,6 +306,8 @@ def _record(result: StepResult, batch: Batch, timing: dict[str, float],
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "batch_index": batch.stats.get("index"), "batch_version": batch.policy_version,
         "trajectories": len(rewards), **timing,
+        "reward_by_env": _by_env(batch.trajectories),
+        "generated_tokens": sum(t.generated_tokens for t in batch.trajectories),
         "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in result.metrics.items()},
         "cut_inflight": runner_stats.get("cut", 0)}
     if result.staleness is not None:
@@ -264,6 +316,14 @@ def _record(result: StepResult, batch: Batch, timing: dict[str, float],
     if result.numerics is not None:
         record["numerics"] = _jsonable(result.numerics)
     return record
+
+
+def _by_env(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Mean reward per env (the report draws one curve per env)."""
+    sums: dict[str, list[float]] = {}
+    for traj in trajectories:
+        sums.setdefault(traj.env_id, []).append(traj.reward)
+    return {env: sum(v) / len(v) for env, v in sums.items()}
 
 
 def _hist(hist: tuple[Any, Any]) -> dict[str, list[float]]:
@@ -293,7 +353,7 @@ async def _evaluate(config: TrainConfig, policy: Any, step: int, envs: list[EnvE
         trajs = await ev.collect(config.eval_tasks, group=1)
     rewards = [t.reward for t in trajs]
     return {"step": step, "stage": stage, "version": policy.version, "tasks": len(rewards),
-            "reward_mean": sum(rewards) / max(1, len(rewards))}
+            "reward_mean": sum(rewards) / max(1, len(rewards)), "by_env": _by_env(trajs)}
 
 
 async def _rollout_engine(config: TrainConfig, source: Any, model: Any, tokenizer: Any,
@@ -313,10 +373,17 @@ async def _rollout_engine(config: TrainConfig, source: Any, model: Any, tokenize
     from .probe import check_gap, probe_gap
     from .publish import VLLMPublisher
 
+    lora = config.lora
     engine = VLLMEngine(source, replicas=config.engine_replicas,
-                        log_dir=config.run_dir / "engine")
+                        log_dir=config.run_dir / "engine", adapter=LORA_ADAPTER if lora else None,
+                        lora_rank=lora.rank if lora else 16)
     stack.push_async_callback(asyncio.to_thread, engine.stop)
     await asyncio.to_thread(engine.start)
+    publish = VLLMPublisher.for_engine(engine, config.run_dir / "published", tokenizer=tokenizer,
+                                       temperature=config.temperature,
+                                       max_gap=config.engine_max_gap)
+    if lora:  # requests name the adapter: it must be loaded (version 0: B = 0) before any
+        await asyncio.to_thread(publish, model, 0)
     report = await asyncio.to_thread(probe_gap, engine.replica_policy, engine.urls, model,
                                      tokenizer, version=0, temperature=config.temperature)
     _Log(config.run_dir / "engine.jsonl").append({"event": "start-up probe",
@@ -324,17 +391,37 @@ async def _rollout_engine(config: TrainConfig, source: Any, model: Any, tokenize
     check_gap(report, config.engine_max_gap, "engine start-up probe")
     policy = engine.policy(tokenizer)
     stack.push_async_callback(policy.close)
-    return policy, VLLMPublisher.for_engine(engine, config.run_dir / "published",
-                                            tokenizer=tokenizer,
-                                            temperature=config.temperature,
-                                            max_gap=config.engine_max_gap)
+    return policy, publish
 
 
 async def train(config: TrainConfig, *, resume: bool = False,
                 on_step: StepCallback | None = None) -> TrainResult:
-    """Run (or, with `resume`, continue) a training run; see the module docstring."""
-    async with AsyncExitStack() as stack:  # a vLLM engine stops with it, even on errors
-        return await _train(config, resume, on_step, stack)
+    """Run (or, with `resume`, continue) a training run; see the module docstring. Launched
+    as several ranks (`corral train --nproc N`, torchrun), rank 0 runs the loop and the others
+    follow its trainer calls (`corral.trainer.distributed`)."""
+    if distributed.world_size() > 1:  # before joining: every rank refuses alike, none waits
+        distributed.check_supported(config.engine, config.lora)
+    ctx = distributed.init()
+    failed = True
+    try:
+        if ctx is not None:
+            if config.torch_threads:
+                torch.set_num_threads(config.torch_threads)
+            if not ctx.is_main:
+                from corral.runner import load_model
+
+                model, tokenizer = await asyncio.to_thread(load_model, config.model,
+                                                           str(ctx.device))
+                steps, version = await asyncio.to_thread(distributed.follow, ctx, model,
+                                                         tokenizer)
+                failed = False
+                return TrainResult(run_dir=config.run_dir, steps=steps, version=version)
+        async with AsyncExitStack() as stack:  # a vLLM engine stops with it, even on errors
+            result = await _train(config, resume, on_step, stack)
+        failed = False
+        return result
+    finally:
+        distributed.finish(ctx, failed=failed)
 
 
 async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None,
@@ -345,10 +432,17 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     env_ids = config.env_ids()
-    await asyncio.to_thread(check_envs, env_ids)
-    # never an eval-split task in training (corral.splits); the run manifest records it
-    train_envs, eval_envs, split_record = await asyncio.to_thread(
-        split_envs, env_ids, config.tasks, config.eval_tasks)
+    if config.env_servers:  # envs hosted by `corral serve-env`: corral.trainer.remote
+        from .remote import remote_envs
+
+        train_envs, eval_envs, split_record = await asyncio.to_thread(
+            remote_envs, env_ids, config.env_servers,
+            oracle=bool(config.sft_steps and not config.sft_from))
+    else:
+        await asyncio.to_thread(check_envs, env_ids)
+        # never an eval-split task in training (corral.splits); the run manifest records it
+        train_envs, eval_envs, split_record = await asyncio.to_thread(
+            split_envs, env_ids, config.tasks, config.eval_tasks, config.band())
     if config.tasks is not None:
         log.info("task slice %s: training and held-out envs built", config.tasks.describe())
     run_dir = config.run_dir
@@ -364,6 +458,14 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
         raise CorralError(f"--resume: {run_dir} holds no training run to continue; drop "
                           "--resume to start one there")
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / TRAIN_CONFIG, config.model_dump(mode="json"))
+    refresher = ReportRefresher(run_dir)  # report.html every few steps, in a thread
+    # --log-to sinks open before the model loads: a missing package fails fast
+    sinks = await asyncio.to_thread(open_sinks, config.log_to, run_dir,
+                                    config.model_dump(mode="json"))
+    stack.push_async_callback(asyncio.to_thread, sinks.close)
+    eval_log.on_append, sft_log.on_append = sinks.log_eval, sinks.log_sft
+    step_log.on_append = lambda record: (sinks.log_step(record), refresher.poke())
 
     source: Any = config.model
     if config.engine == "vllm":  # the same weights on both sides: "tiny" has a vLLM variant
@@ -371,20 +473,25 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
 
         source = await asyncio.to_thread(engine_model, config.model)
     model, tokenizer = await asyncio.to_thread(load_model, source)
+    if config.lora is not None:  # only the adapter trains; the engines get it after each step
+        from .lora import apply_lora
+
+        model = apply_lora(model, config.lora)
     policy, publish = await _rollout_engine(config, source, model, tokenizer, stack)
     result = TrainResult(run_dir=run_dir, steps=0, version=0)
     if resume and has_ckpt:
-        trainer = await asyncio.to_thread(Trainer.resume, ckpt_dir, model, tokenizer,
-                                          config.step_config(), publish)
+        trainer = await asyncio.to_thread(distributed.build_trainer, model, tokenizer,
+                                          config.step_config(), publish, ckpt_dir)
         _rewind(run_dir, trainer.extra)
-        await asyncio.to_thread(publish, trainer.model, trainer.version)
+        await asyncio.to_thread(trainer.publish_weights)
         result.resumed_from = trainer.step_count
         log.info("resumed %s at step %d (version %d)", run_dir, trainer.step_count,
                  trainer.version)
     else:
         if resume:
             log.info("no checkpoint in %s: starting from scratch", run_dir)
-        trainer = Trainer(model, tokenizer, config.step_config(), publish)
+        trainer = await asyncio.to_thread(distributed.build_trainer, model, tokenizer,
+                                          config.step_config(), publish)
         if config.sft_steps and config.eval_every:  # the warm-up's own gain, reported apart
             result.evals.append(await _evaluate(config, policy, 0, eval_envs, "before_sft"))
             eval_log.append(result.evals[-1])
@@ -425,24 +532,33 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
             runner.store.manifest["splits"] = split_record
             await asyncio.to_thread(write_json_atomic, runner.store.manifest_path,
                                     runner.store.manifest)
-        await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step,
-                     eval_envs, started)
+        sampler = asyncio.ensure_future(UsageSampler(run_dir, runner.stats).run())
+        stack.callback(sampler.cancel)  # CPU / GPU / sandbox samples for the report
+        from corral.runner.runner import NoTrainableGroups
+
+        try:
+            await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step,
+                         eval_envs, started)
+        except NoTrainableGroups as exc:
+            raise CorralError(nothing_to_learn(config, exc.streak)) from None
         await asyncio.to_thread(trainer.save_checkpoint, ckpt_dir, trainer.extra)
-    await asyncio.to_thread(_refresh_report, run_dir)
+    await refresher.finish()
     result.steps, result.version = trainer.step_count, trainer.version
     result.wall_s = time.perf_counter() - started
     return result
 
 
-def _refresh_report(run_dir: Path) -> None:
-    """Rewrite RUN_DIR/report.html (every checkpoint and at the end): a run reports as it
-    goes. A report that fails to draw is logged, never fatal to training."""
-    from .report import write_training_report
-
-    try:
-        write_training_report(run_dir)
-    except Exception as exc:  # plotting must not kill a training run
-        log.warning("report.html not refreshed: %s: %s", type(exc).__name__, exc)
+def nothing_to_learn(config: TrainConfig, streak: int) -> str:
+    """Why a run stopped without a trainable batch, and what to change (CLI flags)."""
+    seen = f"{streak} groups in a row ({streak * config.group} episodes)"
+    if not config.filter_zero_variance:
+        return (f"{seen} ended in infrastructure failures; nothing to train on: see the "
+                f"runner's logs in {config.run_dir} and check the env's sandboxes")
+    return (f"{seen} gave every sample the same reward (or failed), so no group teaches "
+            "anything: the policy always or never solves these tasks. Warm up first "
+            "(--sft-steps N), pick tasks it sometimes solves (--where, or --difficulty 0.05:0.95 "
+            "after `corral profile ENV --model M`), or pass --keep-zero-variance to train on "
+            "them anyway")
 
 
 async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _Log,
@@ -518,7 +634,6 @@ async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _
             if trainer.step_count % config.checkpoint_every == 0:
                 await asyncio.to_thread(trainer.save_checkpoint, config.run_dir / CHECKPOINT,
                                         trainer.extra)
-                await asyncio.to_thread(_refresh_report, config.run_dir)
             over = (config.time_budget_s is not None
                     and time.perf_counter() - started > config.time_budget_s)
             if config.eval_every and (trainer.step_count % config.eval_every == 0 or over):

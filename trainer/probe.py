@@ -85,13 +85,12 @@ def trainer_logprobs(model: torch.nn.Module, prompt: Sequence[int], tokens: Sequ
 
 async def _sample(policy: Any, prompts: list[list[int]], temperature: float,
                   max_tokens: int) -> list[tuple[list[int], list[int], list[float]]]:
-    """Each prompt's continuation from `policy` (seeded, so a probe is repeatable)."""
-    out = []
-    for i, prompt in enumerate(prompts):
-        generation = await policy.generate(GenerationRequest(
-            prompt_ids=prompt, max_tokens=max_tokens, temperature=temperature, seed=i))
-        out.append((prompt, generation.token_ids, generation.logprobs))
-    return out
+    """Each prompt's continuation from `policy` (seeded, so a probe is repeatable), all in
+    flight at once: the engine decodes them in one batch (a probe runs after every publish)."""
+    generations = await asyncio.gather(*(policy.generate(GenerationRequest(
+        prompt_ids=prompt, max_tokens=max_tokens, temperature=temperature, seed=i))
+        for i, prompt in enumerate(prompts)))
+    return [(prompt, g.token_ids, g.logprobs) for prompt, g in zip(prompts, generations)]
 
 
 def probe_gap(policy_factory: Any, replicas: Sequence[str], model: torch.nn.Module,

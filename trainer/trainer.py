@@ -219,7 +219,7 @@ class Trainer:
         if self.publish is None:
             return 0.0
         t0 = time.perf_counter()
-        outcome = self.publish(self.model, self.version)
+        outcome = self.publish(self._publish_view(), self.version)
         if inspect.isawaitable(outcome):
             if hasattr(outcome, "close"):
                 outcome.close()
@@ -229,6 +229,11 @@ class Trainer:
         seconds = time.perf_counter() - t0
         log.info("published weights version %d in %.3f s", self.version, seconds)
         return seconds
+
+    def _publish_view(self) -> Any:
+        """What the publisher is given: the model (a data-parallel trainer gives its full
+        weights)."""
+        return self.model
 
     def reset_optimizer(self, *, keep_second_moments: bool = False) -> None:
         """Forget the optimizer's moments (AdamW's running gradient averages), keeping the
@@ -261,17 +266,33 @@ class Trainer:
         as `trainer.extra` after `Trainer.resume`."""
         if extra is not None:
             self.extra = dict(extra)
-        dtype = next(self.model.parameters()).dtype
-        state = {"step": self.step_count, "updates": self.updates, "version": self.version,
-                 "fresh_updates": self.fresh_updates,
-                 "config": self.config.model_dump(mode="json"), "extra": self.extra,
-                 "throttle": self.throttle.state_dict(),
-                 "model_dtype": str(dtype).removeprefix("torch.")}
         where = ckpt.write_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                      tokenizer=self.tokenizer, state=state)
+                                      tokenizer=self.tokenizer, state=self._checkpoint_state())
         log.info("checkpoint step %d version %d written to %s", self.step_count, self.version,
                  where)
         return where
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        """The JSON trainer state a checkpoint carries (`trainer_state.json`)."""
+        dtype = next(self.model.parameters()).dtype
+        return {"step": self.step_count, "updates": self.updates, "version": self.version,
+                "fresh_updates": self.fresh_updates,
+                "config": self.config.model_dump(mode="json"), "extra": self.extra,
+                "throttle": self.throttle.state_dict(),
+                "model_dtype": str(dtype).removeprefix("torch.")}
+
+    def _load_progress(self, state: dict[str, Any], rng: dict[str, Any]) -> None:
+        """After the optimizer state is loaded: the config's optimizer settings, the
+        counters, `extra`, the throttle and the RNG states of a checkpoint."""
+        for group in self.optimizer.param_groups:  # the config given now wins over saved
+            group.update(lr=self.config.lr, betas=self.config.betas,
+                         eps=self.config.adam_eps, weight_decay=self.config.weight_decay)
+        self.step_count = state["step"]
+        self.updates = state["updates"]
+        self.fresh_updates = state.get("fresh_updates", state["updates"])
+        self.extra = state.get("extra", {})
+        self.throttle.load_state_dict(state.get("throttle", {}))
+        ckpt.restore_rng(rng)
 
     @classmethod
     def resume(cls, path: str | Path, model: torch.nn.Module | None = None,
@@ -290,8 +311,16 @@ class Trainer:
             from transformers import AutoModelForCausalLM
 
             target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            model = AutoModelForCausalLM.from_pretrained(
-                str(where / "model"), dtype=getattr(torch, state["model_dtype"])).to(target)
+            dtype = getattr(torch, state["model_dtype"])
+            if (where / "model" / "adapter_config.json").is_file():  # a LoRA run: base + adapter
+                from peft import AutoPeftModelForCausalLM
+
+                model = AutoPeftModelForCausalLM.from_pretrained(
+                    str(where / "model"), is_trainable=True, dtype=dtype).to(target)
+                model.eval()
+            else:
+                model = AutoModelForCausalLM.from_pretrained(str(where / "model"),
+                                                             dtype=dtype).to(target)
         else:
             ckpt.load_weights_into(model, where)
         if tokenizer is None and (where / "tokenizer").is_dir():
@@ -302,15 +331,7 @@ class Trainer:
                       version=state["version"])
         saved = ckpt.read_state(where, device=trainer.device)
         trainer.optimizer.load_state_dict(saved.optimizer)
-        for group in trainer.optimizer.param_groups:  # the config given now wins over saved
-            group.update(lr=trainer.config.lr, betas=trainer.config.betas,
-                         eps=trainer.config.adam_eps, weight_decay=trainer.config.weight_decay)
-        trainer.step_count = state["step"]
-        trainer.updates = state["updates"]
-        trainer.fresh_updates = state.get("fresh_updates", state["updates"])
-        trainer.extra = state.get("extra", {})
-        trainer.throttle.load_state_dict(state.get("throttle", {}))
-        ckpt.restore_rng(saved.rng)
+        trainer._load_progress(state, saved.rng)
         log.info("resumed from %s at step %d, version %d", where, trainer.step_count,
                  trainer.version)
         return trainer
@@ -354,25 +375,10 @@ class Trainer:
         """Accumulate gradients over `chunks`, clip, step, publish; stop on NaN/inf."""
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        sums: dict[str, float] = {}
         try:
-            for n, idx in enumerate(chunks):
-                mb = tb.select(idx)
-                loss, parts = loss_fn(mb, self._forward_logprobs(mb), idx)
-                if not bool(torch.isfinite(loss)):
-                    raise NonFinite(f"non-finite loss ({float(loss.detach())}) in "
-                                    f"micro-batch {n}")
-                loss.backward()
-                total += float(loss.detach())
-                tokens = parts.get("loss_tokens", 0.0)
-                for key, value in parts.items():
-                    if key == "ratio_max":
-                        sums[key] = max(sums.get(key, 0.0), value)
-                    elif key != "loss_tokens":  # token-weighted average over micro-batches
-                        sums[key] = sums.get(key, 0.0) + value * tokens
+            total, sums = self._accumulate(tb, chunks, loss_fn)
             clip = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+            grad_norm = self._clip_grad_norm(clip)
             if not np.isfinite(grad_norm):
                 raise NonFinite(f"non-finite gradient norm ({grad_norm})")
         except NonFinite as stop:
@@ -394,6 +400,26 @@ class Trainer:
                         "lr": float(self.optimizer.param_groups[0]["lr"])})
         return self._finish(True, None, metrics, started, staleness, numerics)
 
+    def _accumulate(self, tb: TensorBatch, chunks: list[torch.Tensor], loss_fn: LossFn
+                    ) -> tuple[float, dict[str, float]]:
+        """Backward every micro-batch of `chunks`; returns the summed loss and the loss parts
+        (token-weighted sums, `ratio_max` a max). Raises `NonFinite` at a NaN/inf loss."""
+        total = 0.0
+        sums: dict[str, float] = {}
+        for n, idx in enumerate(chunks):
+            mb = tb.select(idx)
+            loss, parts = loss_fn(mb, self._forward_logprobs(mb), idx)
+            if not bool(torch.isfinite(loss)):
+                raise NonFinite(f"non-finite loss ({float(loss.detach())}) in micro-batch {n}")
+            loss.backward()
+            total += float(loss.detach())
+            merge_parts(sums, parts)
+        return total, sums
+
+    def _clip_grad_norm(self, clip: float) -> float:
+        """Clip the gradients to norm `clip`; returns their norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+
     def _skip(self, reason: str, metrics: dict[str, float], started: float, *,
               nonfinite: bool = False, staleness: StalenessReport | None = None,
               numerics: NumericsReport | None = None) -> StepResult:
@@ -411,6 +437,16 @@ class Trainer:
                             numerics=numerics)
         self.step_count += 1
         return result
+
+
+def merge_parts(sums: dict[str, float], parts: dict[str, float]) -> None:
+    """Add one micro-batch's loss parts to `sums`: token-weighted, `ratio_max` as a max."""
+    tokens = parts.get("loss_tokens", 0.0)
+    for key, value in parts.items():
+        if key == "ratio_max":
+            sums[key] = max(sums.get(key, 0.0), value)
+        elif key != "loss_tokens":  # token-weighted average over micro-batches
+            sums[key] = sums.get(key, 0.0) + value * tokens
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

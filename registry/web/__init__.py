@@ -14,7 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from ..errors import ReleaseNotFound
-from ..store import LocalStore, Profile
+from ..curation import dataset_card
+from ..store import LocalStore
 from .plot import histogram_svg
 
 HERE = Path(__file__).parent
@@ -30,7 +31,8 @@ def _templates() -> Any:
     env.filters["when"] = lambda ts: _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime(
         "%Y-%m-%d %H:%M UTC")
     env.filters["size"] = _size
-    env.filters["pct"] = lambda x: f"{100 * x:.0f}%"
+    env.filters["pct"] = lambda x: "-" if x is None else f"{100 * x:.0f}%"
+    env.filters["num"] = lambda x: "-" if x is None else f"{x:.3f}"
     env.filters["tojson_pretty"] = lambda x: json.dumps(x, indent=2, sort_keys=True)
     return env
 
@@ -53,14 +55,20 @@ def env_page(store: LocalStore, env_id: str, version: str | None, base_url: str)
     ref = f"{env_id}@{version}" if version else env_id
     record = store.resolve(ref)
     versions = [r for r in store.releases() if r.id == record.id]
-    profiles: list[tuple[Profile, str]] = []
-    for agent in store.profile_agents(record.id):
-        profile = store.profile(record.id, agent)
-        profiles.append((profile, histogram_svg(profile.histogram(10),
-                                                title=f"pass rate per task · {agent}")))
+    card = dataset_card(store, f"sha256:{record.sha256}")
+    profiles = [(p, histogram_svg(_histogram(p), title=f"pass rate per task · {p['name']}"))
+                for p in card["profiles"]]
     validation = record.manifest.validation or {}
     return render("env.html", record=record, m=record.manifest, versions=versions,
                   profiles=profiles, validation=validation, base_url=base_url)
+
+
+def _histogram(profile: dict[str, Any], bins: int = 10) -> list[int]:
+    """Task counts per pass-rate bin of a card's profile (as `Profile.histogram`)."""
+    counts = [0] * bins
+    for task in profile["per_task"]:
+        counts[min(int(task["pass_rate"] * bins), bins - 1)] += 1
+    return counts
 
 
 def mount(app: FastAPI, store: LocalStore) -> None:

@@ -3,9 +3,11 @@
 HTTP (`/docs` lists them): `POST /v1/sessions` opens a session, `POST
 /v1/sessions/{id}/{reset,step,tool,finish}`, `GET /v1/sessions/{id}` (episode state),
 `DELETE /v1/sessions/{id}`; `GET /v1/info` (capacity), `GET /v1/envs/{env_id}` (an env's
-description), `GET /health`. Errors are `{"error": {kind, type, message}}` with a status
-per kind (protocol.HTTP_STATUS): 404 unknown env or session, 403 another connection's
-session, 409 an agent error (a step after the episode ended), 429 busy, 502 infrastructure.
+description), `GET /health`. An operation is tied to its request: a client that disconnects
+before the answer has its session closed (the operation cancelled, the sandbox closed).
+Errors are `{"error": {kind, type, message}}` with a status per kind (protocol.HTTP_STATUS):
+404 unknown env or session, 403 another connection's session, 409 an agent error (a step
+after the episode ended), 429 busy, 502 infrastructure.
 
 WebSocket (`/v1/ws`): one connection carries one session at a time: `{"op": "open",
 "env_id": ...}`, then `reset`, `step`, `tool`, `finish`, `state`, `close` (a later `open`
@@ -158,24 +160,28 @@ class EnvServer:
         async def open_session(body: OpenSession) -> SessionOpened:
             return _opened(await manager.open(body.env_id, None, body.wait))
 
-        def on(session_id: str, op: Callable[[Any], Awaitable[Any]]) -> Awaitable[Any]:
-            return manager.run(manager.get(session_id), op)
+        def on(session_id: str, op: Callable[[Any], Awaitable[Any]],
+               request: Request | None = None) -> Awaitable[Any]:
+            session = manager.get(session_id)
+            if request is None:
+                return manager.run(session, op)
+            return while_connected(request, manager, session, op)
 
         @app.post("/v1/sessions/{session_id}/reset", response_model=ops.ResetResult)
-        async def reset(session_id: str, body: ResetRequest) -> Any:
-            return await on(session_id, lambda env: ops.reset(env, body))
+        async def reset(session_id: str, body: ResetRequest, request: Request) -> Any:
+            return await on(session_id, lambda env: ops.reset(env, body), request)
 
         @app.post("/v1/sessions/{session_id}/step", response_model=ops.StepResult)
-        async def step(session_id: str, body: StepRequest) -> Any:
-            return await on(session_id, lambda env: ops.step(env, body))
+        async def step(session_id: str, body: StepRequest, request: Request) -> Any:
+            return await on(session_id, lambda env: ops.step(env, body), request)
 
         @app.post("/v1/sessions/{session_id}/tool")
-        async def tool(session_id: str, body: ToolRequest) -> Any:
-            return await on(session_id, lambda env: ops.call_tool(env, body))
+        async def tool(session_id: str, body: ToolRequest, request: Request) -> Any:
+            return await on(session_id, lambda env: ops.call_tool(env, body), request)
 
         @app.post("/v1/sessions/{session_id}/finish")
-        async def finish(session_id: str, body: FinishRequest) -> Any:
-            return await on(session_id, lambda env: ops.finish(env, body))
+        async def finish(session_id: str, body: FinishRequest, request: Request) -> Any:
+            return await on(session_id, lambda env: ops.finish(env, body), request)
 
         @app.get("/v1/sessions/{session_id}")
         async def state(session_id: str) -> Any:
@@ -189,6 +195,31 @@ class EnvServer:
         @app.websocket("/v1/ws")
         async def websocket(ws: WebSocket) -> None:
             await WebSocketSession(self, ws).serve()
+
+
+async def while_connected(request: Request, manager: SessionManager, session: Session,
+                          op: Callable[[Any], Awaitable[Any]]) -> Any:
+    """Run `op` on the session for an HTTP request; if the client disconnects first (a
+    timeout, a crash) the session is closed, which cancels `op` and closes the sandbox, as a
+    WebSocket disconnect does, instead of waiting for the idle reaper."""
+    work = asyncio.ensure_future(manager.run(session, op))
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+    if not work.done():
+        await manager.close(session, "disconnected")
+        await asyncio.gather(work, return_exceptions=True)
+        raise SessionError(f"session {session.id!r} was closed: its client disconnected")
+    return work.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client of `request` (whose body was read) goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _opened(session: Session) -> SessionOpened:

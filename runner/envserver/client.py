@@ -11,7 +11,9 @@ closes with `aclose()`. Calling a `RemoteEnv` makes another one of the same env,
 the `EnvFactory` that `Runner(envs=[...])` and `validate(...)` take. With several servers
 (`Runner(env_servers=[...])`) each session goes to the server with most free capacity, and
 a server that died is avoided by the retried episode (`corral.runner.envserver.fleet`).
-The oracle stays on the server: ask for it with `oracle=True` (validation does).
+The oracle stays on the server: ask for it with `oracle=True` (validation does). With
+`split="train"` (or "eval") the task index a reset draws is read in that split of the
+server's dataset, so a trainer's rollouts never get a task of the env's eval split.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class RemoteEnv(Env):
     sandbox_spec = None  # the server owns the sandboxes; the runner pools none for it
 
     def __init__(self, servers: ServerPool, info: EnvInfo, *, oracle: bool = False,
-                 timeout: float = 600.0, **config: Any) -> None:
+                 timeout: float = 600.0, split: str | None = None, **config: Any) -> None:
         ids = info.task_ids or [f"#{i}" for i in range(info.num_tasks)]  # see ops.env_info
         super().__init__(tasks=Dataset(lambda i: {"id": ids[i]}, info.num_tasks),
                          max_turns=info.max_turns)
@@ -47,14 +49,15 @@ class RemoteEnv(Env):
         self.tags = tuple(info.tags)  # type: ignore[misc]
         # the first user message is only known after the server's reset: no early generation
         self.instruction_is_first_message = False  # type: ignore[misc]
-        self.oracle, self.timeout = oracle, timeout
+        self.oracle, self.timeout, self.split = oracle, timeout, split
         self.config = config
         self._conn: Connection | None = None
         self._solution: list[Any] | None = None
 
     def __call__(self, **config: Any) -> "RemoteEnv":
         """Another instance of this env (another server session): an `EnvFactory`."""
-        return RemoteEnv(self.servers, self.info, oracle=self.oracle, timeout=self.timeout)
+        return RemoteEnv(self.servers, self.info, oracle=self.oracle, timeout=self.timeout,
+                         split=self.split)
 
     @property
     def server_url(self) -> str | None:
@@ -114,7 +117,8 @@ class RemoteEnv(Env):
         if index is None:  # as Env.pick_task draws it
             index = int(self.np_random.integers(len(self.tasks)))
         result = await self._request("reset", seed=seed, task_index=int(index),
-                                     with_solution=self.oracle, max_turns=self.max_turns)
+                                     with_solution=self.oracle, max_turns=self.max_turns,
+                                     **({"split": self.split} if self.split else {}))
         task = Task(id=result["episode"]["task_id"])  # the server's id (large datasets)
         self.episode = Episode(task=task, messages=list(result["messages"]))
         self._mirror(result["episode"])
@@ -194,17 +198,19 @@ def remote(url: str | list[str], env_id: str, *, token: str | None = None,
     return RemoteEnv(servers, info, oracle=oracle, timeout=timeout)
 
 
-def remote_entries(entries: Sequence[Any], servers: Sequence[str] | None,
-                   token: str | None = None) -> list[Any]:
-    """`Runner` env entries with every env id replaced by a `RemoteEnv` over `servers`
-    (factories pass through); the entries unchanged when there are no servers."""
+def remote_entries(entries: Sequence[Any], servers: Sequence[str] | ServerPool | None,
+                   token: str | None = None, **options: Any) -> list[Any]:
+    """`Runner` env entries with every env id replaced by a `RemoteEnv` over `servers` (a
+    list of URLs or a `ServerPool`; factories pass through); the entries unchanged when there
+    are no servers. `options` go to each `RemoteEnv` (`split`, `oracle`)."""
     if not servers:
         return list(entries)
-    pool = ServerPool(list(servers), token=token, wait=600.0)  # wait as for sandbox admission
+    pool = servers if isinstance(servers, ServerPool) else ServerPool(
+        list(servers), token=token, wait=600.0)  # wait as for sandbox admission
     out: list[Any] = []
     for entry in entries:
         if isinstance(entry, str):
-            out.append(RemoteEnv(pool, pool.describe(entry)))
+            out.append(RemoteEnv(pool, pool.describe(entry), **options))
         else:
             out.append(entry)
     return out

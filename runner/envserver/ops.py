@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from corral.errors import AgentError
+from corral import splits
+from corral.dataset import ExplicitEval
+from corral.errors import AgentError, DatasetError
 from corral.runner.envserver.protocol import (
     EnvInfo,
     EpisodeState,
@@ -67,6 +69,8 @@ async def reset(env: Any, request: ResetRequest) -> ResetResult:
     if request.task_index is not None and request.task_index >= len(env.tasks):
         raise AgentError(f"task_index {request.task_index} is out of range: {env.env_id} has "
                          f"{len(env.tasks)} tasks")
+    if request.split is not None:
+        options = {"task": split_task(env, request.split, request.task_index or 0)}
     if request.max_turns is not None:
         env.max_turns = request.max_turns
     observation, info = await env.areset(seed=request.seed, options=options)
@@ -74,6 +78,23 @@ async def reset(env: Any, request: ResetRequest) -> ResetResult:
                        messages=[dict(m) for m in env.episode.messages],
                        episode=episode_state(env),
                        solution=_solution(env) if request.with_solution else None)
+
+
+def split_task(env: Any, split: str, index: int) -> Any:
+    """The first task of `split` ("train" or "eval") at or after `index` (wrapping), as
+    `corral.splits.train_view` reads a dataset. An env that declares no eval split has every
+    task in both (a trainer then holds out by seed, as it does in-process)."""
+    tasks = env.tasks
+    rule = splits.rule_of(tasks)
+    if split == "train" or rule is None:
+        return splits.train_view(tasks)[index]
+    if isinstance(rule, ExplicitEval):
+        return rule.tasks[index % len(rule.tasks)]
+    for step in range(len(tasks)):
+        task = tasks[(index + step) % len(tasks)]
+        if rule.is_eval(task):
+            return task
+    raise DatasetError(f"the eval split of {env.env_id} has no task")
 
 
 async def step(env: Any, request: StepRequest) -> StepResult:

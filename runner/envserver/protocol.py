@@ -36,6 +36,9 @@ class ResetRequest(_Strict):
 
     seed: int | None = None
     task_index: int | None = Field(None, ge=0)
+    split: Literal["train", "eval"] | None = Field(
+        None, description="read task_index in this split of the env's tasks (the first task "
+        "of the split at or after it): a trainer's rollouts never get an eval task")
     with_solution: bool = Field(False, description="also return the oracle's actions")
     max_turns: int | None = Field(None, ge=1, description="the client's turn limit, if set")
 

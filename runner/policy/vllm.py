@@ -9,7 +9,10 @@ build fails on a metadata lookup) with:
   distribution the tokens were sampled from; vLLM's default is the raw logits' softmax;
 * `VLLM_SERVER_DEV_MODE=1`: `/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`;
 * on CPU: `--dtype float32`, `VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_OMP_THREADS_BIND=nobind`
-  (several replicas and the trainer share the cores); on CUDA replica i gets GPU i.
+  (several replicas and the trainer share the cores), no chunked prefill (see `_flags`); on
+  CUDA replica i gets GPU i;
+* with `adapter=NAME`: `--enable-lora --max-lora-rank R`; requests ask for the adapter and a
+  publish loads the adapter alone (`VLLMAdmin.load_lora`).
 
 Every request pins every sampling knob (`SAMPLING_PINS`): vLLM otherwise applies the model's
 `generation_config.json` (top_k, repetition_penalty, …) and samples from a distribution the
@@ -47,6 +50,17 @@ _SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an edita
 # vLLM's CPU attention kernels exist for these head sizes only (vllm/v1/attention/backends/
 # cpu_attn.py); any other fails at the first request, after a minute of start-up.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# The values vLLM 0.32 accepts for --max-lora-rank (`MaxLoRARanks` in vllm/config/lora.py)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def max_lora_rank(rank: int) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that serves adapters of rank `rank`."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise EngineError(f"LoRA rank {rank} is above the {LORA_RANKS[-1]} vLLM 0.32 serves; "
+                      "pick a smaller --lora-rank")
 
 
 def head_size(model_dir: Path) -> int | None:
@@ -114,12 +128,15 @@ class VLLMEngine:
     def __init__(self, model: str | os.PathLike[str], *, replicas: int = 1,
                  host: str = "127.0.0.1", port: int | None = None,
                  log_dir: str | os.PathLike[str] | None = None, python: str | None = None,
-                 max_model_len: int = 2048, enable_lora: bool = False, max_lora_rank: int = 16,
-                 cuda: bool | None = None, kv_cache_gib: int = 1,
+                 max_model_len: int = 2048, enable_lora: bool = False, lora_rank: int = 16,
+                 adapter: str | None = None, cuda: bool | None = None, kv_cache_gib: int = 1,
                  extra_args: Sequence[str] = (), startup_timeout: float = 600.0,
                  version: int = 0) -> None:
         """`port` is the first replica's (the next ones count up); None picks free ports.
-        `version` is the weight version the model directory holds."""
+        `version` is the weight version the model directory holds. `adapter` (implies
+        `enable_lora`) is the LoRA adapter name every request of `policy()` asks for: the
+        trainer publishes that adapter (`VLLMPublisher`), never the base weights; adapters of
+        rank up to `lora_rank` load."""
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         self.model = engine_model(model)
@@ -132,18 +149,20 @@ class VLLMEngine:
                               "with heads=2, or pass model 'tiny')")
         self.replicas = replicas
         self.host = host
-        self.enable_lora = enable_lora
+        self.adapter = adapter
+        self.enable_lora = enable_lora or adapter is not None
         self.startup_timeout = startup_timeout
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="corral-vllm-"))
         self._python = python
-        self._args = self._flags(max_model_len, enable_lora, max_lora_rank, extra_args)
+        self._args = self._flags(max_model_len, self.enable_lora, max_lora_rank(lora_rank),
+                                 extra_args)
         self._kv_cache_gib = kv_cache_gib
         self._port = port
         self.servers: list[ServerProcess] = []
         self.fence = ReplicaFence([], version)
         self.version = version
 
-    def _flags(self, max_model_len: int, enable_lora: bool, max_lora_rank: int,
+    def _flags(self, max_model_len: int, enable_lora: bool, lora_rank: int,
                extra: Sequence[str]) -> list[str]:
         args = ["--model", str(self.model), "--served-model-name", SERVED_NAME,
                 "--max-model-len", str(max_model_len),
@@ -152,9 +171,22 @@ class VLLMEngine:
         # (torch.compile of the model costs minutes of C++ builds at every start)
         args += ["--dtype", "auto"] if self._cuda else ["--dtype", "float32", "--enforce-eager",
                                                         "--gpu-memory-utilization", "0.2"]
+        if not self._cuda:
+            # A seeded request whose prompt is prefilled in chunks kills the CPU worker
+            # (vLLM 0.32 rewinds the request's generator offset, which a CPU generator has
+            # not: "CPU Generator does not use offset"); the runner seeds every request and
+            # a 64-episode batch of prompts overflows one step's token budget. Without
+            # chunking a prompt is prefilled in one step, so the budget must hold the longest.
+            args += ["--no-enable-chunked-prefill",
+                     "--max-num-batched-tokens", str(max(max_model_len, 8192))]
         if enable_lora:
-            args += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+            args += ["--enable-lora", "--max-lora-rank", str(lora_rank)]
         return [*args, *extra]
+
+    @property
+    def request_model(self) -> str:
+        """The `model` field of every request: the adapter's name, else the base model's."""
+        return self.adapter or SERVED_NAME
 
     @property
     def urls(self) -> list[str]:
@@ -173,6 +205,10 @@ class VLLMEngine:
 
     def _env(self, index: int) -> dict[str, str]:
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
+        # vLLM closes idle keep-alive connections after 5 s, aiohttp's pool (OpenAIPolicy)
+        # after 15 s: a request sent on a connection the server is closing fails as
+        # "Server disconnected" (retried, but slow). Outlasting the client removes the race.
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         if self._cuda:
@@ -217,7 +253,7 @@ class VLLMEngine:
 
         extra = {**SAMPLING_PINS, **kwargs.pop("extra_body", {})}
         return OpenAIPolicy(self.urls, tokenizer if tokenizer is not None else self.model,
-                            model=SERVED_NAME, extra_body=extra, fence=self.fence,
+                            model=self.request_model, extra_body=extra, fence=self.fence,
                             version=self.version, **kwargs)
 
     def replica_policy(self, url: str, tokenizer: Any = None) -> Any:
@@ -225,7 +261,8 @@ class VLLMEngine:
         from .openai import OpenAIPolicy
 
         return OpenAIPolicy([url], tokenizer if tokenizer is not None else self.model,
-                            model=SERVED_NAME, extra_body=dict(SAMPLING_PINS), retries=0)
+                            model=self.request_model, extra_body=dict(SAMPLING_PINS),
+                            retries=0)
 
     def server(self, url: str) -> ServerProcess:
         return next(s for s in self.servers if s.url == url)
@@ -263,7 +300,10 @@ class VLLMAdmin:
         if answer.status_code >= 400:
             raise EngineError(f"{self.url}{path} answered {answer.status_code}: "
                               f"{answer.text[:300]}")
-        return answer.json() if answer.content else None
+        try:
+            return answer.json() if answer.content else None
+        except ValueError:  # /v1/load_lora_adapter answers plain text ("Success: ...")
+            return answer.text
 
     def pause(self) -> None:
         """Stop admitting requests once those running have finished (`mode=wait`)."""
@@ -289,4 +329,5 @@ class VLLMAdmin:
                                              "load_inplace": True})
 
 
-__all__ = ["SAMPLING_PINS", "VLLMAdmin", "VLLMEngine", "has_cuda", "stop_all", "vllm_python"]
+__all__ = ["LORA_RANKS", "SAMPLING_PINS", "VLLMAdmin", "VLLMEngine", "has_cuda", "max_lora_rank",
+           "stop_all", "vllm_python"]

@@ -28,14 +28,14 @@ from __future__ import annotations
 from .backends import (AUTO, BackendRow, backend_names, check_backend, make_backend,
                        register_backend, resolve_backend, unregister_backend)
 from .base import (DEFAULT_OUTPUT_LIMIT, Backend, BackendConfig, ExecResult, Sandbox,
-                   SandboxStats, Shell, cap_output)
+                   Process, SandboxStats, Shell, cap_output)
 from .image_backend import resolve_image
 from .images import docker_available
 from .opener import SandboxOpener, open_sandbox
 from .spec import Terminal
 
 __all__ = ["AUTO", "DEFAULT_OUTPUT_LIMIT", "Backend", "BackendConfig", "BackendRow",
-           "ExecResult", "Sandbox", "SandboxOpener", "SandboxStats", "Shell", "Terminal",
+           "ExecResult", "Process", "Sandbox", "SandboxOpener", "SandboxStats", "Shell", "Terminal",
            "backend_names", "cap_output", "check_backend", "docker_available", "make_backend",
            "open_sandbox", "register_backend", "resolve_backend", "resolve_image",
            "unregister_backend"]

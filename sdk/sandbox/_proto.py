@@ -28,7 +28,7 @@ import time
 from typing import Awaitable, Callable
 
 from . import _procs
-from .base import TRUNCATION_MARKER, ExecResult, Shell
+from .base import TRUNCATION_MARKER, ExecResult, Process, Shell
 
 log = logging.getLogger(__name__)
 
@@ -290,3 +290,43 @@ class ShellSession(Shell):
         """End the session (kills the shell and what it still runs)."""
         async with self._lock:
             await self._drop()
+
+
+class StreamProcess(Process):
+    """`Sandbox.start_process` for the terminal backends: a spawned transport read frame by
+    frame (stderr goes to the tail, stdout to the caller), killed with its whole tree."""
+
+    def __init__(self, transport: Transport, kill: Killer) -> None:
+        super().__init__()
+        self._transport, self._kill = transport, kill
+        self._eof = self._closed = False
+
+    async def write(self, data: bytes) -> None:
+        """See `Process.write`."""
+        if self._closed:
+            raise ConnectionError("the process was closed")
+        await self._transport.write(data)
+
+    async def read(self) -> bytes:
+        """See `Process.read`."""
+        while not self._eof:
+            stream, data = await self._transport.frames.get()
+            if stream == 0:
+                self._eof = True
+            elif stream == 2:
+                self.note_stderr(data)
+            elif data:
+                return data
+        return b""
+
+    async def close(self) -> None:
+        """See `Process.close`."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._kill(self._transport, frozenset(), True)
+        except (OSError, ProcessLookupError) as exc:  # gone already (its sandbox closed)
+            log.debug("killing a sandbox process: %s", exc)
+        finally:
+            await self._transport.close()

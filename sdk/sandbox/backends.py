@@ -133,14 +133,19 @@ async def resolve_backend(spec: SandboxSpec, backend: str = AUTO, *,
                          f"(tried: {', '.join(backend_names(kind)) or 'none'})")
 
 
+def config_row(config: BackendConfig) -> BackendRow:
+    """The row whose config class `config` is (UnknownBackend if none)."""
+    row = next((r for r in _table.values() if _names(r.config, type(config))), None)
+    if row is None:
+        raise UnknownBackend(f"{type(config).__name__} is the config of no backend in the table")
+    return row
+
+
 def make_backend(backend: str | BackendConfig, *, run_id: str = "adhoc") -> Backend:
     """A `Backend` from its name (default config) or its config (the row whose config class
     it is), as SWE-ReX's `get_deployment(config)`. The caller closes it."""
     if isinstance(backend, BackendConfig):
-        row = next((r for r in _table.values() if _names(r.config, type(backend))), None)
-        if row is None:
-            raise UnknownBackend(f"{type(backend).__name__} is the config of no backend in the "
-                                 "table")
+        row = config_row(backend)
         config = backend
     else:
         row = backend_row(backend)

@@ -13,7 +13,7 @@ import abc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,6 +89,39 @@ class Shell(abc.ABC):
         """End the session."""
 
 
+class Process(abc.ABC):
+    """A long-running process inside a sandbox with its stdio piped to the host
+    (`Sandbox.start_process`): a server speaking a protocol on stdin/stdout, such as an MCP
+    server. Its stderr is kept, bounded, for error messages."""
+
+    STDERR_TAIL = 4096  # bytes of stderr kept (the end: where a crash says why)
+
+    def __init__(self) -> None:
+        self._stderr = bytearray()
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Send bytes to the process's stdin (ConnectionError once it has gone)."""
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """The next chunk of the process's stdout; b"" once stdout ended (it exited)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Kill the process and everything it started. Idempotent."""
+
+    def note_stderr(self, data: bytes) -> None:
+        """Keep the last `STDERR_TAIL` bytes of stderr."""
+        self._stderr += data
+        del self._stderr[:-self.STDERR_TAIL]
+
+    @property
+    def stderr_tail(self) -> str:
+        """The end of what the process wrote to stderr so far."""
+        return self._stderr.decode("utf-8", "replace")
+
+
 class Sandbox(abc.ABC):
     """One isolated execution environment. Use as `async with` or call `close()`."""
 
@@ -112,6 +145,14 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def shell(self) -> Shell:
         """The sandbox's persistent shell session (created on first use, then reused)."""
+
+    async def start_process(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                            cwd: str | None = None, user: str | None = None) -> Process:
+        """Start `argv` inside the sandbox as a long-running process whose stdin, stdout and
+        stderr stay connected (no deadline, no end marker: it runs until it exits, `close()`
+        kills it, or the sandbox closes). Backends without process streams raise
+        SandboxError."""
+        raise self.unsupported("long-running processes with piped stdio")
 
     async def prepare(self) -> None:
         """Start what the first commands will need (the persistent shell), so a sandbox

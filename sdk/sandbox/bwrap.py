@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -47,13 +48,13 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ..errors import SandboxDied, SandboxError
 from . import _changes, _procs
 from ._confine import proc_args, shifted_rootfs, uid_base, write_id_maps
-from ._proto import ShellSession, Transport, run_command
-from .base import BackendConfig, ExecResult, Sandbox, Shell
+from ._proto import ShellSession, StreamProcess, Transport, run_command
+from .base import BackendConfig, ExecResult, Process, Sandbox, Shell
 from .docker import CAP_ADD
 from .image_backend import ImageBackend
 from ._rootio import RootDir
@@ -189,6 +190,24 @@ class PipeTransport(Transport):
         if not await _reap(self.proc, 2.0):
             await asyncio.to_thread(_procs.kill_below, self.proc.pid, frozenset(), True)
             await _reap(self.proc, 5.0)
+
+
+@functools.cache
+def launcher_root() -> tuple[str, ...]:
+    """The root of the throwaway bwrap that loads the seccomp filter before `nsenter`: only the
+    programs and libraries it runs, /dev and /proc (for the sandbox's namespaces). Not a
+    recursive bind of `/`: that copies every mount of the host, and one that vanishes meanwhile
+    (a Docker container's overlay being removed) failed the launch ("Can't bind mount
+    /oldroot/...")."""
+    args = ["--ro-bind", "/usr", "/usr", "--dev-bind", "/dev", "/dev", "--bind", "/proc", "/proc",
+            "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    for name in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
+        path = f"/{name}"
+        if os.path.islink(path):  # merged /usr: /bin -> usr/bin
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return tuple(args)
 
 
 class BwrapSandbox(Sandbox):
@@ -349,7 +368,7 @@ class BwrapSandbox(Sandbox):
         seccomp = program_file().open()
         # a throwaway bwrap (no namespaces of its own but a mount namespace) loads the seccomp
         # filter on the host side: every process of the command inherits it
-        full = [*self._cgroup_prefix(), "bwrap", "--dev-bind", "/", "/", "--cap-add", "ALL",
+        full = [*self._cgroup_prefix(), "bwrap", *launcher_root(), "--cap-add", "ALL",
                 "--seccomp", str(seccomp), "--",
                 "nsenter", "-t", str(self.pid), "-U", "-m", "-u", "-i", "-p", *joined, "-r",
                 "--", "/usr/bin/env", "-i", f"--chdir={cwd or self.workdir}",
@@ -380,6 +399,12 @@ class BwrapSandbox(Sandbox):
         self.stats.commands += 1
         self.stats.exec_seconds += result.duration
         return result
+
+    async def start_process(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                            cwd: str | None = None, user: str | None = None) -> Process:
+        """See `Sandbox.start_process`."""
+        transport = await self._spawn(list(argv), env=env, cwd=cwd, user=user, stdin=True)
+        return StreamProcess(transport, self._kill)
 
     async def shell(self) -> Shell:
         """The persistent bash session of this sandbox (started on first use)."""

@@ -23,7 +23,13 @@ host's network namespace), `cap_drop=ALL` plus the few capabilities root-in-cont
 `no-new-privileges`, pids/memory(+swap)/cpu limits, `init=True` (tini as pid 1: it reaps orphans,
 so a killed fork bomb does not leave zombies holding the pids limit, and it exits at once on
 SIGTERM) and `stop_signal=SIGKILL` so teardown never waits. Timeouts are enforced from the host
-through /proc (`_procs.kill_below`), so the daemon must be local (a unix socket).
+through /proc (`_procs.kill_below`) when the daemon is local (a unix socket).
+
+Hosts: a sandbox lives on one daemon of the backend's fleet (`fleet.py`: several daemons, each
+with a capacity, a creation-rate limit and health checks). On a remote daemon (`tcp://`,
+`ssh://`) its processes are out of the host's reach: shells are Docker execs, and a command's
+timeout kills, from inside the container, the processes carrying its exec's marker variable
+(`CORRAL_EXEC`; a shell's earlier background jobs die with it there).
 """
 
 from __future__ import annotations
@@ -44,15 +50,20 @@ import tarfile
 import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+from urllib.parse import urlsplit
 
-from ..errors import SandboxDied, SandboxError
+from pydantic import Field, field_validator
+
+from ..errors import SandboxDied, SandboxError, SandboxUnavailable
 from . import _changes, _fifo, _procs
-from ._proto import ShellSession, Transport, ansi_c_quote, run_command
-from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Sandbox, Shell
+from ._proto import ShellSession, StreamProcess, Transport, ansi_c_quote, run_command
+from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Process, Sandbox, Shell
 from .image_backend import ImageBackend
-from .images import (LABEL_MANAGED, cache_dir, daemon_call, daemon_unreachable,
-                     docker_available, docker_client, missing_image)
+from .fleet import (DockerFleet, DockerHost, DockerHostConfig, configured_hosts, default_host,
+                    parse_hosts, reason)
+from .images import (LABEL_MANAGED, cache_dir, daemon_unreachable, docker_available,
+                     image_tag, missing_image)
 from .spec import Terminal
 
 log = logging.getLogger(__name__)
@@ -78,6 +89,13 @@ LABEL_RUN = "corral.run"
 LABEL_ENV = "corral.env"
 LABEL_OWNER = "corral.owner"  # host:pid of the creating process, so gc spares live runs
 _MAX_LINK_HOPS = 40  # as the kernel's MAXSYMLINKS
+EXEC_MARKER = "CORRAL_EXEC"  # set in every exec on a remote host, for its timeout kill
+HEAD_TIMEOUT_S = 30.0  # a daemon that accepts a request and never answers it is given up on
+# on a remote host: SIGKILL the processes carrying exec marker $1, all of them when $2 is 1,
+# else all but the exec's own process (the oldest: a shell survives its command's timeout)
+_REMOTE_KILL = ('pids=$(grep -lxz "$0=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | '
+                'sort -n); [ "$2" = 1 ] || pids=$(echo "$pids" | tail -n +2); '
+                '[ -z "$pids" ] || kill -9 $pids 2>/dev/null; true')
 CAP_ADD = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL",
            "NET_BIND_SERVICE"]
 
@@ -90,15 +108,51 @@ def _socket_path() -> str:
     return host[len("unix://"):]
 
 
-async def _http(method: str, path: str, body: Any, upgrade: bool = False
-                ) -> tuple[int, bytes, asyncio.StreamReader, asyncio.StreamWriter]:
-    """One HTTP/1.1 request to the daemon; returns status, body-so-far and the open stream."""
-    reader, writer = await asyncio.open_unix_connection(_socket_path(), limit=1 << 20)
-    data = json.dumps(body).encode()
-    conn = "Upgrade\r\nUpgrade: tcp" if upgrade else "close"
-    writer.write(f"{method} {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json"
-                 f"\r\nContent-Length: {len(data)}\r\nConnection: {conn}\r\n\r\n".encode() + data)
-    head = await reader.readuntil(b"\r\n\r\n")
+_dialers: set[asyncio.subprocess.Process] = set()  # ssh dial-stdio processes being reaped
+
+
+async def _connect(host: DockerHost) -> tuple[asyncio.StreamReader, Any]:
+    """A raw stream to `host`'s API: its unix socket, its TCP port, or `ssh HOST docker system
+    dial-stdio` (what the docker CLI runs for ssh:// hosts)."""
+    url = urlsplit(host.url)
+    if url.scheme == "unix":
+        return await asyncio.open_unix_connection(
+            _socket_path() if host.implicit else host.socket_path, limit=1 << 20)
+    if url.scheme == "tcp":
+        return await asyncio.open_connection(url.hostname, url.port or 2375, limit=1 << 20)
+    target = f"{url.username}@{url.hostname}" if url.username else str(url.hostname)
+    port = ["-p", str(url.port)] if url.port else []
+    proc = await asyncio.create_subprocess_exec(
+        "ssh", *port, "--", target, "docker", "system", "dial-stdio", limit=1 << 20,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    _dialers.add(proc)  # it exits once its stdin closes; wait() reaps it
+    asyncio.ensure_future(proc.wait()).add_done_callback(lambda _: _dialers.discard(proc))
+    assert proc.stdout is not None and proc.stdin is not None
+    return proc.stdout, proc.stdin
+
+
+async def _http(host: DockerHost, method: str, path: str, body: Any, upgrade: bool = False
+                ) -> tuple[int, bytes, asyncio.StreamReader, Any]:
+    """One HTTP/1.1 request to `host`'s daemon; returns status, head and the open stream.
+    A daemon that refuses or does not answer within `HEAD_TIMEOUT_S` raises SandboxDied (and
+    a fleet host is marked down)."""
+    writer = None
+    try:
+        async with asyncio.timeout(HEAD_TIMEOUT_S):
+            reader, writer = await _connect(host)
+            data = json.dumps(body).encode()
+            conn = "Upgrade\r\nUpgrade: tcp" if upgrade else "close"
+            writer.write(f"{method} {path} HTTP/1.1\r\nHost: docker\r\nContent-Type: "
+                         f"application/json\r\nContent-Length: {len(data)}\r\nConnection: "
+                         f"{conn}\r\n\r\n".encode() + data)
+            head = await reader.readuntil(b"\r\n\r\n")
+    except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        if writer is not None:
+            writer.close()
+        cause = reason(exc)
+        host.mark_down(cause)
+        raise SandboxDied(f"the Docker daemon at {host.url} does not answer ({cause})") from exc
     status = int(head.split(b" ", 2)[1])
     return status, head, reader, writer
 
@@ -106,10 +160,11 @@ async def _http(method: str, path: str, body: Any, upgrade: bool = False
 class DockerTransport(Transport):
     """An attached exec: demultiplexes Docker's 8-byte-header frames into `frames`."""
 
-    def __init__(self, exec_id: str, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(self, exec_id: str, reader: asyncio.StreamReader, writer: Any,
+                 host: DockerHost, marker: str | None = None) -> None:
         super().__init__()
         self.exec_id, self._reader, self._writer = exec_id, reader, writer
+        self.host, self.marker = host, marker  # marker: the exec's CORRAL_EXEC (remote hosts)
         self._pid: int | None = None
         self._pump = asyncio.create_task(self._read())
 
@@ -128,8 +183,10 @@ class DockerTransport(Transport):
         await self._writer.drain()
 
     async def host_pid(self) -> int | None:
+        if not self.host.local:
+            return None  # a pid on another machine: nothing here may signal it
         if self._pid is None:
-            info = await _blocking(docker_client().api.exec_inspect, self.exec_id)
+            info = await _blocking(self.host.call, lambda c: c.api.exec_inspect(self.exec_id))
             self._pid = info.get("Pid") or None
         return self._pid
 
@@ -148,12 +205,14 @@ class DockerSandbox(Sandbox):
     backend = "docker"
 
     def __init__(self, container_id: str, spec: Terminal, user: str, workdir: str,
-                 io_dir: Path) -> None:
+                 io_dir: Path, host: DockerHost | None = None) -> None:
         super().__init__()
         # `user`: the agent's (spec.user, else the image's USER; "" = root). The container
         # itself runs as root, so every exec names its user.
         self.id, self.spec, self.user, self.workdir = container_id, spec, user, workdir
-        self._version = docker_client().api._version
+        self.host = host or default_host()
+        self.placement: Any = None  # the fleet slot it holds (`fleet.Placement`), if any
+        self._version = self.host.client().api._version
         self._shell: ShellSession | None = None
         self._control: ShellSession | None = None  # root bash for file writes, never the agent's
         self._io_dir = io_dir  # the FIFOs of the shells the container starts (`_fifo`)
@@ -164,18 +223,22 @@ class DockerSandbox(Sandbox):
 
     @classmethod
     async def create(cls, spec: Terminal, *, image: str | None = None, run_id: str = "adhoc",
-                     env_id: str = "", name: str | None = None) -> "DockerSandbox":
-        """Create and start a container for `spec` (image: a resolved tag, default spec.image)."""
+                     env_id: str = "", name: str | None = None,
+                     host: DockerHost | None = None) -> "DockerSandbox":
+        """Create and start a container for `spec` (image: a resolved tag, default spec.image)
+        on `host` (default: the single daemon of `DOCKER_HOST`, else the local socket)."""
         import docker
 
-        _socket_path()
+        host = host or default_host()
+        if host.implicit:
+            _socket_path()
         image = image or spec.image
         user = spec.user or ""
         workdir = spec.workdir
         if not _is_root(user) and workdir == "/root":
             workdir = f"/home/{user}"  # /root is not readable by other users
         # a restarting daemon is waited for (bounded), not failed at once
-        client = await _blocking(daemon_call, lambda c: c)
+        client = await _blocking(host.call, lambda c: c)
         host_config = client.api.create_host_config(
             init=True, nano_cpus=int(spec.cpus * 1e9), mem_limit=spec.memory,
             memswap_limit=spec.memory, pids_limit=spec.pids,
@@ -188,11 +251,13 @@ class DockerSandbox(Sandbox):
         created = None
         sent: list[bool] = []  # whether a create call reached out to the daemon
         try:
-            agent = user or await _image_user(image)
-            # the container starts the control shell, and a root agent's shell, itself
-            shells = _fifo.SHELLS if _is_root(agent) else ("control",)
-            _fifo.make_fifos(io_dir, shells)
-            host_config["Binds"] = [f"{io_dir}:{_fifo.MOUNT}:ro"]
+            agent = user or await _image_user(host, image)
+            # the container starts the control shell, and a root agent's shell, itself (on a
+            # local daemon: the pipes are files of this machine)
+            shells = () if not host.local else _fifo.SHELLS if _is_root(agent) else ("control",)
+            if shells:
+                _fifo.make_fifos(io_dir, shells)
+                host_config["Binds"] = [f"{io_dir}:{_fifo.MOUNT}:ro"]
             # the low-level call: the high-level `containers.create` inspects the new container
             # afterwards, one more daemon round trip per sandbox that nothing here needs
             def create_container(c: Any) -> dict[str, Any]:
@@ -207,7 +272,7 @@ class DockerSandbox(Sandbox):
                     environment=dict(spec.env), working_dir=workdir, user="0",
                     stop_signal="SIGKILL", host_config=host_config)
 
-            created = await _blocking(daemon_call, create_container)
+            created = await _blocking(host.call, create_container)
         except docker.errors.ImageNotFound:
             raise missing_image(image, spec.dockerfile, env_id or None) from None
         except docker.errors.APIError as exc:
@@ -220,14 +285,14 @@ class DockerSandbox(Sandbox):
             if created is None:  # no container owns the pipes
                 _fifo.remove_fifos(io_dir)
                 if sent:  # a daemon shutting down may make it and still answer an error
-                    await _blocking(_discard, name)
-        sandbox = cls(created["Id"], spec, agent, workdir, io_dir)
+                    await _blocking(_discard, host, name)
+        sandbox = cls(created["Id"], spec, agent, workdir, io_dir, host)
         try:
             if spec.files:
-                await _blocking(client.api.put_archive, sandbox.id, "/",
-                                _tar({p: c.encode() for p, c in spec.files.items()}))
-            await _blocking(client.api.start, sandbox.id)
-            if await _blocking(_fifo.usable, sandbox.id, io_dir, "control"):
+                files = _tar({path: text.encode() for path, text in spec.files.items()})
+                await _blocking(host.call, lambda c: c.api.put_archive(sandbox.id, "/", files))
+            await _blocking(host.call, lambda c: c.api.start(sandbox.id))
+            if shells and await _blocking(_fifo.usable, sandbox.id, io_dir, "control"):
                 sandbox._fifo_shells = set(shells)
             sandbox._cgroup_seen = _procs.container_pids(sandbox.id) is not None
         except BaseException:
@@ -244,11 +309,15 @@ class DockerSandbox(Sandbox):
                      stdin: bool = False) -> DockerTransport:
         if self._closed:
             raise SandboxDied(f"sandbox {self.id[:12]} is closed")
+        variables = [f"{k}={v}" for k, v in (env or {}).items()]
+        marker = None if self.host.local else secrets.token_hex(8)
+        if marker is not None:
+            variables.append(f"{EXEC_MARKER}={marker}")
         config = {"AttachStdin": stdin, "AttachStdout": True, "AttachStderr": True,
-                  "Tty": False, "Cmd": argv, "Env": [f"{k}={v}" for k, v in (env or {}).items()],
+                  "Tty": False, "Cmd": argv, "Env": variables,
                   "WorkingDir": cwd or "", "User": self.user if user is None else user}
         status, head, reader, writer = await _http(
-            "POST", f"/v{self._version}/containers/{self.id}/exec", config)
+            self.host, "POST", f"/v{self._version}/containers/{self.id}/exec", config)
         body = await reader.read()
         writer.close()
         if status != 201:
@@ -256,18 +325,34 @@ class DockerSandbox(Sandbox):
             raise SandboxDied(f"sandbox {self.id[:12]} cannot run commands: {msg}")
         exec_id = json.loads(body)["Id"]
         status, head, reader, writer = await _http(
-            "POST", f"/v{self._version}/exec/{exec_id}/start", {"Detach": False, "Tty": False},
-            upgrade=True)
+            self.host, "POST", f"/v{self._version}/exec/{exec_id}/start",
+            {"Detach": False, "Tty": False}, upgrade=True)
         if status not in (101, 200):
             writer.close()
             raise SandboxDied(f"sandbox {self.id[:12]}: exec start failed with HTTP {status}")
-        return DockerTransport(exec_id, reader, writer)
+        return DockerTransport(exec_id, reader, writer, self.host, marker)
 
     async def _kill(self, transport: Transport, keep: frozenset[int], everything: bool) -> None:
+        marker = getattr(transport, "marker", None)
+        if marker is not None:  # a remote host: kill from inside the container
+            await self._kill_marked(marker, everything)
+            return
         pid = await transport.host_pid()
         if pid is None or not Path(f"/proc/{pid}").exists():
             return  # the process is gone already
         await _blocking(_procs.kill_below, pid, keep, everything)
+
+    async def _kill_marked(self, marker: str, everything: bool) -> None:
+        """SIGKILL, inside the container, the processes of the exec marked `marker` (all, or
+        all but the exec's own process); waits for the killer to finish (bounded)."""
+        killer = await self._spawn(["sh", "-c", _REMOTE_KILL, EXEC_MARKER, marker,
+                                    "1" if everything else "0"], user="0")
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                while (await killer.frames.get())[0]:
+                    pass
+        finally:
+            await killer.close()
 
     async def exec(self, cmd: str | list[str], timeout: float | None = None,
                    env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -280,9 +365,16 @@ class DockerSandbox(Sandbox):
         else:
             result = await run_command(lambda a: self._spawn(a, env=env, cwd=cwd, user=user),
                                        argv, timeout, self.spec.output_limit, self._kill)
+        await self._check_vanished(result)
         self.stats.commands += 1
         self.stats.exec_seconds += result.duration
         return result
+
+    async def start_process(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                            cwd: str | None = None, user: str | None = None) -> Process:
+        """See `Sandbox.start_process`."""
+        transport = await self._spawn(list(argv), env=env, cwd=cwd, user=user, stdin=True)
+        return StreamProcess(transport, self._kill)
 
     async def _exec_in_control(self, argv: list[str], timeout: float,
                                env: Mapping[str, str] | None, cwd: str | None) -> ExecResult:
@@ -330,7 +422,28 @@ class DockerSandbox(Sandbox):
                 return _fifo.FifoTransport(self.id, self._io_dir, name)
             return await self._spawn(["bash", "--noprofile", "--norc"], stdin=True, user=user)
 
-        return ShellSession(spawn, self._kill, limit, timeout, cwd)
+        return _DockerShell(self, spawn, self._kill, limit, timeout, cwd)
+
+    async def _check_vanished(self, result: ExecResult) -> None:
+        """A command that ended without reporting (its stream closed) in a container that is
+        gone (its host died, its daemon restarted) raises SandboxDied: an infrastructure
+        failure to retry elsewhere, not an exit code to show the agent. A shell that exited
+        (`exit`) in a live container stays an ordinary result."""
+        if result.exit_code == -1 and not result.timed_out and await self._vanished():
+            raise SandboxDied(f"sandbox {self.id[:12]} on {self.host.url} is gone")
+
+    async def _vanished(self) -> bool:
+        import docker
+
+        if self._closed:
+            return True
+        if self._cgroup_seen:  # its processes are visible here: none left means it died
+            return not _procs.container_pids(self.id)
+        try:  # else the daemon says (a fleet host that does not answer is down)
+            info = await _blocking(self.host.call, lambda c: c.api.inspect_container(self.id))
+        except (SandboxUnavailable, docker.errors.NotFound):
+            return True
+        return not (info.get("State") or {}).get("Running")
 
     # --- files ----------------------------------------------------------------------------
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
@@ -339,7 +452,8 @@ class DockerSandbox(Sandbox):
         path = "/" + path.lstrip("/")
         if len(raw) <= INLINE_WRITE_LIMIT and await self._write_inline(path, raw, mode):
             return
-        await _blocking(docker_client().api.put_archive, self.id, "/", _tar({path: raw}, mode))
+        await _blocking(self.host.call,
+                        lambda c: c.api.put_archive(self.id, "/", _tar({path: raw}, mode)))
 
     async def _write_inline(self, path: str, raw: bytes, mode: int) -> bool:
         """Write through the control shell; False when that did not work (no `base64` in the
@@ -371,7 +485,7 @@ class DockerSandbox(Sandbox):
         def fetch(where: str) -> bytes:
             for _ in range(_MAX_LINK_HOPS):
                 try:
-                    stream, stat = docker_client().api.get_archive(self.id, where)
+                    stream, stat = self.host.call(lambda c: c.api.get_archive(self.id, where))
                 except docker.errors.NotFound:
                     raise FileNotFoundError(path) from None
                 if stat.get("mode", 0) & (1 << 31):  # Go's os.ModeDir
@@ -409,7 +523,7 @@ class DockerSandbox(Sandbox):
         if await _blocking(_procs.kill_container, self.id):
             return
         try:  # its cgroup is not visible from here: the daemon kills it
-            await _blocking(lambda: docker_client().api.kill(self.id))
+            await _blocking(self.host.call, lambda c: c.api.kill(self.id))
         except docker.errors.APIError as exc:  # not running any more; close() removes it
             log.debug("kill %s: %s", self.id[:12], exc)
         except Exception as exc:  # the daemon is restarting (it stops every container);
@@ -445,7 +559,7 @@ class DockerSandbox(Sandbox):
     async def changed_since(self, since: float) -> list[str] | None:
         """See `Sandbox.changed_since` (the container's overlay2 upper dir)."""
         if self._upper is None:
-            info = await _blocking(daemon_call, lambda c: c.api.inspect_container(self.id))
+            info = await _blocking(self.host.call, lambda c: c.api.inspect_container(self.id))
             self._upper = (info.get("GraphDriver") or {}).get("Data", {}).get("UpperDir") or ""
         upper = _changes.exists(self._upper)
         return None if upper is None else await _blocking(_changes.changed_since, upper, since)
@@ -461,14 +575,23 @@ class DockerSandbox(Sandbox):
                 log.debug("shell close failed", exc_info=True)
 
     async def close(self) -> None:
-        """Remove the container (force). Idempotent."""
+        """Remove the container (force). Idempotent. On a fleet host that is down, the removal
+        is left for when it answers again (`DockerHost.pending_removal`)."""
         if self._closed:
             return
         self._closed = True
-        await self._close_sessions()
+        try:
+            await self._close_sessions()
+            await self._remove_container()
+        finally:
+            if self.placement is not None:
+                self.placement.release()
+            _fifo.remove_fifos(self._io_dir)
+
+    async def _remove_container(self) -> None:
         import docker
 
-        remove = functools.partial(daemon_call, lambda c: _remove(c, self.id))
+        remove = functools.partial(self.host.call, lambda c: _remove(c, self.id))
         try:  # a restarting daemon is waited for: a removal given up on leaks the container
             await _blocking(remove)
         except docker.errors.APIError as exc:
@@ -477,7 +600,24 @@ class DockerSandbox(Sandbox):
             # a daemon shutting down answers 5xx until its socket goes; then it is waited for
             await asyncio.sleep(1.0)
             await _blocking(remove)
-        _fifo.remove_fifos(self._io_dir)
+        except SandboxUnavailable:  # a fleet host went down: removed when it is back
+            self.host.pending_removal.add(self.id)
+            log.warning("sandbox %s: its host %s is down; it is removed when the host answers "
+                        "again", self.id[:12], self.host.url)
+
+
+class _DockerShell(ShellSession):
+    """A Docker sandbox's persistent bash: a command cut off because the container is gone
+    raises SandboxDied (see `DockerSandbox._check_vanished`)."""
+
+    def __init__(self, sandbox: DockerSandbox, *args: Any) -> None:
+        super().__init__(*args)
+        self._sandbox = sandbox
+
+    async def run(self, command: str, timeout: float | None = None) -> ExecResult:
+        result = await super().run(command, timeout)
+        await self._sandbox._check_vanished(result)
+        return result
 
 
 def _remove(client: Any, container: str) -> None:
@@ -490,11 +630,13 @@ def _remove(client: Any, container: str) -> None:
         pass
 
 
-def _discard(container: str) -> None:
+def _discard(host: DockerHost, container: str) -> None:
     """Best-effort removal of a container this process may have created without knowing it."""
     try:
-        daemon_call(lambda c: _remove(c, container))
+        host.call(lambda c: _remove(c, container))
     except Exception as exc:  # the reaper removes it later (its owner label names us)
+        if isinstance(exc, SandboxUnavailable):
+            host.pending_removal.add(container)
         log.warning("could not remove %s after a failed create: %s", container, exc)
 
 
@@ -506,11 +648,12 @@ def io_root() -> Path:
 _image_users: dict[str, str] = {}
 
 
-async def _image_user(image: str) -> str:
+async def _image_user(host: DockerHost, image: str) -> str:
     """The image's default USER (`""` = root), read once per image per process (Corral's
-    image tags name their content, so a tag does not move under a running process)."""
+    image tags name their content, so a tag does not move under a running process, nor
+    differs between hosts)."""
     if image not in _image_users:
-        info = await _blocking(daemon_call, lambda c: c.api.inspect_image(image))
+        info = await _blocking(host.call, lambda c: c.api.inspect_image(image))
         _image_users[image] = info.get("Config", {}).get("User") or ""
     return _image_users[image]
 
@@ -534,16 +677,60 @@ def _tar(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:
 
 
 class DockerConfig(BackendConfig):
-    """Options of the docker backend: none yet (the daemon is `DOCKER_HOST`'s, else the local
-    socket; the sandbox's limits are its spec's)."""
+    """Options of the docker backend (the sandbox's limits are its spec's).
+
+    `hosts`: the daemons to place sandboxes on (`DockerHostConfig`s, or URL strings as in
+    `CORRAL_DOCKER_HOSTS`: `URL[?capacity=N&rate=R&burst=B]`); empty: `CORRAL_DOCKER_HOSTS`,
+    else the one daemon of `DOCKER_HOST` or the local socket. `health_timeout`: seconds a
+    health check waits for a ping; `call_timeout`: for any other daemon call (fleet hosts)."""
+
+    hosts: tuple[DockerHostConfig, ...] = ()
+    health_timeout: float = Field(3.0, gt=0)
+    call_timeout: float = Field(30.0, gt=0)
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return parse_hosts(value, "DockerConfig.hosts")
+        return tuple(parse_hosts(v, "DockerConfig.hosts")[0] if isinstance(v, str) else v
+                     for v in value)
 
 
 class DockerBackend(ImageBackend):
-    """The `docker` row of the backend table: a container per sandbox."""
+    """The `docker` row of the backend table: a container per sandbox, placed on a host of
+    its fleet (`fleet.py`)."""
 
     name = "docker"
     sandbox_class = DockerSandbox
 
+    def __init__(self, config: BackendConfig | None = None, *, run_id: str = "adhoc") -> None:
+        config = config if isinstance(config, DockerConfig) else DockerConfig()
+        super().__init__(config, run_id=run_id)
+        self.fleet = DockerFleet.from_configs(config.hosts or configured_hosts(),
+                                              health_timeout=config.health_timeout,
+                                              call_timeout=config.call_timeout)
+
     @classmethod
     def available(cls) -> bool:
-        return docker_available()
+        return bool(configured_hosts()) or docker_available()
+
+    async def image_for(self, spec: Terminal, env_id: str, build: bool) -> str:
+        """The tag to start: on a fleet, one some host holds already (copied to the placed
+        host on demand) or, failing that, one the local daemon has or builds."""
+        if not self.fleet.hosts[0].implicit:
+            await self.fleet.health()  # holders are looked for among the hosts that are up
+            tag = spec.image if not spec.dockerfile else await _blocking(
+                image_tag, spec.dockerfile)
+            if await _blocking(self.fleet.holder, tag) is not None:
+                return tag
+        return await super().image_for(spec, env_id, build)
+
+    async def open(self, spec: Any, *, env_id: str = "", image: str | None = None,
+                   build: bool = True) -> DockerSandbox:
+        """Start a container for `spec` on the best host of the fleet (see `DockerFleet`)."""
+        if not isinstance(spec, Terminal):
+            raise SandboxError(f"the {self.name} backend opens Terminal specs, not {spec.kind}")
+        image = image or await self.image_for(spec, env_id, build)
+        return await self.fleet.open(image, lambda host: DockerSandbox.create(
+            spec, image=image, run_id=self.run_id, env_id=env_id, host=host))

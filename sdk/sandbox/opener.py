@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from ..errors import SandboxError
-from .backends import AUTO, make_backend, resolve_backend
+from .backends import AUTO, config_row, make_backend, resolve_backend
 from .base import Backend, BackendConfig, Sandbox
 from .spec import SandboxSpec, Terminal
 
@@ -39,12 +39,17 @@ class SandboxOpener:
     backends (what they keep warm) on `close()`. `backend` is preferred for the specs it
     serves; other kinds of spec resolve "auto" (so a run on `bwrap` can still open browsers)."""
 
-    def __init__(self, backend: str = AUTO, *, run_id: str = "adhoc",
+    def __init__(self, backend: str | BackendConfig = AUTO, *, run_id: str = "adhoc",
                  configs: dict[str, BackendConfig] | None = None) -> None:
-        """`configs`: a config per backend name, for backends that should not use defaults."""
+        """`configs`: a config per backend name, for backends that should not use defaults.
+        `backend` may be a config too (e.g. `DockerConfig(hosts=...)`): its backend, so
+        configured, is preferred."""
+        self.configs = dict(configs or {})
+        if isinstance(backend, BackendConfig):
+            name = config_row(backend).name
+            self.configs[name], backend = backend, name
         self.backend = backend
         self.run_id = run_id
-        self.configs = dict(configs or {})
         self._backends: dict[str, Backend] = {}
         self._lock = asyncio.Lock()
         self._closed = False

@@ -9,6 +9,11 @@ container, live or not. CLI: `corral sandbox gc [--run RUN] [--all]`.
 sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
 dirs by their owner.json, and their cgroups), sparing those of a live process that shares the
 run id.
+
+Containers are collected on every Docker host: the local daemon (`DOCKER_HOST`, else the local
+socket) and the fleet's (`CORRAL_DOCKER_HOSTS`, or a run's `DockerConfig.hosts`), each reaped on
+its own; a host that does not answer its health check is skipped (its fleet reaps what it
+could not remove once it answers again).
 """
 
 from __future__ import annotations
@@ -23,11 +28,15 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 from ..errors import SandboxError
 from .bwrap import CGROUP_ROOT, MOUNT_ROOT, sandboxes_dir
-from .docker import LABEL_OWNER, LABEL_RUN, io_root
-from .images import LABEL_MANAGED, docker_client
+from .base import BackendConfig
+from .docker import LABEL_OWNER, LABEL_RUN, DockerConfig, io_root
+from .fleet import (DockerHost, DockerHostConfig, configured_hosts, default_host, shared_host,
+                    unreachable)
+from .images import LABEL_MANAGED
 
 OWNERLESS_GRACE_S = 60.0  # a sandbox dir without owner.json younger than this is being made
 
@@ -63,14 +72,49 @@ def _orphaned(labels: dict[str, str], mine: bool = False) -> bool:
     return host == socket.gethostname() and not _pid_alive(int(pid))
 
 
+def docker_hosts(hosts: Sequence[str | DockerHostConfig] | None = None) -> list[DockerHost]:
+    """The local daemon and the fleet's hosts (`hosts`, else `CORRAL_DOCKER_HOSTS`)."""
+    configs = configured_hosts() if hosts is None else DockerConfig(hosts=tuple(hosts)).hosts
+    local = default_host()
+    return [local, *(shared_host(c) for c in configs if c.url != local.url)]
+
+
+def hosts_of(backend: str | BackendConfig | None) -> tuple[DockerHostConfig, ...] | None:
+    """The Docker hosts a run's `sandbox_backend` names (None: the configured ones)."""
+    return backend.hosts or None if isinstance(backend, DockerConfig) else None
+
+
 def gc_containers(run: str | None = None, everything: bool = False,
-                  orphans_only: bool = False, mine: bool = False) -> int:
-    """Remove (force) managed containers: orphaned ones, all of `run` (only its orphaned ones
-    with `orphans_only`), or all, and the shell pipe dirs of containers that no longer exist.
-    Returns the count of containers removed."""
-    api = docker_client().api
-    removed = 0
+                  orphans_only: bool = False, mine: bool = False,
+                  hosts: Sequence[str | DockerHostConfig] | None = None) -> int:
+    """Remove (force) managed containers on every Docker host (`docker_hosts(hosts)`):
+    orphaned ones, all of `run` (only its orphaned ones with `orphans_only`), or all, and the
+    shell pipe dirs of containers that no longer exist. Returns the count removed; raises
+    SandboxError when no host answers."""
+    removed, answered, complete = 0, 0, True
     kept: set[str] = set()  # names of the containers left, whose pipe dirs stay
+    for host in docker_hosts(hosts):
+        try:  # the local daemon is not waited for; a fleet host gets its bounded health check
+            if not host.check():
+                raise SandboxError(f"Docker host {host.url} does not answer ({host.reason})")
+            removed += _gc_host(host.client().api, kept, run, everything, orphans_only, mine)
+            answered += 1
+        except Exception as exc:
+            if not isinstance(exc, SandboxError) and not unreachable(exc):
+                raise
+            log.info("skipping containers on %s: %s", host.url, exc)
+            complete = complete and not host.local  # its pipe dirs may still be in use
+    if not answered:
+        raise SandboxError("no Docker daemon answers")
+    if complete:
+        _gc_io_dirs(kept)
+    return removed
+
+
+def _gc_host(api: Any, kept: set[str], run: str | None, everything: bool, orphans_only: bool,
+             mine: bool) -> int:
+    """`gc_containers` on one daemon; adds the names of the containers left to `kept`."""
+    removed = 0
     for c in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
         labels = c.get("Labels") or {}
         names = {n.lstrip("/") for n in c.get("Names") or []}
@@ -87,7 +131,6 @@ def gc_containers(run: str | None = None, everything: bool = False,
             removed += 1
         except Exception as exc:  # a concurrent removal is fine
             log.debug("remove %s: %s", c["Id"][:12], exc)
-    _gc_io_dirs(kept)
     return removed
 
 
@@ -177,26 +220,30 @@ def _wait_drained(procs: Path, limit: float = 5.0) -> None:
         pass  # removed meanwhile: nothing left to drain
 
 
-def gc(run: str | None = None, everything: bool = False, docker: bool = True) -> GcReport:
+def gc(run: str | None = None, everything: bool = False, docker: bool = True,
+       hosts: Sequence[str | DockerHostConfig] | None = None) -> GcReport:
     """Remove orphaned sandboxes of every backend (see module docstring)."""
     report = GcReport()
     if docker:
         try:
-            report.containers = gc_containers(run, everything)
+            report.containers = gc_containers(run, everything, hosts=hosts)
         except SandboxError as exc:  # no daemon: nothing of docker's to collect
             log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run)
     return report
 
 
-def reap_run(run: str, *, mine: bool = False) -> GcReport:
+def reap_run(run: str, *, mine: bool = False,
+             backend: str | BackendConfig | None = None) -> GcReport:
     """Remove the sandboxes of `run` left by processes that are gone (see module docstring),
     and with `mine` those of this process too (a run that closed all of its own: anything
     left is a leak, e.g. a container whose create finished after its caller was cancelled).
-    A daemon that does not answer is skipped, not waited for."""
+    `backend`: the run's sandbox backend (a `DockerConfig` names its hosts). A daemon that
+    does not answer is skipped, not waited for."""
     report = GcReport()
     try:
-        report.containers = gc_containers(run, orphans_only=True, mine=mine)
+        report.containers = gc_containers(run, orphans_only=True, mine=mine,
+                                          hosts=hosts_of(backend))
     except SandboxError as exc:
         log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run, orphans_only=True, mine=mine)
@@ -207,4 +254,4 @@ def reap_run(run: str, *, mine: bool = False) -> GcReport:
     return report
 
 
-__all__ = ["GcReport", "gc", "gc_bwrap", "gc_containers", "reap_run"]
+__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "reap_run"]

@@ -20,6 +20,8 @@ from corral.runner.policy import build_tiny_model, load_model
 from corral.runner.policy.vllm import VLLMEngine, vllm_python
 
 sys.path.insert(0, str(Path(__file__).parent))  # fake_sglang, the FAKE SGLang server
+sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+import train_envs  # noqa: E402,F401  (registers traintest/digits-v0, a graded text env)
 
 
 @pytest.fixture(autouse=True)

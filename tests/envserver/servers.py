@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import uvicorn
@@ -106,3 +106,11 @@ class ServerProcess:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
+
+
+async def wait_until(predicate: Callable[[], bool], limit: float = 20.0) -> None:
+    """Poll `predicate` until true (sessions close a moment after their socket does)."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import orjson
 import pytest
 from websockets.asyncio.client import connect
@@ -12,14 +13,9 @@ from websockets.asyncio.client import connect
 import corral as cr
 from corral.errors import EnvServerBusy, EnvServerError
 
-from .servers import TERM, TEXT, served
+from .servers import TERM, TEXT, served, wait_until
 
 
-async def _wait_until(predicate: object, limit: float = 20.0) -> None:
-    deadline = time.monotonic() + limit
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_twice_max_sessions_at_once() -> None:
@@ -51,7 +47,7 @@ async def test_idle_sessions_are_reaped() -> None:
     with served([TEXT], max_sessions=2, idle_timeout=0.3) as server:
         env = cr.remote(server.url, TEXT)
         await env.areset(seed=0)
-        await _wait_until(lambda: server.manager.counts["reaped"] == 1)
+        await wait_until(lambda: server.manager.counts["reaped"] == 1)
         assert server.manager.sessions == {}
         with pytest.raises(EnvServerError, match="was closed|no session"):
             await env.astep("1")
@@ -72,11 +68,38 @@ async def test_disconnect_mid_step_closes_the_sandbox() -> None:
             assert sandbox is not None
             await ws.send(orjson.dumps({"op": "step", "action": {
                 "name": "bash", "arguments": {"command": "sleep 60", "timeout": 60}}}))
-            await _wait_until(lambda: session.running is not None)
+            await wait_until(lambda: session.running is not None)
         # the client went away mid-step: the step is cancelled, the sandbox closed
         # (the session leaves the table first; it counts as closed once its sandbox is)
-        await _wait_until(lambda: server.manager.counts["closed"] == 1)
+        await wait_until(lambda: server.manager.counts["closed"] == 1)
         assert not server.manager.sessions and session.env.episode.sandbox is None
+
+
+@pytest.mark.bwrap
+async def test_http_client_gone_mid_step_closes_the_sandbox(base_image: str) -> None:
+    """Over HTTP the step is tied to its request: a client that gives up (here: its read
+    timeout) has its session and sandbox closed within seconds, not at the idle timeout."""
+    with served([TERM], max_sessions=2, backend="bwrap", idle_timeout=300) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            opened = (await client.post("/v1/sessions", json={"env_id": TERM})).json()
+            sid = opened["session_id"]
+            reset = await client.post(f"/v1/sessions/{sid}/reset", json={"task_index": 0})
+            assert reset.status_code == 200
+            session = server.manager.sessions[sid]
+            sandbox = session.env.episode.sandbox
+            assert sandbox is not None
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(f"/v1/sessions/{sid}/step", timeout=1.0, json={"action": {
+                    "name": "bash", "arguments": {"command": "sleep 60", "timeout": 60}}})
+        began = time.monotonic()
+        await wait_until(lambda: server.manager.counts["closed"] == 1, limit=10.0)
+        assert time.monotonic() - began < 10.0
+        assert sid not in server.manager.sessions and session.env.episode.sandbox is None
+        assert server.manager.counts["reaped"] == 0  # closed for the disconnect, not idleness
+        async with httpx.AsyncClient(base_url=server.url) as client:  # the id is gone too
+            answer = await client.post(f"/v1/sessions/{sid}/step", json={"action": "ls"})
+            assert answer.status_code == 404 and "no session" in answer.json()["error"][
+                "message"]
 
 
 @pytest.mark.bwrap

@@ -7,7 +7,7 @@ import re
 import httpx
 from openenv.core import GenericEnvClient
 
-from .servers import GAME, TEXT, Served, served
+from .servers import GAME, TEXT, Served, served, wait_until
 
 
 async def test_openenv_client_plays_an_episode(text_server: Served) -> None:
@@ -44,7 +44,7 @@ async def test_openenv_client_plays_an_episode(text_server: Served) -> None:
             await client.step({"txt": "3"})
         except RuntimeError as exc:
             assert "VALIDATION_ERROR" in str(exc)
-    assert text_server.manager.sessions == {}
+    await wait_until(lambda: text_server.manager.sessions == {})
 
 
 def test_openenv_sync_client_and_http_routes(text_server: Served) -> None:
@@ -76,4 +76,4 @@ async def test_openenv_capacity_is_shared() -> None:
                     assert "CAPACITY_REACHED" in str(exc)
                 else:
                     raise AssertionError("a second session was opened beyond max_sessions")
-        assert server.manager.sessions == {}
+        await wait_until(lambda: server.manager.sessions == {})

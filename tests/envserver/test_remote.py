@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 import corral as cr
 from corral.errors import AgentError, EnvServerError, InfraError, UnknownEnv
@@ -14,7 +20,7 @@ from corral.runner.assembly import AssemblyConfig
 from corral.runner.policy import ScriptedPolicy
 from corral.runner.trajectory import Status
 
-from .servers import GAME, TEXT, Served, ServerProcess, served
+from .servers import GAME, TERM, TEXT, Served, ServerProcess, served
 
 
 def test_remote_has_the_make_api(text_server: Served) -> None:
@@ -55,6 +61,26 @@ async def test_validate_accepts_a_remote_env(text_server: Served) -> None:
     assert text_server.manager.sessions == {}
 
 
+def test_resets_read_the_split_asked_for(text_server: Served) -> None:
+    """What a trainer's remote envs rely on: a train reset never lands on an eval task, an
+    eval reset only on one (HeldOut rules judge a task by its id alone)."""
+    from types import SimpleNamespace
+
+    from corral.runner.envserver.client import remote_entries
+    from corral.splits import rule_of
+
+    rule = rule_of(cr.make(TEXT).tasks)
+    assert rule is not None
+    for split in ("train", "eval"):
+        (env,) = remote_entries([TEXT], [text_server.url], token="sekret", split=split)
+        assert env().split == split  # the runner's instances keep it
+        ids = {env.reset(options={"task_index": i})[1]["task_id"] for i in range(0, 400, 7)}
+        env.close()
+        assert len(ids) > 5
+        assert {rule.is_eval(SimpleNamespace(id=i)) for i in ids} == {split == "eval"}
+    assert text_server.manager.sessions == {}
+
+
 async def test_runner_spreads_sessions_over_servers() -> None:
     with served([GAME], max_sessions=8) as a, served([GAME], max_sessions=8) as b:
         policy = ScriptedPolicy(["25", "12", "37"], latency=0.01)
@@ -68,7 +94,8 @@ async def test_runner_spreads_sessions_over_servers() -> None:
 
 
 async def test_server_killed_mid_episode() -> None:
-    """The client gets an infra error; the runner retries those episodes on the live server."""
+    """The client gets an infra error (the runner's retry elsewhere: the collection test
+    below)."""
     doomed = ServerProcess([GAME], "--max-sessions", "8")
     try:
         env = cr.remote(doomed.url, GAME)
@@ -80,32 +107,109 @@ async def test_server_killed_mid_episode() -> None:
     finally:
         doomed.kill()
 
-    doomed = ServerProcess([GAME], "--max-sessions", "8")
-    with served([GAME], max_sessions=8) as alive:
-        hold = asyncio.Event()
 
-        async def respond(call: object) -> str:
-            await hold.wait()  # every episode is in flight on its server before the kill
-            return "25"
+def test_corral_train_against_a_served_env(tmp_path: Path) -> None:
+    """`corral train --env-server URL`: every rollout ran in a session of the server, on a
+    training task (never one of the env's eval split), and no session is left open."""
+    from typer.testing import CliRunner
 
-        policy = ScriptedPolicy(respond)
-        config = AssemblyConfig(retry_backoff=0.05)
+    from corral.cli import app
+    from corral.splits import train_view
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model, shared machine
+    try:
+        with served([TEXT], max_sessions=8) as server:
+            result = CliRunner().invoke(app, [
+                "train", "--env", TEXT, "--env-server", server.url, "--steps", "2",
+                "--batch", "4", "--group", "2", "--max-tokens", "4", "--keep-zero-variance",
+                "--run-dir", str(tmp_path / "run")])
+            assert result.exit_code == 0, result.output
+            opened = server.manager.counts["opened"]
+            assert server.manager.sessions == {}
+    finally:
+        torch.set_num_threads(before)
+    steps = [json.loads(x) for x in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [0, 1]
+    trajs = [json.loads(x) for x in
+             (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajs) >= 8 and opened >= len(trajs)
+    tasks = train_view(cr.make(TEXT).tasks)  # what the server reads a train-split index as
+    for t in trajs:
+        assert t["task_id"] == tasks[t["metadata"]["task_index"]].id
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["splits"][TEXT]["env_servers"] == [server.url]
+
+
+def test_train_config_rejects_local_task_selection_with_servers() -> None:
+    from pydantic import ValidationError
+
+    from corral.trainer import TrainConfig
+    from corral.trainer.tasks import TaskSlice
+
+    with pytest.raises(ValidationError, match="--env-server: the servers pick the tasks"):
+        TrainConfig(envs=[TEXT], env_servers=["http://127.0.0.1:9"],
+                    tasks=TaskSlice(where={"level": 1}))
+
+
+@pytest.mark.bwrap
+async def test_collection_survives_a_server_killed_mid_run(base_image: str) -> None:
+    """A terminal-env collection over two servers, one SIGKILLed while every episode is mid-way
+    in its sandbox: each work item ends exactly once, none as an infra error; the live server
+    closes every sandbox it opened; the dead one's are orphans its successor reaps."""
+    from corral.sandbox.bwrap import sandboxes_dir
+    from corral.sandbox.reaper import reap_run
+
+    def owned_by(run: str) -> list[str]:
+        return [d.name for d in sandboxes_dir().glob("*")
+                if (d / "owner.json").is_file()
+                and json.loads((d / "owner.json").read_text()).get("run") == run]
+
+    hold = asyncio.Event()
+
+    async def respond(call: Any) -> str:
+        if call.turn == 0:
+            await hold.wait()  # every episode is in flight, its sandbox up, before the kill
+            body = json.dumps({"name": "bash", "arguments": {"command": "echo mid-episode"}})
+            return f"<tool_call>{body}</tool_call>"
+        return "done"
+
+    doomed = ServerProcess([TERM], "--max-sessions", "4", "--backend", "bwrap")
+    doomed_run, alive_run = f"serve-env-{doomed.port}", f"test-alive-{uuid.uuid4().hex[:8]}"
+    with served([TERM], max_sessions=8, backend="bwrap", run_id=alive_run) as alive:
         try:
-            async with Runner([GAME], policy, env_servers=[doomed.url, alive.url],
-                              assembly=config) as runner:
-                collecting = asyncio.ensure_future(runner.collect(8, group=1))
+            async with Runner([TERM], ScriptedPolicy(respond), sandbox_capacity=8,
+                              env_servers=[doomed.url, alive.url],
+                              assembly=AssemblyConfig(retry_backoff=0.05)) as runner:
+                collecting = asyncio.ensure_future(runner.collect(8, group=2))
                 pool = runner.sources[0].factory.servers
-                while sum(pool.opened.values()) < 8:
-                    await asyncio.sleep(0.01)
-                assert pool.opened[doomed.url] > 0
+                deadline = time.monotonic() + 60
+                # every session open and reset (its sandbox up) on both servers
+                while (sum(pool.opened.values()) < 8
+                       or len(owned_by(doomed_run)) < pool.opened[doomed.url]
+                       or len(owned_by(alive_run)) < pool.opened[alive.url]):
+                    assert time.monotonic() < deadline, (pool.opened, owned_by(doomed_run))
+                    await asyncio.sleep(0.02)
+                lost = pool.opened[doomed.url]  # spread by free slots: some went there
+                assert lost > 0
                 doomed.kill()
                 hold.set()
                 trajs = await collecting
         finally:
             doomed.kill()
-        retried = [t for t in trajs if t.attempts > 1]
-        assert all(t.status is not Status.INFRA_ERROR for t in trajs), \
-            [t.error for t in trajs]
-        assert len(retried) == pool.opened[doomed.url]
-        assert all("lost the env server" in t.metadata["infra_causes"][0] for t in retried)
+        assert len(trajs) == 8 and len({t.id for t in trajs}) == 8  # nothing lost or doubled
+        assert sorted((t.group_id, t.metadata["sample"]) for t in trajs) == sorted(
+            {(t.group_id, t.metadata["sample"]) for t in trajs})
+        assert all(t.status is not Status.INFRA_ERROR for t in trajs), [t.error for t in trajs]
+        # each episode of the dead server was retried once for it, on the live one (which may
+        # also retry a sandbox that failed to start on this shared machine: counted apart)
+        cut = [t for t in trajs if any("lost the env server" in c
+                                       for c in t.metadata.get("infra_causes", []))]
+        assert len(cut) == lost and all(t.attempts >= 2 for t in cut)
+        assert pool.opened[alive.url] == 8 - lost + sum(t.attempts - 1 for t in trajs)
         assert alive.manager.sessions == {}
+        assert alive.manager.counts["closed"] == pool.opened[alive.url]
+        assert owned_by(alive_run) == []
+    assert owned_by(doomed_run)  # SIGKILL: no shutdown ran; a new server on the port reaps
+    reap_run(doomed_run)
+    assert owned_by(doomed_run) == []

@@ -143,7 +143,7 @@ SLOW_REWRITE = (f"rm -rf /logs/verifier; mkdir -p /logs/verifier; if {GOOD}; the
 # a check scored by a command's failure: a killed grep "passes" (a script, so that only the
 # grep's command line names grep)
 NEGATED = "bash /opt/negated.sh"
-NEGATED_SETUP = put("/opt/negated.sh", f"! grep -qvx hello - {OUT} < <(sleep 0.5)\n")
+NEGATED_SETUP = put("/opt/negated.sh", f"! grep -qvx hello - {OUT} < <(sleep 2)\n")
 VIA_SHM = (f"cat {OUT} > /dev/shm/got 2>/dev/null; echo hello > /dev/shm/want 2>/dev/null; "
            "cmp -s /dev/shm/got /dev/shm/want")
 
@@ -158,9 +158,13 @@ CASES: dict[str, tuple[Variant, Variant]] = {
                      f"#!/bin/bash\n{RUN_PYTEST} && echo 1 > {REWARD_TXT} || "
                      f"echo 0 > {REWARD_TXT}\n")})),
     "sitecustomize": (Variant(PY_CHECK, naive=True), Variant(PY_CHECK)),
+    "pth-file": (Variant(PY_CHECK, naive=True), Variant(PY_CHECK)),
+    "stdlib-module": (Variant(PY_CHECK, naive=True), Variant(PY_CHECK)),
+    "preload-library": (Variant(PY_CHECK, naive=True), Variant(PY_CHECK)),
     "shadow-path": (Variant(PY_CHECK, naive=True), Variant(PY_CHECK)),
     "replace-interpreter": (Variant(PY_CHECK, naive=True), Variant(PY_CHECK)),
     "shell-rc": (Variant(runner="login"), Variant(runner="clean")),
+    "system-rc": (Variant(runner="login"), Variant(runner="clean")),
     "alias-tests": (Variant(runner="interactive"), Variant(runner="clean")),
     "tamper-tests": (Variant("bash /opt/checks/check.sh", naive=True,
                              setup=f"mkdir -p /opt/checks && echo {GOOD!r} > /opt/checks/check.sh"),

@@ -14,15 +14,14 @@ from corral.runner import AssemblyConfig, Runner, SandboxPool, ScriptedPolicy, w
 
 from runner_helpers import DirOpener, FileEnv, arithmetic_solver, file_solver
 
-PNGS = ("timeline.png", "phases.png", "staleness.png", "batches.png", "rewards.png")
-
 
 def _check_report(run_dir: Path) -> str:
+    """The page is one self-contained file: inline SVG charts, no image files beside it."""
     page = (run_dir / "report.html").read_text()
-    for name in PNGS:
-        data = (run_dir / "report" / name).read_bytes()
-        assert data.startswith(b"\x89PNG") and len(data) > 2000, name
-        assert f'src="report/{name}"' in page
+    assert not (run_dir / "report").exists()
+    for chart in ("Trajectories in each phase (mean per time bucket)", "Throughput", "Reward"):
+        start = page.index(f'data-chart="{chart}"')
+        assert "<rect" in page[start:start + 20_000] or "<polyline" in page[start:start + 20_000]
     return page
 
 
@@ -45,6 +44,30 @@ async def test_report_has_timeline_histograms_and_stats(tmp_path: Path,
     assert metrics["policy"]["stats"]["requests"] > 0
     page = _check_report(write_report(tmp_path).parent)
     assert "time to trainable batch" in page and "sandbox_wait" in page and "acquires" in page
+    assert "<td>corral/arithmetic-v0</td>" in page  # rollouts per env
+
+
+def test_timeline_is_aggregated_into_buckets() -> None:
+    """Phases in flight per time bucket: the busy seconds of every span are conserved, and
+    the chart has one bar stack per bucket whatever the number of trajectories."""
+    from corral.runner.charts import stacked_bars
+    from corral.runner.digest import TrajectoryDigest
+    from corral.runner.report import BUCKETS, timeline
+
+    trajs = [TrajectoryDigest(id=str(i), env_id="e", status="complete", reward=0.0, turns=1,
+                              attempts=1, generated_tokens=4,
+                              spans=[("decode", i * 0.01, i * 0.01 + 1.0),
+                                     ("env", i * 0.01 + 1.0, i * 0.01 + 1.5)])
+             for i in range(5000)]
+    data = timeline(trajs)
+    width = data["edges"][1] - data["edges"][0]
+    assert len(data["edges"]) == BUCKETS + 1
+    assert sum(data["busy"]["decode"]) * width == pytest.approx(5000 * 1.0, rel=1e-6)
+    assert sum(data["busy"]["env"]) * width == pytest.approx(5000 * 0.5, rel=1e-6)
+    assert sum(n * width for _, n in data["rate"]) == pytest.approx(5000)
+    svg = stacked_bars(data["edges"], data["busy"], title="t", xlabel="x", ylabel="y",
+                       why_empty="none")
+    assert svg.count("<rect") <= BUCKETS * 2 + 1  # two phases per bucket, not per trajectory
 
 
 @pytest.mark.slow  # loads torch and the tiny model in-process

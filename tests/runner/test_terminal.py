@@ -10,6 +10,7 @@ import pytest
 import corral as cr
 from corral.runner import Runner, ScriptedPolicy, Status
 from corral.runner.policy import ScriptedCall
+from corral.runner.trajectory import Trajectory
 from corral.sandbox.images import ensure_base_image
 
 from runner_helpers import tool_call
@@ -63,3 +64,40 @@ async def test_terminal_env_in_real_sandboxes(backend: str, base_image: str) -> 
         left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=corral.run={run_id}"],
                               capture_output=True, text=True, check=True).stdout.split()
         assert left == []
+
+
+def slot_overlap(trajs: list[Trajectory]) -> int:
+    """The most episodes that held a sandbox slot at once (admission to last span)."""
+    edges = []
+    for traj in trajs:
+        admitted = max(s.end for s in traj.spans if s.phase == "sandbox_wait")
+        edges += [(admitted, 1), (max(s.end for s in traj.spans), -1)]
+    held = peak = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+        held += step
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("spares", [0, 2])
+async def test_warm_spares_are_held_beyond_the_slots(spares: int, base_image: str) -> None:
+    """Spares are started sandboxes beyond `sandbox_capacity`; episodes still hold at most
+    `sandbox_capacity` slots at once."""
+    policy = ScriptedPolicy(solver)
+    async with Runner([Touch], policy, sandbox_capacity=2, warm_spares=spares,
+                      sandbox_backend="bwrap", seed=2) as runner:
+        trajs = await runner.collect(8, group=2)
+        pool = runner.pool.snapshot()
+    assert all(t.reward == 1.0 for t in trajs)
+    assert pool["capacity"] == 2 + spares and pool["peak_live"] == 2 + spares
+    assert slot_overlap(trajs) <= 2
+    assert runner.config()["warm_spares"] == spares
+
+
+def test_warm_spares_default_and_bounds() -> None:
+    from corral.runner.runner import default_spares
+
+    assert [default_spares(c) for c in (1, 4, 16, 32)] == [1, 1, 4, 8]
+    with pytest.raises(ValueError, match="warm_spares"):
+        Runner([Touch], ScriptedPolicy(solver), warm_spares=-1)

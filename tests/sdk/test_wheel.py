@@ -26,7 +26,7 @@ def test_wheel_installs_and_imports_every_subpackage(tmp_path: Path) -> None:
     wheel = next((tmp_path / "dist").glob("corral-*.whl"))
     names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)],
                            capture_output=True, text=True, check=True).stdout
-    for top in ("sdk/", "registry/", "runner/", "trainer/", "envs/", "cli/"):
+    for top in ("sdk/", "registry/", "runner/", "trainer/", "envs/", "cli/", "integrations/"):
         assert f"\n{top}" not in names, f"wheel ships a top-level {top}"
     assert "corral/envs/text/corral.toml" in names
 
@@ -41,7 +41,7 @@ def test_wheel_installs_and_imports_every_subpackage(tmp_path: Path) -> None:
     site = next((target / "lib").glob("python3*/site-packages"))
     (site / "deps.pth").write_text(deps + "\n")
     code = ("import corral, corral.registry, corral.runner, corral.trainer, corral.envs, "
-            "corral.envs.text.arithmetic, corral.sandbox, corral.cli; "
+            "corral.envs.text.arithmetic, corral.sandbox, corral.cli, corral.integrations.trl; "
             "print(corral.__file__); import corral as cr; print(cr.make('corral/arithmetic').kind)")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr

@@ -13,6 +13,7 @@ from corral.agents import Agent, play
 from corral.errors import VerifierError
 from corral.registry.validate import validate
 from corral.terminal import bash, parse_reward_file
+from corral.verify import clean_exec
 
 from .harbor_tasks import answer_task, count_words_task
 
@@ -118,3 +119,83 @@ async def test_out_of_range_is_a_verifier_error_and_threshold_counts(sandboxes: 
     assert broken.reward == 0.0 and "outside the declared range" in broken.verifier_error
     partial = await play(env, "oracle")  # 0.6 >= the env's threshold 0.5: solved
     assert partial.passed and partial.reward == pytest.approx(0.6)
+
+
+# --- verify_in="fresh" ------------------------------------------------------------------------
+WORK = "/root/work"
+PY_OUT_CHECK = (f"python3 -c \"import sys; sys.exit(open('{WORK}/out.txt').read().strip() != "
+                "'hello')\"")
+
+
+@cr.environment("tests/term-fresh-same-v0", tasks=[{"n": 1}], max_turns=5)
+class PoisonableSame(cr.TerminalEnv):
+    """Agents may install anything (nothing protected), verified where they worked: a poisoned
+    interpreter decides the reward."""
+
+    protected_paths = ()
+
+    def instruction(self, task):
+        return f"Write hello into {WORK}/out.txt."
+
+    async def setup(self, sandbox, task):
+        assert (await sandbox.exec(f"mkdir -p {WORK}")).ok
+
+    @cr.reward
+    async def out(self, sandbox, task) -> float:
+        return float((await clean_exec(sandbox, PY_OUT_CHECK, timeout=30)).ok)
+
+    def solution(self, task):
+        return [bash(f"echo hello > {WORK}/out.txt")]
+
+
+@cr.environment("tests/term-fresh-v0", tasks=[{"n": 1}], max_turns=5)
+class PoisonableFresh(PoisonableSame):
+    """The same task verified in a fresh sandbox that receives only the work folder."""
+
+    verify_in = "fresh"
+
+    def verify_outputs(self, task):
+        return [WORK, "/root/never-written.txt"]
+
+
+@backends
+async def test_only_fresh_verification_defeats_a_poisoned_sandbox(backend: str,
+                                                                  sandboxes: str) -> None:
+    poisons = ["replace-interpreter", "sitecustomize", "pth-file", "preload-library"]
+    same = await validate(PoisonableSame, backend=backend, run_id=sandboxes, hacks=poisons,
+                          adversarial=True)
+    assert {h.agent for h in same.tasks[0].hacked_by} == {f"hack:{p}" for p in poisons}
+    fresh = await validate(PoisonableFresh, backend=backend, run_id=sandboxes, hacks=poisons,
+                           adversarial=True)
+    assert fresh.ok and fresh.hackable == 0 and fresh.hacks_skipped == 0, \
+        [t.problem for t in fresh.failures]
+
+
+class FreshProbe(PoisonableFresh):
+    """PoisonableFresh with a zero-weight reward recording what the verifier's sandbox holds."""
+
+    env_id = "tests/term-fresh-probe-v0"
+    seen: dict[str, str] = {}
+
+    @cr.reward(weight=0.0)
+    async def listing(self, sandbox, task) -> float:
+        result = await clean_exec(sandbox, f"ls -A {WORK}; cat /root/stray.txt; "
+                                           "head -c 4 /usr/bin/python3 | od -c", timeout=30)
+        self.seen["out"] = result.stdout
+        return 0.0
+
+
+@backends
+async def test_fresh_sandbox_receives_only_declared_outputs(backend: str,
+                                                            sandboxes: str) -> None:
+    """A legitimate solution that also replaces python3 (allowed here) passes: the verifier
+    runs the fresh sandbox's python3 on the transferred folder, and nothing else crosses."""
+    env = FreshProbe(backend=backend, run_id=sandboxes)
+    result = await play(env, Scripted(
+        "solve-and-poison", f"echo hello > {WORK}/out.txt && mkdir -p {WORK}/sub && "
+        f"echo x > {WORK}/sub/deep.txt && echo stray > /root/stray.txt",
+        "printf '#!/bin/sh\\nexit 0\\n' > /usr/bin/python3.11"))
+    assert result.passed and result.reward == 1.0, result
+    assert env.seen["out"].split()[:2] == ["out.txt", "sub"]  # the folder, subfolders included
+    assert "stray" not in env.seen["out"] and "E   L   F" in env.seen["out"]  # real python3
+    assert env.episode.state["outputs_missing"] == ["/root/never-written.txt"]

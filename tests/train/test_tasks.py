@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+
+import corral as cr
 
 from corral.errors import CorralError
 from corral.trainer.loop import TrainConfig, train
@@ -64,3 +67,69 @@ async def test_time_budget_stops_the_run_early_and_it_can_resume(tmp_path):
     resumed = await train(config.model_copy(update={"steps": 3, "time_budget_s": None}),
                           resume=True)
     assert resumed.steps == 3 and [r["step"] for r in resumed.records] == [1, 2]
+
+
+@cr.environment("tasktest/typed-v0", max_turns=1,
+                tasks=[{"n": n, "hard": n % 2 == 0, "word": f"w{n}", "tags": ["a"] * (n % 3)}
+                       for n in range(12)])
+def typed(task):
+    """Say a word."""
+    return f"Say {task.word}."
+
+
+@typed.reward
+def flat(task, completion: str) -> float:
+    """The same reward whatever the completion: every group has zero variance."""
+    return 0.0
+
+
+def test_where_values_are_typed_like_the_field():
+    sl = TaskSlice.from_items(["n=3,4,5", "hard=true", "word=w4", "len(tags)=1"],
+                              ["tasktest/typed-v0"])
+    assert sl.where == {"n": [3, 4, 5], "hard": True, "word": "w4"}
+    assert sl.lengths == {"tags": 1}
+    # int 4 matches the int field (a string "4" would match nothing)
+    assert TaskSlice.from_items(["n=4"], ["tasktest/typed-v0"]).keep({"n": 4})
+    assert not TaskSlice(where={"n": "4"}).keep({"n": 4})
+    for items, message in [
+            (["n=four"], "--where n=four: the task field 'n' holds int values"),
+            (["hard=yes"], "--where hard=yes: the task field 'hard' holds bool values"),
+            (["nn=3"], "--where: tasks have no field 'nn'. Did you mean 'n'"),
+            (["len(tag)=1"], "--where: tasks have no field 'tag'. Did you mean 'tags'"),
+            (["len(tags)=x"], "a length is a whole number")]:
+        with pytest.raises(CorralError, match=re.escape(message)):
+            TaskSlice.from_items(items, ["tasktest/typed-v0"])
+
+
+def test_a_filter_that_keeps_no_task_names_its_flags():
+    sl = TaskSlice.from_items(["n=3", "hard=true"], ["tasktest/typed-v0"])  # 3 is odd
+    with pytest.raises(CorralError, match=r"0 of its first 3000 tasks .* loosen it \(--where"):
+        sl.split("tasktest/typed-v0")
+
+
+async def test_a_run_whose_groups_are_all_filtered_stops_with_advice(tmp_path):
+    config = TrainConfig(envs=["tasktest/typed-v0"], steps=3, batch_size=4, group=2,
+                         run_dir=tmp_path, max_tokens=2)
+    with pytest.raises(CorralError) as caught:
+        await train(config)
+    message = str(caught.value)
+    assert "--keep-zero-variance" in message and "--difficulty" in message
+    assert "--sft-steps" in message
+    episodes = int(re.search(r"\((\d+) episodes\)", message)[1])
+    stored = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    # bounded: the runner gives up after a fixed number of groups in a row (20 look-aheads
+    # of a batch of 2 groups, 3 with over-provisioning, + 100), plus the few in flight
+    assert 160 * 2 <= episodes <= (20 * 3 + 100 + 8) * 2
+    assert len(stored) <= episodes + 16
+    assert not (tmp_path / "train.jsonl").exists() or not (tmp_path / "train.jsonl").read_text()
+
+
+@pytest.mark.parametrize("make", [lambda p: p, lambda p: p / "never-made"])
+async def test_resume_needs_a_run_to_continue(tmp_path, make):
+    run_dir = make(tmp_path)
+    config = TrainConfig(envs=["traintest/digits-v0"], steps=1, batch_size=4, group=2,
+                         run_dir=run_dir)
+    with pytest.raises(CorralError, match=rf"--resume: {re.escape(str(run_dir))} holds no "
+                                          "training run"):
+        await train(config, resume=True)
+    assert not list(tmp_path.iterdir())  # nothing was created on the way to the error

@@ -31,7 +31,8 @@ def _csv(rows: list[dict[str, object]]) -> str:
 
 def _json_equals(path: str, expected: object) -> str:
     """Bash test: the JSON in `path` equals `expected` (formatting ignored)."""
-    return (f"python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1])) != "
+    # -I -S: no .pth file, sitecustomize or environment variable the agent set takes part
+    return (f"python3 -I -S -c 'import json,sys; sys.exit(json.load(open(sys.argv[1])) != "
             f"json.loads(sys.argv[2]))' {q(path)} {q(json.dumps(expected))}")
 
 

@@ -99,7 +99,8 @@ def _http_params(rng: random.Random) -> Params:
     return {"port": rng.randint(8000, 8999), "root": f"/srv/{word(rng, 5)}", "body": word(rng, 12)}
 
 
-PROBE = ("python3 -c \"import urllib.request,sys; sys.exit(urllib.request.urlopen("
+# -I -S: the check's interpreter runs no .pth file or sitecustomize the agent may have planted
+PROBE = ("python3 -I -S -c \"import urllib.request,sys; sys.exit(urllib.request.urlopen("
          "'http://127.0.0.1:{port}/index.html', timeout=2).read().decode().strip() != '{body}')\"")
 
 HTTP = Template(

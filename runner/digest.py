@@ -1,0 +1,94 @@
+"""A light, incremental read of a run's trajectory store, for reports.
+
+A report needs per trajectory only its env, status, reward, turns, generated-token count and
+timing spans, not its token ids, logprobs and versions, which are most of every stored line.
+`StoreDigest(run_dir).update()` reads the lines appended since its last call, cuts those four
+number arrays out of each line before parsing it (they hold only numbers, so `"key":[...]`
+ends at the first `]`; the same text inside a string value has escaped quotes and never
+matches), and keeps one `TrajectoryDigest` per id with the store's own rule (its first final
+result, else its last infrastructure error; `corral.runner.store.select_records`). A training
+run keeps one digest for all its report refreshes, so each refresh parses only new lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.errors import CorralError
+from corral.runner.store import MANIFEST, TRAJECTORIES
+from corral.runner.trajectory import Status
+
+_ARRAYS = re.compile(rb'"(token_ids|logprobs|versions|loss_mask)":\[[^\]]*\]')
+_LOSS_MASK = re.compile(rb'"loss_mask":\[([^\]]*)\]')
+INFRA = Status.INFRA_ERROR.value
+
+
+@dataclass(slots=True)
+class TrajectoryDigest:
+    """What a report needs of one stored trajectory."""
+
+    id: str
+    env_id: str
+    status: str
+    reward: float
+    turns: int
+    attempts: int
+    generated_tokens: int
+    spans: list[tuple[str, float, float]] = field(default_factory=list)  # phase, start, end
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Total seconds spent per phase."""
+        totals: dict[str, float] = {}
+        for phase, start, end in self.spans:
+            totals[phase] = totals.get(phase, 0.0) + end - start
+        return totals
+
+
+def digest_line(raw: bytes) -> TrajectoryDigest | None:
+    """One stored line as a digest (None for a corrupt line)."""
+    mask = _LOSS_MASK.search(raw)
+    try:
+        data: dict[str, Any] = json.loads(_ARRAYS.sub(rb'"\1":[]', raw))
+    except json.JSONDecodeError:
+        return None
+    return TrajectoryDigest(
+        id=data["id"], env_id=data.get("env_id", ""), status=data.get("status", "complete"),
+        reward=float(data.get("reward", 0.0)), turns=int(data.get("turns", 0)),
+        attempts=int(data.get("attempts", 1)),
+        generated_tokens=mask.group(1).count(b"1") if mask else 0,  # 0/1 values only
+        spans=[(s["phase"], s["start"], s["end"]) for s in data.get("spans", [])])
+
+
+class StoreDigest:
+    """The digests of a run directory's store, read incrementally (see the module doc)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / TRAJECTORIES
+        if not (self.run_dir / MANIFEST).exists() and not self.path.exists():
+            raise CorralError(f"{self.run_dir} is not a run directory (no {MANIFEST} or "
+                              f"{TRAJECTORIES}); pass the --run-dir of a `corral collect` or "
+                              "`corral train` run")
+        self.offset = 0
+        self.by_id: dict[str, TrajectoryDigest] = {}
+
+    def update(self) -> list[TrajectoryDigest]:
+        """Read what was appended since the last call; every trajectory, in store order."""
+        if self.path.exists():
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+            end = data.rfind(b"\n") + 1  # a torn last line is not acknowledged yet
+            self.offset += end
+            for raw in data[:end].splitlines():
+                traj = digest_line(raw)
+                if traj is None:
+                    continue
+                old = self.by_id.get(traj.id)
+                if old is None or old.status == INFRA:
+                    self.by_id[traj.id] = traj
+        return list(self.by_id.values())
