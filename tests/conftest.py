@@ -8,8 +8,21 @@ import shutil
 import subprocess
 import time
 import uuid
+from typing import Iterator
 
 import pytest
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the test: tiny models gain nothing from intra-op threads, and on a
+    loaded 2-core machine OpenMP spin-waiting makes them up to 40x slower; restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _docker_up() -> bool:

@@ -25,12 +25,8 @@ import train_envs  # noqa: E402,F401  (registers traintest/digits-v0, a graded t
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
+def _single_threaded(one_torch_thread: None) -> None:
     """The vLLM replicas use the cores; the trainer's tiny forward passes need one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,10 @@ call, so the rollouts run it in the sandbox and the env's verifier scores them 1
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -22,21 +21,11 @@ from corral.errors import AgentError, UnknownEnv
 from corral.integrations import trl as ctrl
 from corral.runner.policy import build_tiny_model, load_model, load_tokenizer
 
-pytest.importorskip("trl", reason="the [trl] extra is not installed")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny steps, shared cores
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is experimental
 
 TEXT = "corral/arithmetic-v0"
 TERM = "corral/term-files-v0"
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()  # the machine is shared: one thread for tiny steps
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +55,11 @@ def test_single_turn_rewards_are_the_env_verifier(tiny: Path, tmp_path: Path) ->
         seen.extend(zip(kw["task_index"], completions, scores))
         return scores
 
-    with _one_thread():
-        trainer = GRPOTrainer(model=str(tiny), reward_funcs=[corral_reward],
-                              train_dataset=dataset,
-                              processing_class=load_tokenizer(tiny),
-                              args=_config(tmp_path, max_completion_length=8))
-        trainer.train()
+    trainer = GRPOTrainer(model=str(tiny), reward_funcs=[corral_reward],
+                          train_dataset=dataset,
+                          processing_class=load_tokenizer(tiny),
+                          args=_config(tmp_path, max_completion_length=8))
+    trainer.train()
     assert trainer.state.global_step == 2 and len(seen) == 8
     logged = [h["rewards/corral_reward/mean"] for h in trainer.state.log_history
               if "rewards/corral_reward/mean" in h]
@@ -108,17 +96,16 @@ def _teach_tool_call(tiny: Path, out: Path, prompt: list[dict[str, str]], tools:
     gold = torch.tensor(target)[:, None]
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with _one_thread():
-        for _ in range(400):
-            logits = model(input_ids=inputs).logits[0, len(ids) - 1:-1].float()
-            logp = torch.log_softmax(logits, -1).gather(1, gold)
-            if logp.min().item() > -0.5:  # p > 0.6: the argmax, which T=0.05 samples
-                break
-            opt.zero_grad()
-            (-logp.mean()).backward()
-            opt.step()
-        else:
-            raise AssertionError("the tool-call fine-tune did not converge in 400 steps")
+    for _ in range(400):
+        logits = model(input_ids=inputs).logits[0, len(ids) - 1:-1].float()
+        logp = torch.log_softmax(logits, -1).gather(1, gold)
+        if logp.min().item() > -0.5:  # p > 0.6: the argmax, which T=0.05 samples
+            break
+        opt.zero_grad()
+        (-logp.mean()).backward()
+        opt.step()
+    else:
+        raise AssertionError("the tool-call fine-tune did not converge in 400 steps")
     model.eval().save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -156,14 +143,13 @@ def test_multi_turn_tool_environment_runs_in_a_sandbox(tiny: Path, tmp_path: Pat
         instances.append(Env())
         return instances[-1]
 
-    with _one_thread():
-        trainer = GRPOTrainer(
-            model=str(model), environment_factory=factory,
-            train_dataset=concatenate_datasets([one, one]),
-            processing_class=ctrl.hermes_tool_parsing(load_tokenizer(model)),
-            args=_config(tmp_path / "out", max_completion_length=96, temperature=0.05,
-                         max_tool_calling_iterations=2))
-        trainer.train()
+    trainer = GRPOTrainer(
+        model=str(model), environment_factory=factory,
+        train_dataset=concatenate_datasets([one, one]),
+        processing_class=ctrl.hermes_tool_parsing(load_tokenizer(model)),
+        args=_config(tmp_path / "out", max_completion_length=96, temperature=0.05,
+                     max_tool_calling_iterations=2))
+    trainer.train()
     assert trainer.state.global_step == 2
     logged = [h for h in trainer.state.log_history if f"rewards/{Env.__name__}/mean" in h]
     assert logged and all(h[f"rewards/{Env.__name__}/mean"] == 1.0 for h in logged), logged

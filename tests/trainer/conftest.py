@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import LlamaForCausalLM
 from trainer_helpers import tiny_model
 
@@ -11,13 +10,8 @@ from corral.trainer import StepConfig
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine OpenMP
-    spin-waiting makes them up to 40x slower; restored after each test."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _single_threaded(one_torch_thread: None) -> None:
+    """Every trainer test runs on one torch thread (`one_torch_thread` says why)."""
 
 
 @pytest.fixture
