@@ -58,6 +58,13 @@ def backend_help(kind: str | None = None) -> str:
     return " | ".join([AUTO, *backend_names(kind)])
 
 
+def check_run_dir(path: str | Path, flag: str = "--run-dir") -> None:
+    """Exit with one line when `path` exists and is not a folder (it would fail at mkdir)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        fail(f"{flag} {path}: not a directory (a file is there); choose another {flag}")
+
+
 def check_backend_option(name: str | None, kind: str | None = None) -> None:
     """Exit with one line (naming the closest backends) unless `name` is unset, "auto" or a
     backend of the table serving `kind`."""

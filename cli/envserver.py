@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import console, fail
+from .common import check_backend_option, console, fail
 from corral.runner.policy.process import port_problem
 
 
@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
 
         for env_id in env_ids:
             spec(env_id)  # an unknown id fails here with "Did you mean"
+        check_backend_option(backend)  # not at the first session's reset
         if mcp is not None:
             _serve_mcp(mcp, env_ids, backend)
             return

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import console
+from .common import check_run_dir, console
 
 
 def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: str) -> Table:
@@ -159,6 +159,7 @@ def register(app: typer.Typer) -> None:
         from corral.runner import EpisodeLimits
         from corral.runner.evaluate import aevaluate
 
+        check_run_dir(run_dir)
         limits = EpisodeLimits(max_tokens=max_tokens, max_turns=max_turns,
                                temperature=temperature)
         columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import backend_help, check_backend_option, console
+from .common import backend_help, check_backend_option, check_run_dir, console
 
 
 def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
@@ -110,6 +110,7 @@ def register(app: typer.Typer) -> None:
         from corral.runner import AssemblyConfig, EpisodeLimits
 
         check_backend_option(sandbox_backend)
+        check_run_dir(run_dir)
         model = make_policy(policy, tokenizer=tokenizer, device=device)
         limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens,
                                temperature=temperature, episode_deadline=episode_deadline,

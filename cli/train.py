@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from corral.errors import CorralError
 from corral.suggest import closest
 
-from .common import console, fail
+from .common import check_run_dir, console, fail
 from .trainflags import field_values, generated_options, kebab
 
 # Fields whose flag is not the field's name in kebab case (errors and help name these).
@@ -245,6 +245,7 @@ def train_command(
         from corral.runner.policy.process import stop_on_signals
 
         stop_on_signals()  # SIGTERM stops the engine's replicas too
+    check_run_dir(config.run_dir)
     result = run_training(config, resume=resume)
     if int(os.environ.get("RANK", "0")) > 0:
         return  # a data-parallel rank > 0: rank 0 reports

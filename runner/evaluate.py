@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
+from urllib.parse import urlsplit
 
 from corral.errors import CorralError
 from corral.fileio import write_json_atomic
@@ -61,8 +63,15 @@ def load_policy(model: str | Policy, *, tokenizer: str | None = None,
         if not tokenizer:
             raise CorralError("a model URL needs a tokenizer (--tokenizer PATH: the served "
                               "model's directory, or 'tiny') to build prompts as token ids")
-        return OpenAIPolicy([u.strip() for u in model.split(",") if u.strip()],
-                            tokenizer=tokenizer)
+        if isinstance(tokenizer, str) and tokenizer != "tiny" and not Path(tokenizer).exists():
+            raise CorralError(f"--tokenizer {tokenizer}: no such directory (pass the served "
+                              "model's directory, or 'tiny')")
+        urls = [u.strip() for u in model.split(",") if u.strip()]
+        for url in urls:  # a server that is not there fails here, not as N model failures
+            problem = unreachable(url)
+            if problem:
+                raise CorralError(f"--model {url}: no server answers there ({problem})")
+        return OpenAIPolicy(urls, tokenizer=tokenizer)
     if model != "tiny" and not Path(model).exists():
         raise CorralError(f"model {model!r} is neither 'tiny', a model directory, nor an "
                           "http:// URL")
@@ -78,6 +87,17 @@ def load_policy(model: str | Policy, *, tokenizer: str | None = None,
     if device:
         lm.to(device)
     return LocalPolicy(lm, AutoTokenizer.from_pretrained(parts[1]), name=str(model))
+
+
+def unreachable(url: str, timeout: float = 5.0) -> str | None:
+    """Why nothing accepts a TCP connection at `url`'s host and port (None: something does)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=timeout).close()
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
 
 
 def checkpoint_parts(path: Path) -> tuple[Path, Path] | None:

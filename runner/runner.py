@@ -10,8 +10,9 @@ How work flows: the runner plans groups deterministically from `seed` (group `g`
 samples get their own sampling seeds) and keeps at least `ceil(groups_per_batch * (1 +
 overprovision))` groups launched ahead of the consumer (`AssemblyConfig`). Beyond that it
 keeps the executor saturated: when its envs run in pooled sandboxes and fewer work items are
-in flight than sandbox capacity plus one group, it launches the next group, also while the
-consumer is busy training, until a whole batch of ready groups waits to be taken. Without
+in flight than sandbox capacity plus warm spares plus one group, it launches the next group,
+also while the consumer is busy training, until a whole batch of ready groups waits to be
+taken. Without
 this, sandboxes idle at every batch cut while the last groups finish. Each sample is a task on
 the event loop that runs one episode at a time through the `Executor` (within the run's
 `EpisodeLimits`), retrying infrastructure failures up to `retries` times with exponential
@@ -434,7 +435,11 @@ class Runner:
         produced = 0
         # runs without sandboxes keep only the look-ahead (see module docstring)
         pooled = any(source.pooled for source in self.sources)
-        self._stream = (group, needed, ahead, self.sandbox_capacity + group if pooled else 0)
+        # enough items waiting for a slot that the warm spares have takers (pool demand); a
+        # shared pool's spares are whatever room it has beyond this runner's slots
+        spares = max(0, self.pool.capacity - self.sandbox_capacity) if self.pool else 0
+        saturation = self.sandbox_capacity + spares + group if pooled else 0
+        self._stream = (group, needed, ahead, saturation)
         try:
             while max_batches is None or produced < max_batches:
                 asked = time.perf_counter()

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .env import Env, Episode
-from .errors import VerifierError
+from .errors import AuthoringError, VerifierError
 from .sandbox.base import ExecResult, Sandbox
 from .sandbox.spec import Terminal
 from .tools import reward, tool
@@ -200,6 +200,12 @@ class TerminalEnv(Env):
     verify_in: ClassVar[str] = "same"
     verifier_network: ClassVar[bool | str | None] = None
     protected_paths: ClassVar[tuple[str, ...]] = DEFAULT_PROTECTED
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.verify_in not in VERIFY_IN:  # when the env is defined, not on every episode
+            raise AuthoringError(f"{cls.__name__}: verify_in must be one of {VERIFY_IN}, got "
+                                 f"{cls.verify_in!r}")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

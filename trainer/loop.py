@@ -150,7 +150,7 @@ class TrainConfig(BaseModel):
         if not self.envs and not self.mix:
             raise ValueError("give at least one env id (--env) or a mixture (--mix)")
         if self.envs and self.mix:
-            raise ValueError("give either env ids or a mixture, not both")
+            raise ValueError("give either env ids (--env) or a mixture (--mix), not both")
         if self.batch_size % self.group:
             raise ValueError(f"batch size {self.batch_size} (--batch) must be a multiple of "
                              f"the group size {self.group} (--group)")

@@ -96,6 +96,8 @@ def test_bad_mcp_options_fail_in_one_line() -> None:
     for args, expected in (
             (["--mcp", "stdi"], "--mcp stdi: unknown transport. Did you mean 'stdio'?"),
             (["corral/guess-number-v0", "--mcp", "stdio"], "--mcp stdio serves one env; got 2"),
+            (["--backend", "bwrp"], "no sandbox backend is named 'bwrp'"),  # before listening
+            (["--backend", "bwrp", "--mcp", "stdio"], "Did you mean 'bwrap'?"),
     ):
         run = CliRunner().invoke(app, ["serve-env", "corral/arithmetic-v0", *args])
         assert run.exit_code == 1, run.output

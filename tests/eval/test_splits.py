@@ -74,3 +74,28 @@ def test_train_errors_name_the_cli_flag_and_resume_needs_a_run(tmp_path) -> None
     out = corral("train", "--env", "corral/word-sort-v0", "--resume",
                  "--run-dir", str(tmp_path / "empty"))
     assert out.returncode == 1 and "holds no training run" in out.stderr
+
+
+def test_a_model_url_needs_an_existing_tokenizer(tmp_path) -> None:
+    """`--tokenizer` is checked before anything runs, naming the flag (not a 'model path')."""
+    from corral.errors import CorralError
+    from corral.runner.evaluate import load_policy
+
+    with pytest.raises(CorralError, match="needs a tokenizer"):
+        load_policy("http://127.0.0.1:9")
+    with pytest.raises(CorralError, match=r"^--tokenizer .*: no such directory"):
+        load_policy("http://127.0.0.1:9", tokenizer=str(tmp_path / "none"))
+
+
+def test_a_model_url_where_no_server_answers_is_one_line_exit_1(tmp_path) -> None:
+    """Not eight "model" failures and exit 0: nothing listens on a port this test just freed."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = corral("eval", "corral/word-sort-v0", "--model", f"http://127.0.0.1:{port}",
+                 "--tokenizer", "tiny", "-n", "2", "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 1
+    assert f"--model http://127.0.0.1:{port}: no server answers there" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

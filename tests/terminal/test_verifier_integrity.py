@@ -10,7 +10,7 @@ import pytest
 
 import corral as cr
 from corral.agents import Agent, play
-from corral.errors import VerifierError
+from corral.errors import AuthoringError, VerifierError
 from corral.registry.validate import validate
 from corral.terminal import bash, parse_reward_file
 from corral.verify import clean_exec
@@ -199,3 +199,9 @@ async def test_fresh_sandbox_receives_only_declared_outputs(backend: str,
     assert env.seen["out"].split()[:2] == ["out.txt", "sub"]  # the folder, subfolders included
     assert "stray" not in env.seen["out"] and "E   L   F" in env.seen["out"]  # real python3
     assert env.episode.state["outputs_missing"] == ["/root/never-written.txt"]
+
+
+def test_an_unknown_verify_in_is_an_authoring_error_when_defined() -> None:
+    with pytest.raises(AuthoringError, match="verify_in must be one of .*'fres'"):
+        class Typo(cr.TerminalEnv):  # noqa: F841 (defining it is the test)
+            verify_in = "fres"

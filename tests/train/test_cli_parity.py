@@ -119,6 +119,8 @@ def test_each_flag_reaches_its_field(name: str):
     (["--where", "n=1", "--test-fraction", "2"], "--test-fraction: Input should be less than 1"),
     (["--scan", "10"], "--test-fraction and --scan shape a task slice"),
     (["--engine", "vlm"], "Invalid value for '--engine'"),
+    (["--log-to", "mlflow"], "--log-to mlflow: Input should be 'tensorboard' or 'wandb'"),
+    (["--mix", f"{ENV}=1"], "give either env ids (--env) or a mixture (--mix), not both"),
 ])
 def test_errors_name_the_flag(argv: list[str], expected: str):
     result = CliRunner().invoke(app, ["train", "-e", ENV, *argv, "--print-config"])
@@ -128,3 +130,14 @@ def test_errors_name_the_flag(argv: list[str], expected: str):
         result.exception, CorralError) else "")).split())  # rich wraps at the test's width
     assert expected in error, error
     assert "Traceback" not in error and "batch_size" not in error
+
+
+def test_a_file_as_run_dir_is_a_one_line_error(tmp_path):
+    """A file where the run directory goes fails naming --run-dir, before anything loads."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for argv in (["train", "-e", ENV, "--run-dir", str(afile)],
+                 ["eval", ENV, "-m", "tiny", "--run-dir", str(afile)]):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 1
+        assert "--run-dir" in result.output and "not a directory" in result.output, result.output
