@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import corral as cr
 from corral.errors import AgentError, UnknownEnv
 from corral.integrations import trl as ctrl
 from corral.runner.policy import build_tiny_model, load_model, load_tokenizer
+from finetune import teach_continuation
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny steps, shared cores
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is experimental
@@ -92,21 +92,8 @@ def _teach_tool_call(tiny: Path, out: Path, prompt: list[dict[str, str]], tools:
     ids = tok.apply_chat_template(**kwargs, tokenize=True, return_dict=True)["input_ids"][0]
     target = tok.encode(f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>",
                         add_special_tokens=False)
-    inputs = torch.tensor([list(ids) + target])
-    gold = torch.tensor(target)[:, None]
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(400):
-        logits = model(input_ids=inputs).logits[0, len(ids) - 1:-1].float()
-        logp = torch.log_softmax(logits, -1).gather(1, gold)
-        if logp.min().item() > -0.5:  # p > 0.6: the argmax, which T=0.05 samples
-            break
-        opt.zero_grad()
-        (-logp.mean()).backward()
-        opt.step()
-    else:
-        raise AssertionError("the tool-call fine-tune did not converge in 400 steps")
-    model.eval().save_pretrained(out)
+    # p > 0.6 per token: the argmax, which T=0.05 samples
+    teach_continuation(model, list(ids), target, min_logp=-0.5).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 

@@ -12,6 +12,7 @@ import torch
 from corral.runner.policy import (LocalPolicy, PolicyServer, build_tiny_model, load_model,
                                   load_tokenizer)
 from corral.runner.policy.chat import encode_prompt
+from finetune import teach_continuation
 
 TOOLS = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
@@ -48,23 +49,10 @@ def tool_model_path(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     model, tok = load_model(tiny_path)
     prompt = encode_prompt(tok, TOOL_PROMPT, tools=TOOLS)
     target = tok.encode(TOOL_ANSWER, add_special_tokens=False)
-    ids = torch.tensor([prompt + target])
-    gold = torch.tensor(target)[:, None]
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with _one_thread():
-        for _ in range(400):
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-            logp = torch.log_softmax(logits, -1).gather(1, gold)
-            if logp.min().item() > -0.05:  # every target token has p > 0.95: greedy reproduces it
-                break
-            opt.zero_grad()
-            (-logp.mean()).backward()
-            opt.step()
-        else:
-            raise AssertionError("the tool-call fine-tune did not converge in 400 steps")
+    with _one_thread():  # every target token p > 0.95: greedy reproduces it
+        teach_continuation(model, prompt, target, min_logp=-0.05)
     out = tmp_path_factory.mktemp("models") / "tool"
-    model.eval().save_pretrained(out)
+    model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
