@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 LOG = Path("/var/log/corral-dockerd.log")
+PIDFILE = Path("/var/run/docker.pid")  # dockerd's default --pidfile
 
 
 def docker_up() -> bool:
@@ -25,15 +26,14 @@ def _running(pid: int) -> bool:
 
 
 def dockerd_pid() -> int | None:
-    """The pid of the running dockerd, if any."""
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if (proc / "comm").read_text().strip() == "dockerd" and _running(int(proc.name)):
-                    return int(proc.name)
-            except OSError:
-                continue
-    return None
+    """The pid of the machine's dockerd, if it runs: the one holding the default pidfile.
+    Other daemons on the machine (a test fleet's, with pidfiles of their own) are not it."""
+    try:
+        pid = int(PIDFILE.read_text().strip())
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return pid if comm == "dockerd" and _running(pid) else None
 
 
 def _wait(condition, limit: float, what: str) -> None:
