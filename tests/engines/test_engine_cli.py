@@ -88,16 +88,17 @@ async def test_short_training_run_with_vllm_learns_as_the_local_engine(
     """`corral train --engine vllm` on the graded digits env: every applied step publishes to
     the engine and the step log carries the engine-vs-trainer gap measured after that
     publish; the held-out reward rises as it does with the local engine (same model, seed and
-    settings; the two engines sample different tokens and vLLM's run drops more batches as
-    stale, so the rise is compared, not the endpoint)."""
+    settings; the two engines sample different tokens and the batches depend on timing, so the
+    endpoints agree within the spread of runs, not exactly)."""
     from corral.trainer.loop import TrainConfig, train
 
-    # a high lr: the tiny model's digit share takes off within 8-10 applied steps (local
-    # engine, seeds 0-2: 0.01 -> 0.66-1.0). The runner keeps collecting while a step trains
-    # and publishes, so with vLLM about every other batch is a version old and, at this lr,
-    # dropped whole by the divergence filter (turned off, this lr collapses both runs to 0):
-    # 14 steps leave vLLM about 7 applied ones
-    settings = dict(steps=14, batch=16, group=4, lr=0.2, max_tokens=16, eval_every=14,
+    # a high lr: the tiny model's digit share takes off within a few applied steps. The
+    # runner keeps collecting while a step trains and publishes, so a batch that finished
+    # during the step is a version old and, at this lr, often dropped whole by the divergence
+    # filter: about every other step is skipped, with either engine, depending on timing. At
+    # lr 0.2 that made runs chaotic (endpoints 0.0-1.0); at 0.1, 4 runs here: local 1.0, 1.0,
+    # vLLM 0.72, 1.0 from about 0.02, 5-7 applied steps each
+    settings = dict(steps=14, batch=16, group=4, lr=0.1, max_tokens=16, eval_every=14,
                     eval_tasks=32, seed=0, async_level=0)
     local = await train(TrainConfig(
         envs=["traintest/digits-v0"], model=str(tiny_dir), batch_size=settings["batch"],
@@ -113,7 +114,7 @@ async def test_short_training_run_with_vllm_learns_as_the_local_engine(
     assert startup["max_abs"] < 1e-3
     records = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines()]
     applied = [r for r in records if r["applied"]]
-    assert len(applied) >= 6, [(r["step"], r["skipped_reason"]) for r in records]
+    assert len(applied) >= 4, [(r["step"], r["skipped_reason"]) for r in records]
     for record in applied:  # the numerics of every publish: replicas, times, gap
         assert record["publish"]["version"] == record["version"]
         assert record["publish"]["failed"] == {}
@@ -124,7 +125,6 @@ async def test_short_training_run_with_vllm_learns_as_the_local_engine(
                 applied=(len(applied), sum(r["applied"] for r in local.records)))
     assert before == pytest.approx(local_before, abs=0.05), seen  # same weights, other samples
     assert local_after - local_before > 0.3, seen  # the local engine learns the env here ...
-    # ... and so does vLLM, from about half as many applied steps (0.03 -> 0.37 when the
-    # local engine went 0.01 -> 1.0 here): a like rise, not a like endpoint
-    assert after - before > 0.2, seen
+    # ... and so does vLLM, to an endpoint within the spread of runs (0.72-1.0 seen)
+    assert after - before > 0.3 and after > local_after - 0.4, seen
     assert _running(str(run_dir)) == []
