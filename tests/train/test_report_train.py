@@ -95,7 +95,8 @@ def test_report_is_written_as_the_run_goes_and_filled_at_the_end(trained) -> Non
         assert "no CUDA device" in sections["Utilisation"]
     usage = [json.loads(x) for x in (run / "usage.jsonl").read_text().splitlines()]
     assert usage and all(u["cpu_process_pct"] >= 0 and "inflight" in u for u in usage)
-    assert max(u["cpu_process_pct"] for u in usage) > 1  # training used the CPU
+    # (no CPU-share floor: samples are 2 s apart and a short run on a quiet machine can fall
+    # between them)
     steps = [json.loads(x) for x in (run / "train.jsonl").read_text().splitlines()]
     assert all(r["reward_by_env"] == {"traintest/digits-v0": pytest.approx(r["reward_mean"])}
                and r["generated_tokens"] > 0 for r in steps)
