@@ -173,7 +173,7 @@ async def transfer(source: Sandbox, target: Sandbox, paths: list[str]) -> list[s
             await target.write_file(path, await source.read_file(path))
             continue
         except IsADirectoryError:
-            pass
+            pass  # a folder: packed with tar below
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             missing.append(path)
             continue

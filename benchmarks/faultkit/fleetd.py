@@ -119,7 +119,7 @@ class ExtraDaemon:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
-                pass
+                pass  # gone already: what this kill wanted
         for cid in ids:
             _procs.kill_container(cid)
         if self.proc is not None:

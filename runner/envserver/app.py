@@ -219,7 +219,7 @@ async def while_connected(request: Request, manager: SessionManager, session: Se
 async def _disconnect(request: Request) -> None:
     """Returns when the client of `request` (whose body was read) goes away."""
     while (await request.receive())["type"] != "http.disconnect":
-        pass
+        continue  # anything but the disconnect (more body frames) is drained and ignored
 
 
 def _opened(session: Session) -> SessionOpened:

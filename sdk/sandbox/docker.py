@@ -350,7 +350,7 @@ class DockerSandbox(Sandbox):
         try:
             async with asyncio.timeout(HEAD_TIMEOUT_S):
                 while (await killer.frames.get())[0]:
-                    pass
+                    continue  # drain the killer's output until its end-of-stream frame
         finally:
             await killer.close()
 

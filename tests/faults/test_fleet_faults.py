@@ -132,7 +132,7 @@ async def _proxy(path: Path, target: str, on_create) -> asyncio.AbstractServer:
                 dst.write(data)
                 await dst.drain()
         except OSError:
-            pass
+            pass  # a side of the proxied connection closed: the proxy's job is done
         finally:
             dst.close()
 
