@@ -16,6 +16,10 @@ A data-parallel run's checkpoint (`corral.trainer.distributed`) has the same `mo
     shards/              torch.distributed.checkpoint: sharded model and optimizer states
     rng/rank{R}.pt       each rank's RNG states
 
+Either kind resumes with any number of processes: torch.distributed.checkpoint reshards
+`shards/` on load (to another N, or to one unsharded process), and a one-process
+`optimizer.pt` is keyed by parameter name and split over the ranks (`fqn_optimizer_state`).
+
 A checkpoint is written to a hidden temporary sibling and renamed into place, so `dir` always
 holds a complete checkpoint. Replacing an existing one moves it to `dir.old` first; if a crash
 lands between the two renames, `load` falls back to `dir.old`.
@@ -28,6 +32,7 @@ import os
 import random
 import shutil
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,7 @@ from safetensors.torch import load_file, save_model
 from corral.errors import CorralError
 
 STATE_FILE = "trainer_state.json"
+SHARDS = "shards"
 
 
 @dataclass
@@ -115,12 +121,13 @@ def resolve(path: str | Path) -> Path:
 
 
 def read_state(path: str | Path, device: torch.device | str = "cpu") -> CheckpointState:
-    """Read everything but the model weights."""
+    """Read everything but the model weights of a one-process checkpoint."""
     where = resolve(path)
     state = read_json_state(where)
-    if state.get("world_size", 1) > 1:
+    if is_sharded(state):
         raise CorralError(f"{where} is a sharded checkpoint of a {state['world_size']}-process "
-                          "run; resume it with `corral train --nproc N --resume`")
+                          "run: its optimizer state is in shards/; load it with "
+                          "Trainer.resume or `corral train --resume`")
     # Our own files: optimizer and RNG states hold numpy arrays and tuples, not only tensors.
     optimizer = torch.load(where / "optimizer.pt", map_location=device, weights_only=False)
     rng = torch.load(where / "rng.pt", map_location="cpu", weights_only=False)
@@ -130,6 +137,76 @@ def read_state(path: str | Path, device: torch.device | str = "cpu") -> Checkpoi
 def read_json_state(path: str | Path) -> dict[str, Any]:
     """The JSON trainer state of the checkpoint at `path`."""
     return json.loads((resolve(path) / STATE_FILE).read_text())
+
+
+def is_sharded(state: dict[str, Any]) -> bool:
+    """Whether the JSON state is a data-parallel run's (`shards/` and `rng/`)."""
+    return state.get("world_size", 1) > 1
+
+
+def save_shards(directory: Path, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer) -> None:
+    """`directory/shards`: this rank's part of the model and optimizer states (every rank
+    calls it; torch.distributed.checkpoint writes one file per rank)."""
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / SHARDS))
+
+
+def load_shards(directory: Path, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer) -> None:
+    """Load `directory/shards` into `model` and `optimizer`, sharded over this run's ranks
+    (FSDP2) or whole in one process: torch.distributed.checkpoint reshards by parameter name
+    whatever the number of ranks that wrote it."""
+    import torch.distributed as dist
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    loaded = {"model": model_state, "optim": optim_state}
+    with warnings.catch_warnings():  # one process is the intent, not a mistake DCP warns of
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(loaded, checkpoint_id=str(directory / SHARDS),
+                 no_dist=not dist.is_initialized())
+    set_state_dict(model, optimizer, model_state_dict=loaded["model"],
+                   optim_state_dict=loaded["optim"])
+
+
+def load_full_optimizer(directory: Path, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer) -> None:
+    """Load a one-process checkpoint's `optimizer.pt` into a sharded `optimizer` (every rank
+    reads it and keeps its own part)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         set_optimizer_state_dict)
+
+    saved = torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=False)
+    set_optimizer_state_dict(model, optimizer, fqn_optimizer_state(saved, model),
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def fqn_optimizer_state(saved: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """A one-process optimizer state_dict (parameters numbered in `model.parameters()` order of
+    those that train, as `Trainer` builds its optimizer) keyed by parameter name instead, the
+    form torch.distributed.checkpoint's state-dict functions take."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    count = sum(len(group["params"]) for group in saved["param_groups"])
+    if count != len(names):
+        raise ValueError(f"the checkpoint's optimizer has {count} parameters, the model "
+                         f"{len(names)} that train; resume with the same architecture")
+    return {"state": {names[i]: value for i, value in saved["state"].items()},
+            "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                             for group in saved["param_groups"]]}
+
+
+def rng_file(directory: Path, rank: int) -> Path:
+    """The RNG states for `rank` in a checkpoint of either kind: its own, else rank 0's (a run
+    with more ranks than the one that saved it; only rank 0 samples rollouts)."""
+    if (directory / "rng.pt").is_file():
+        return directory / "rng.pt"
+    own = directory / "rng" / f"rank{rank}.pt"
+    return own if own.is_file() else directory / "rng" / "rank0.pt"
 
 
 def load_weights_into(model: torch.nn.Module, path: str | Path) -> None:

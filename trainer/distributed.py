@@ -22,7 +22,10 @@ Each process finds its rank in the launcher's environment (`RANK`, `WORLD_SIZE`,
 
 Checkpoints are sharded with torch.distributed.checkpoint (`shards/`), plus each rank's RNG
 states and, from rank 0, the gathered full weights in `model/` (loadable by serve-policy and
-transformers); resuming reloads the shards and continues bitwise (DCP can reshard to another N).
+transformers); resuming reloads the shards and continues bitwise. A checkpoint resumes with
+any number of processes: DCP reshards `shards/` to another N (or to one process,
+`Trainer.resume`), and a one-process checkpoint's weights and optimizer state are split over
+the ranks.
 
 A rank that dies or hangs stops the run: the launcher stops the other ranks at once, and a
 collective that waits longer than `CORRAL_DIST_TIMEOUT` seconds (default 1800) fails instead of
@@ -57,13 +60,13 @@ from corral.errors import CorralError
 from . import checkpoint as ckpt
 from .batching import TensorBatch
 from .config import StepConfig
+from .lora import is_adapter_dir
 from .trainer import LossFn, NonFinite, Publisher, Trainer, merge_parts
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_ENV = "CORRAL_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 1800.0
-SHARDS = "shards"
 RESUME_HINT = "continue from the last checkpoint with --resume"
 
 
@@ -323,12 +326,7 @@ class DistributedTrainer(Trainer):
             if ctx.is_main:
                 (tmp / "rng").mkdir(parents=True)
             dist.barrier(group=ctx.control)
-            from torch.distributed import checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict
-
-            model_state, optim_state = get_state_dict(self.model, self.optimizer)
-            dcp.save({"model": model_state, "optim": optim_state},
-                     checkpoint_id=str(tmp / SHARDS))
+            ckpt.save_shards(tmp, self.model, self.optimizer)
             full = self.full_state_dict()
             torch.save(ckpt.rng_state(), tmp / "rng" / f"rank{ctx.rank}.pt")
             dist.barrier(group=ctx.control)
@@ -350,27 +348,28 @@ class DistributedTrainer(Trainer):
                tokenizer: Any = None, config: StepConfig | None = None,
                publish: Publisher | None = None, *, ctx: DistContext | None = None,
                device: Any = None) -> "DistributedTrainer":
-        """Rebuild from a sharded checkpoint (every rank, the same `path`)."""
-        from torch.distributed import checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
+        """Rebuild from a checkpoint (every rank, the same `path`) of a run with any number
+        of processes: a sharded one is resharded to this run's ranks by
+        torch.distributed.checkpoint; a one-process one's full weights and optimizer state are
+        split over them."""
         if model is None or ctx is None:
             raise TypeError("DistributedTrainer.resume needs the model and the DistContext")
         where = ckpt.resolve(path)
         state = ckpt.read_json_state(where)
-        if state.get("world_size", 1) <= 1:
-            raise CorralError(f"{where} was written by a one-process run; resume it without "
-                              "--nproc")
+        sharded = ckpt.is_sharded(state)
+        if not sharded:
+            if is_adapter_dir(where / "model"):
+                raise CorralError(f"{where} holds a LoRA adapter (a one-process run, "
+                                  f"world_size 1) and --nproc {ctx.world_size} does not train "
+                                  "LoRA; resume it without --nproc")
+            ckpt.load_weights_into(model, where)  # whole, before `cls` shards the model
         trainer = cls(model, tokenizer, config or StepConfig(**state["config"]), publish,
                       ctx=ctx, version=state["version"])
-        model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
-        loaded = {"model": model_state, "optim": optim_state}
-        dcp.load(loaded, checkpoint_id=str(where / SHARDS))
-        set_state_dict(trainer.model, trainer.optimizer, model_state_dict=loaded["model"],
-                       optim_state_dict=loaded["optim"])
-        rng = where / "rng" / f"rank{ctx.rank}.pt"
-        if not rng.exists():  # more ranks than the run that saved it: rank 0's states
-            rng = where / "rng" / "rank0.pt"
+        if sharded:
+            ckpt.load_shards(where, trainer.model, trainer.optimizer)
+        else:
+            ckpt.load_full_optimizer(where, trainer.model, trainer.optimizer)
+        rng = ckpt.rng_file(where, ctx.rank)
         trainer._load_progress(state, torch.load(rng, weights_only=False))
         log.info("rank %d resumed from %s at step %d, version %d", ctx.rank, where,
                  trainer.step_count, trainer.version)

@@ -303,10 +303,11 @@ class Trainer:
 
         Without `model`, the saved model is loaded with transformers' `from_pretrained` onto
         `device` (CUDA when available); with one, the saved weights are copied into it.
-        RNG states are restored, so the next step matches an uninterrupted run.
+        RNG states are restored, so the next step matches an uninterrupted run. A
+        data-parallel run's sharded checkpoint loads too, resharded to this one process.
         """
         where = ckpt.resolve(path)
-        state = ckpt.read_state(where).state
+        state = ckpt.read_json_state(where)
         if model is None:
             from transformers import AutoModelForCausalLM
 
@@ -329,9 +330,14 @@ class Trainer:
             tokenizer = AutoTokenizer.from_pretrained(str(where / "tokenizer"))
         trainer = cls(model, tokenizer, config or StepConfig(**state["config"]), publish,
                       version=state["version"])
-        saved = ckpt.read_state(where, device=trainer.device)
-        trainer.optimizer.load_state_dict(saved.optimizer)
-        trainer._load_progress(state, saved.rng)
+        if ckpt.is_sharded(state):  # a data-parallel run's: its shards, resharded to one
+            ckpt.load_shards(where, trainer.model, trainer.optimizer)
+            rng = torch.load(ckpt.rng_file(where, 0), weights_only=False)
+        else:
+            saved = ckpt.read_state(where, device=trainer.device)
+            trainer.optimizer.load_state_dict(saved.optimizer)
+            rng = saved.rng
+        trainer._load_progress(state, rng)
         log.info("resumed from %s at step %d, version %d", where, trainer.step_count,
                  trainer.version)
         return trainer

@@ -5,7 +5,9 @@ health endpoint and fails with one line naming the cause (the last error line of
 the log file when the process exits or the wait runs out. `stop` signals the whole group
 (SIGTERM, then SIGKILL), so the engine's own worker processes go too; every server still
 running when the interpreter exits is stopped by an `atexit` hook, and `stop_on_signals` turns
-SIGTERM/SIGHUP into a normal exit for command-line tools, so nothing is left running.
+SIGTERM/SIGHUP into a normal exit for command-line tools, so nothing is left running. Where
+none of that runs (this process SIGKILLed), the guard each server is started through
+(`guard.py`) sees the socket only this process holds close and stops the group itself.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from corral.errors import EngineError
 log = logging.getLogger(__name__)
 _LIVE: set["ServerProcess"] = set()
 _LIVE_LOCK = threading.Lock()
+# This process's ends of the guards' lifelines (see `ServerProcess.start`).
+_LIFELINES: set[socket.socket] = set()
+GUARD = Path(__file__).with_name("guard.py")
+GUARD_START_S = 30.0  # for the guard to report the server's pid (it takes milliseconds)
 # The last line that names an exception is usually the cause ("ValueError: ...").
 _ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)|error):? (.+)")
 
@@ -74,7 +80,9 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 
 class ServerProcess:
-    """An HTTP server in its own process group, logging to `log_path`."""
+    """An HTTP server in its own process group, logging to `log_path`, started through a
+    guard (`guard.py`) that stops the group if this process dies. `pid` is the server's (and
+    its group's) id; `proc` is the guard, which exits with the server's status."""
 
     def __init__(self, name: str, argv: Sequence[str], url: str, log_path: Path, *,
                  env: Mapping[str, str] | None = None, health_path: str = "/health") -> None:
@@ -83,25 +91,53 @@ class ServerProcess:
         self.env = dict(env or os.environ)
         self.health_path = health_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+        self._lifeline: socket.socket | None = None
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        """The server's pid, which is its process group's id; None before `start`."""
+        return self._pid
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
-        """Spawn the server (returns at once; see `wait_ready`)."""
+        """Spawn the server (returns once it runs; see `wait_ready`); `EngineError` if the
+        guard could not start it."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            # a new session: the server and its workers form one group that `stop` can signal
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env,
-                                         start_new_session=True)
+        # The guard holds one end of the lifeline; this process holds the other, alone: it
+        # is not inheritable, pass_fds gives the guard only its own end, and forked children
+        # close it (`_forget_lifelines`). Its end-of-file means this process is gone.
+        ours, theirs = socket.socketpair()
+        _LIFELINES.add(ours)
+        self._lifeline = ours
+        try:
+            with open(self.log_path, "ab") as out:
+                # the guard runs in a session of its own and starts the server in another, so
+                # no terminal signal reaches either; `stop` signals the server's group
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", str(GUARD), str(theirs.fileno()), "--", *self.argv],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=self.env, start_new_session=True, pass_fds=(theirs.fileno(),))
+        except BaseException:
+            self._close_lifeline()
+            raise
+        finally:
+            theirs.close()
         with _LIVE_LOCK:
             _LIVE.add(self)
-        log.info("started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
+        self._pid = _read_pid(ours)
+        if self._pid is None:
+            self.stop()
+            raise self.failure(f"could not be started (exit code {self.proc.returncode})")
+        log.info("started %s (pid %d, guard %d), log %s", self.name, self._pid, self.proc.pid,
+                 self.log_path)
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            _LIFELINES.discard(self._lifeline)
+            self._lifeline.close()
 
     def healthy(self, timeout: float = 2.0) -> bool:
         """Whether the health endpoint answers 200 now."""
@@ -133,14 +169,17 @@ class ServerProcess:
             _LIVE.discard(self)
         if proc is None:
             return
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+        # The guard kills what is left of the group before it reaps the server and exits: once
+        # it has exited there is nothing left to signal (and the id may be another's by then).
+        if proc.poll() is None and self._pid is not None:
+            _signal_group(self._pid, signal.SIGTERM)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 log.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, timeout)
-        # workers of the group may outlive the leader: kill whatever is left of it
-        _signal_group(proc.pid, signal.SIGKILL)
+        if proc.poll() is None and self._pid is not None:
+            _signal_group(self._pid, signal.SIGKILL)
+        self._close_lifeline()  # a guard that never reported a server stops on this
         proc.wait()
 
 
@@ -156,6 +195,33 @@ def wait_ready(servers: Sequence[ServerProcess], timeout: float) -> None:
         if time.monotonic() > deadline:
             raise pending[0].failure(f"was not ready within {timeout:.0f} s at {pending[0].url}")
         time.sleep(0.5)
+
+
+def _read_pid(lifeline: socket.socket) -> int | None:
+    """The server's pid, the guard's first line; None if the guard exits without one."""
+    lifeline.settimeout(GUARD_START_S)
+    line = b""
+    try:
+        while not line.endswith(b"\n"):
+            chunk = lifeline.recv(32)
+            if not chunk:
+                return None
+            line += chunk
+    except OSError:  # including the timeout
+        return None
+    return int(line)
+
+
+def _forget_lifelines() -> None:
+    """In a forked child: close the parent's lifelines, or a child outliving the parent would
+    keep its guards from stopping the servers; and leave the servers to the parent (the
+    child's `atexit` must not stop them)."""
+    global _LIVE_LOCK
+    for lifeline in list(_LIFELINES):
+        lifeline.close()
+    _LIFELINES.clear()
+    _LIVE.clear()
+    _LIVE_LOCK = threading.Lock()  # another thread may have held it at the fork
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -184,3 +250,4 @@ def stop_on_signals() -> None:
 
 
 atexit.register(stop_all)
+os.register_at_fork(after_in_child=_forget_lifelines)

@@ -45,16 +45,34 @@ async def test_decode_slows_with_the_replicas_load() -> None:
     assert all(r["decode_s"] >= 0.14 for r in runs) and shared.stats.max_active == 3
 
 
-def _plan(seconds: float, tokens: int) -> Plan:
+def _plan(seconds: float, first: int, rest: int) -> Plan:
     return Plan(task=0, sample=0, commands=(Command("wait", seconds, 0, "sleep"),),
-                tokens=(tokens,), correct=True)
+                tokens=(first, rest), correct=True)
 
 
 def test_lower_bound_terms() -> None:
     cost = CostModel(decode_ms=10.0, alpha=0.0, max_seqs=2)
-    plans = [_plan(4.0, 100), _plan(1.0, 100), _plan(1.0, 100), _plan(1.0, 100)]
+    plans = [_plan(4.0, 60, 40), _plan(1.0, 60, 40), _plan(1.0, 60, 40), _plan(1.0, 60, 40)]
     bound = lower_bound(plans, cost, capacity=2, replicas=1)
     assert bound.critical_path == pytest.approx(5.0)  # 4 s of commands + 100 tokens x 10 ms
-    assert bound.occupancy == pytest.approx((5.0 + 2.0 * 3) / 2)
+    # the sandbox is held from the first command on: the first turn's 60 tokens are not in it
+    assert bound.occupancy == pytest.approx((4.4 + 1.4 * 3) / 2)
     assert bound.decode == pytest.approx(4.0 / 2)  # 400 tokens x 10 ms, 2 sequences at once
-    assert bound.value == pytest.approx(5.5) and bound.binding == "sandbox_occupancy"
+    assert bound.value == pytest.approx(5.0) and bound.binding == "critical_path"
+    two = lower_bound(plans * 2, cost, capacity=2, replicas=1)
+    assert two.value == pytest.approx(8.6) and two.binding == "sandbox_occupancy"
+
+
+def test_zero_overhead_replay_meets_the_bound_over_a_long_window() -> None:
+    """The replay of `window_noise.py`: a runner with no overhead converges on the occupancy
+    bound (no slot idles, no work is lost), while a two-interval window strays from it."""
+    from window_noise import Caps, Replay
+    from workload.plans import WorkloadConfig
+    from workload.script import Scripter
+
+    from corral.runner.policy.models import load_tokenizer
+
+    replay = Replay(WorkloadConfig(seed=0, tasks=16), Caps(), Scripter(load_tokenizer("tiny")),
+                    CostModel())
+    assert replay.ratio(16) == pytest.approx(1.0, abs=0.02)
+    assert abs(replay.ratio(2) - 1.0) > 0.03  # seed 0's short window: carry-over, not overhead

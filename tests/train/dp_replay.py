@@ -3,9 +3,12 @@ as ranks under torchrun (a `DistributedTrainer`, rank 0 driving, the others foll
 both see exactly the same batches.
 
     python dp_replay.py RUN_DIR OUT.json --steps N [--save-at K --checkpoint DIR] [--resume DIR]
+        [--weights FILE] [--reset-optimizer]
 
 OUT.json (written by rank 0): per step `loss`, `grad_norm`, `applied`, and a digest of the
-final full weights as published.
+final full weights as published; `--weights` also saves those weights (safetensors), to
+compare runs whose weights agree up to float rounding only. `--reset-optimizer` forgets the
+optimizer state after building (or resuming) the trainer: a control for what that state does.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from corral.runner import load_model
 from corral.runner.store import load_run
@@ -50,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--save-at", type=int, default=0)
     parser.add_argument("--checkpoint", type=Path)
     parser.add_argument("--resume", type=Path)
+    parser.add_argument("--weights", type=Path)
+    parser.add_argument("--reset-optimizer", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     ctx = distributed.init()
@@ -63,8 +69,13 @@ def main(argv: list[str] | None = None) -> None:
 
     def publish(weights: torch.nn.Module, version: int) -> None:  # rank 0: full weights
         published["weights"] = digest(weights.state_dict())
+        if args.weights is not None:
+            save_file({k: v.detach().clone() for k, v in weights.state_dict().items()},
+                      str(args.weights))
 
     trainer = distributed.build_trainer(model, tokenizer, config, publish, args.resume)
+    if args.reset_optimizer:
+        trainer.reset_optimizer()
     records = []
     for batch in batches(args.run_dir, 2)[trainer.step_count:args.steps]:
         result = trainer.step(batch)

@@ -1,8 +1,9 @@
 """Data-parallel training (`corral train --nproc`, torchrun): two gloo ranks with FSDP2 on CPU.
 A real `--nproc 2` run has rank 1 killed mid-run (the run stops with a clear error, no hang)
-and is resumed (the step log continues); its stored batches are then replayed through one
-`Trainer` and through two torchrun ranks (the same loss curve), and a resume from the ranks'
-sharded checkpoint continues bitwise.
+and is resumed (the step log continues), then resumed by one process and again by two; its
+stored batches are then replayed through one `Trainer` and through two torchrun ranks (the same
+loss curve), a resume from the ranks' sharded checkpoint continues bitwise, and a checkpoint
+resumed with the other number of processes continues that number's curve.
 
 Real processes throughout: the CLI's own launcher, torchrun, torch.distributed over gloo.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from corral.errors import CorralError
 from corral.trainer import checkpoint as ckpt
@@ -101,7 +104,7 @@ def test_killed_rank_stops_the_run_and_resume_continues(killed_and_resumed):
                for line in k["stderr"].splitlines()), k["stderr"][-3000:]
     saved, run = k["saved"], k["run"]
     assert saved["world_size"] == 2 and saved["step"] >= 1
-    with pytest.raises(CorralError, match="--nproc N --resume"):  # one process cannot
+    with pytest.raises(CorralError, match="shards/"):  # not the one-process layout
         ckpt.read_state(run / "checkpoint")
     assert k["resumed"].returncode == 0, k["resumed"].stderr[-3000:]
     steps = [r["step"] for r in records(run)]
@@ -120,24 +123,78 @@ def test_killed_rank_stops_the_run_and_resume_continues(killed_and_resumed):
     assert all(torch.isfinite(value).all() for value in after.values())
 
 
-def test_same_batches_same_curve_and_bitwise_resume(killed_and_resumed, tmp_path):
+def test_cli_resumes_with_another_nproc(killed_and_resumed, tmp_path):
+    """A copy of the `--nproc 2` run resumed by `corral train --resume` in one process, then
+    that one-process checkpoint by `--nproc 2`: each continues the step log and writes its own
+    kind of checkpoint."""
+    run = tmp_path / "run"
+    shutil.copytree(killed_and_resumed["run"], run)
+    command = [*CLI, "--run-dir", str(run), "--checkpoint-every", "1", "--resume"]
+    target = killed_and_resumed["target"]
+    for steps, nproc, world in ((target + 1, 1, None), (target + 2, 2, 2)):
+        done = subprocess.run([*command, "--steps", str(steps), "--nproc", str(nproc)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert [r["step"] for r in records(run)] == list(range(steps))
+        state = ckpt.read_json_state(run / "checkpoint")
+        assert state["step"] == steps and state.get("world_size") == world
+        assert (run / "checkpoint" / ("shards" if world else "optimizer.pt")).exists()
+
+
+def test_a_lora_checkpoint_is_not_resumed_by_ranks(tmp_path):
+    """The one combination that cannot resume with several ranks (they do not train LoRA): a
+    one-process LoRA run's checkpoint, refused in one line naming --nproc and its world size."""
+    from corral.trainer.distributed import DistContext, DistributedTrainer
+
+    ckpt.write_state(tmp_path, {"step": 3, "version": 3, "config": {}})
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "adapter_config.json").write_text("{}")
+    ctx = DistContext(rank=0, world_size=2, device=torch.device("cpu"), control=None,
+                      timeout_s=1.0)
+    with pytest.raises(CorralError, match=r"LoRA adapter .*world_size 1.* --nproc 2 .*without "
+                       r"--nproc$"):
+        DistributedTrainer.resume(tmp_path, torch.nn.Linear(2, 2), ctx=ctx)
+
+
+@pytest.fixture(scope="module")
+def replays(killed_and_resumed, tmp_path_factory) -> dict[str, Any]:
+    """The run's first 4 stored batches replayed uninterrupted in one process (`one`) and as
+    two torchrun ranks (`two`), each checkpointed at step 2 (`ck1`, `ck2`); `ck2` resumed by
+    two ranks (`two_from_two`) and by one process (`one_from_two`, and `one_fresh_from_two`
+    with the optimizer state dropped: a control), `ck1` by two ranks (`two_from_one`). Each
+    result: the OUT.json of dp_replay and its final weights."""
+    import dp_replay  # tests/train is on sys.path (conftest)
+
+    source = str(killed_and_resumed["run"])
+    assert len(dp_replay.batches(Path(source), 2)) >= 4, "the run should yield 4 batches"
+    tmp = tmp_path_factory.mktemp("replay")
+    ck1, ck2 = tmp / "ck1", tmp / "ck2"
+    plan = [("one", False, ["--save-at", "2", "--checkpoint", str(ck1)]),
+            ("two", True, ["--save-at", "2", "--checkpoint", str(ck2)]),
+            ("two_from_two", True, ["--resume", str(ck2)]),
+            ("one_from_two", False, ["--resume", str(ck2)]),
+            ("one_fresh_from_two", False, ["--resume", str(ck2), "--reset-optimizer"]),
+            ("two_from_one", True, ["--resume", str(ck1)])]
+    results: dict[str, Any] = {"ck1": ck1, "ck2": ck2}
+    for name, ranks, extra in plan:
+        args = [source, str(tmp / f"{name}.json"), "--steps", "4",
+                "--weights", str(tmp / f"{name}.safetensors"), *extra]
+        if ranks:
+            done = subprocess.run([*TORCHRUN, REPLAY, *args], capture_output=True, text=True,
+                                  timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
+        else:
+            dp_replay.main(args)
+        results[name] = {**json.loads((tmp / f"{name}.json").read_text()),
+                         "tensors": load_file(str(tmp / f"{name}.safetensors"))}
+    return results
+
+
+def test_same_batches_same_curve_and_bitwise_resume(replays):
     """The run's stored batches through a `Trainer` and through two torchrun ranks: the same
     loss curve; a resume from the ranks' sharded checkpoint gives bitwise the same steps and
     final weights as the uninterrupted ranks."""
-    import dp_replay  # tests/train is on sys.path (conftest)
-
-    source = killed_and_resumed["run"]
-    assert len(dp_replay.batches(source, 2)) >= 4, "the run should yield 4 batches"
-    out1, out2, out3 = (tmp_path / f"r{i}.json" for i in (1, 2, 3))
-    ck = tmp_path / "ck"
-    dp_replay.main([str(source), str(out1), "--steps", "4"])  # one process: a Trainer
-    for command in ([*TORCHRUN, REPLAY, str(source), str(out2), "--steps", "4", "--save-at",
-                     "2", "--checkpoint", str(ck)],
-                    [*TORCHRUN, REPLAY, str(source), str(out3), "--steps", "4", "--resume",
-                     str(ck)]):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-    one, two, resumed = (json.loads(p.read_text()) for p in (out1, out2, out3))
+    one, two, resumed, ck = (replays[k] for k in ("one", "two", "two_from_two", "ck2"))
     assert [r["step"] for r in two["records"]] == [0, 1, 2, 3]
     assert all(r["applied"] for r in one["records"] + two["records"])
     for a, b in zip(one["records"], two["records"], strict=True):
@@ -150,6 +207,28 @@ def test_same_batches_same_curve_and_bitwise_resume(killed_and_resumed, tmp_path
     assert ckpt.read_json_state(ck)["world_size"] == 2
     assert resumed["records"] == two["records"][2:]  # bitwise: == on floats
     assert resumed["weights"] == two["weights"]
+
+
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """The same tensors up to float rounding (see `close`)."""
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6)
+                                        for k in a)
+
+
+@pytest.mark.parametrize("resumed, uninterrupted", [("one_from_two", "one"),
+                                                    ("two_from_one", "two")])
+def test_resume_with_another_nproc_continues_that_curve(replays, resumed, uninterrupted):
+    """A 2-rank checkpoint resumed by one process, a one-process checkpoint by 2 ranks: steps
+    2-3 and the final weights are the uninterrupted run's at the new N up to float rounding,
+    which needs the optimizer state too (a fresh AdamW moves every weight by about lr)."""
+    got, want = replays[resumed], replays[uninterrupted]
+    assert [r["step"] for r in got["records"]] == [2, 3]
+    assert all(r["applied"] for r in got["records"])
+    for a, b in zip(got["records"], want["records"][2:], strict=True):
+        assert close(a["loss"], b["loss"]) and close(a["grad_norm"], b["grad_norm"]), (a, b)
+    assert same_weights(got["tensors"], want["tensors"])
+    # the tolerance sees a lost optimizer state: the same resume with it dropped differs
+    assert not same_weights(replays["one_fresh_from_two"]["tensors"], replays["one"]["tensors"])
 
 
 LOSE_RANK_0 = """
