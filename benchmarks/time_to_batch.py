@@ -230,13 +230,18 @@ def sandbox_hold(traj: Any) -> float:
     return max(s.end for s in traj.spans) - start
 
 
-def request_ms(server: dict[str, Any], client_seconds: float | None = None) -> dict[str, float]:
-    """Per model request: the modelled server's queue, prefill and decode time and, given the
-    harness's own total wait for answers, the rest (HTTP, event loops, scheduling)."""
+def request_ms(server: dict[str, Any], cost: CostModel,
+               client_seconds: float | None = None) -> dict[str, float]:
+    """Per model request: the modelled server's queue, prefill and decode time, the decode at
+    base speed (what the bound counts), the prompt tokens not in the prefix cache and, given
+    the harness's own total wait for answers, the rest (HTTP, event loops, scheduling)."""
     n = max(1, server["requests"])
     out = {k: round(1000 * server[f"{k}_s"] / n, 1) for k in ("queue", "prefill", "decode")}
+    out["base_decode"] = round(server["output_tokens"] * cost.decode_ms / n, 1)
+    out["uncached_tokens"] = round((server["prompt_tokens"] - server["cached_tokens"]) / n)
     if client_seconds is not None:
-        out["overhead"] = round(1000 * client_seconds / n - sum(out.values()), 1)
+        out["overhead"] = round(1000 * client_seconds / n - out["queue"] - out["prefill"]
+                                - out["decode"], 1)
     return out
 
 
@@ -378,7 +383,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         figures["corral_cold_pool"] = {k: v for k, v in cold["stats"]["executor"]["pool"].items()
                                        if not isinstance(v, list)}
         print(f"corral_cold_phase_means={json.dumps(figures['corral_cold_phases'])}")
-        figures["corral_cold_request_ms"] = request_ms(cold_server, sum(
+        figures["corral_cold_request_ms"] = request_ms(cold_server, cost, sum(
             t.phase_seconds().get("decode", 0.0) + t.phase_seconds().get("queue", 0.0)
             for t in trajs))
         print(f"corral_cold_request_ms={json.dumps(figures['corral_cold_request_ms'])}")
@@ -405,7 +410,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             figures[f"{prefix}_phases"] = phases
             print(f"{prefix}_phase_means={json.dumps(phases)}")
             figures[f"{prefix}_request_ms"] = request_ms(
-                base_server, sum(r.phases.get("inference", 0.0) for r in results))
+                base_server, cost, sum(r.phases.get("inference", 0.0) for r in results))
             print(f"{prefix}_request_ms={json.dumps(figures[f'{prefix}_request_ms'])}")
             groups: dict[tuple[int, int], list[float]] = {}
             for i, r in enumerate(results):
@@ -441,6 +446,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             emit(figures, "corral_first_batch_seconds", stamps[0])
             emit(figures, "corral_steady_batches", len(intervals))
             emit(figures, "corral_steady_seconds_per_batch", per_batch)
+            figures["corral_steady_intervals"] = intervals
             print(f"corral_steady_intervals={[round(x, 1) for x in intervals]}")
             emit(figures, "corral_steady_cache_hit_rate", steady_server["cache_hit_rate"])
             emit(figures, "corral_steady_launched", counts["launched"])
@@ -464,6 +470,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             steady_trajs = [t for b in steady["batches"][1:] for t in b.trajectories]
             figures["corral_steady_phases"] = phase_means(steady_trajs)
             print(f"corral_steady_phase_means={json.dumps(figures['corral_steady_phases'])}")
+            # (no client-side overhead here: the server also served the work still in flight)
+            figures["corral_steady_request_ms"] = request_ms(steady_server, cost)
+            print(f"corral_steady_request_ms={json.dumps(figures['corral_steady_request_ms'])}")
             # where the rest goes: how long each trajectory held its sandbox against the least
             # its plan needs (the occupancy term's share), and how busy the slots were (held
             # time / capacity x time)
