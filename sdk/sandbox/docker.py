@@ -61,7 +61,7 @@ from ._proto import ShellSession, StreamProcess, Transport, ansi_c_quote, run_co
 from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Process, Sandbox, Shell
 from .image_backend import ImageBackend
 from .fleet import (DockerFleet, DockerHost, DockerHostConfig, configured_hosts, default_host,
-                    parse_hosts, reason)
+                    parse_hosts, reason, ssh_command)
 from .images import (LABEL_MANAGED, cache_dir, daemon_unreachable, docker_available,
                      image_tag, missing_image)
 from .spec import Terminal
@@ -120,10 +120,8 @@ async def _connect(host: DockerHost) -> tuple[asyncio.StreamReader, Any]:
             _socket_path() if host.implicit else host.socket_path, limit=1 << 20)
     if url.scheme == "tcp":
         return await asyncio.open_connection(url.hostname, url.port or 2375, limit=1 << 20)
-    target = f"{url.username}@{url.hostname}" if url.username else str(url.hostname)
-    port = ["-p", str(url.port)] if url.port else []
     proc = await asyncio.create_subprocess_exec(
-        "ssh", *port, "--", target, "docker", "system", "dial-stdio", limit=1 << 20,
+        *ssh_command(host.url), limit=1 << 20,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     _dialers.add(proc)  # it exits once its stdin closes; wait() reaps it
@@ -485,12 +483,12 @@ class DockerSandbox(Sandbox):
         def fetch(where: str) -> bytes:
             for _ in range(_MAX_LINK_HOPS):
                 try:
-                    stream, stat = self.host.call(lambda c: c.api.get_archive(self.id, where))
+                    tar_bytes, stat = self.host.call(lambda c: _get_archive(c, self.id, where))
                 except docker.errors.NotFound:
                     raise FileNotFoundError(path) from None
                 if stat.get("mode", 0) & (1 << 31):  # Go's os.ModeDir
                     raise IsADirectoryError(path)
-                with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
                     member = tar.next()
                     if member is not None and member.issym():
                         # the archive holds the link itself: follow it in the container's root
@@ -618,6 +616,24 @@ class _DockerShell(ShellSession):
         result = await super().run(command, timeout)
         await self._sandbox._check_vanished(result)
         return result
+
+
+def _get_archive(client: Any, container: str, path: str) -> tuple[bytes, dict[str, Any]]:
+    """The tar of `path` in `container` and its stat, the response read whole and closed. Not
+    the SDK's `get_archive`: its stream ties the response to its socket (`sock._response`), and
+    on an ssh:// host that cycle holds a running `ssh` Popen, which `subprocess` keeps alive
+    when collected: one ssh session left open per read, for the life of the process."""
+    import docker
+
+    api = client.api
+    res = api._get(api._url("/containers/{0}/archive", container), params={"path": path},
+                   stream=True, headers={"Accept-Encoding": "identity"})
+    try:
+        api._raise_for_status(res)
+        stat = res.headers.get("x-docker-container-path-stat")
+        return res.content, docker.utils.decode_json_header(stat) if stat else {}
+    finally:
+        res.close()
 
 
 def _remove(client: Any, container: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
 import threading
 import time
 from collections import deque
@@ -138,10 +139,32 @@ class TokenBucket:
             return max(0.0, (1 - self._tokens) / self.rate)
 
 
+# The health ping of an ssh:// host, written to `docker system dial-stdio` on the far side.
+SSH_PING = b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n"
+
+
+class SshUnreachable(ConnectionError):
+    """`ssh` did not get through to the daemon; the message is ssh's own last line (refused,
+    host key, permission denied, no `docker` there ...)."""
+
+
+def ssh_command(url: str) -> list[str]:
+    """`ssh [-l USER] [-p PORT] -- HOST docker system dial-stdio` for an ssh:// host: what the
+    docker CLI (and the docker SDK with `use_ssh_client`) runs. Authentication is the user's
+    ssh client's (its config, keys, agent, known_hosts); BatchMode: never a prompt."""
+    parts = urlsplit(url)
+    user = ["-l", parts.username] if parts.username else []
+    port = ["-p", str(parts.port)] if parts.port else []
+    return ["ssh", "-o", "BatchMode=yes", *user, *port, "--", str(parts.hostname),
+            "docker", "system", "dial-stdio"]
+
+
 def reason(exc: BaseException) -> str:
     """A short cause for a host being down: what the innermost error says."""
     import requests
 
+    if isinstance(exc, SshUnreachable):
+        return str(exc)
     text = f"{exc} {exc.__cause__ or ''} {exc.__context__ or ''}"
     for needle, short in (("No such file", "no socket at that path"),
                           ("Connection refused", "connection refused"),
@@ -233,12 +256,27 @@ class DockerHost:
         """One ping within `health_timeout` (raises when the daemon does not answer)."""
         import docker
 
+        if self.url.startswith("ssh://"):
+            return self._ssh_ping()
         api = docker.APIClient(base_url=self.url, timeout=self.health_timeout,
                                use_ssh_client=True)
         try:
             api.ping()
         finally:
             api.close()
+
+    def _ssh_ping(self) -> None:
+        """The ping through an `ssh` of our own: killed after `health_timeout` (the docker
+        SDK's ssh socket reads have no timeout) and with ssh's stderr kept for the reason."""
+        try:
+            done = subprocess.run(ssh_command(self.url), input=SSH_PING, capture_output=True,
+                                  timeout=self.health_timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TimeoutError(f"no answer through ssh in {self.health_timeout:g} s") from exc
+        if not done.stdout.startswith(b"HTTP/1.1 200"):
+            said = done.stderr.decode(errors="replace").strip().splitlines()
+            raise SshUnreachable(said[-1].strip() if said else
+                                 f"ssh exited {done.returncode} without the daemon's answer")
 
     def check(self) -> bool:
         """Health check: ping; marks the host up or down. Blocks at most about
@@ -264,9 +302,18 @@ class DockerHost:
             self.failures += 1
             self.retry_at = time.monotonic() + RETRY.ceiling(self.failures)
             self.images.clear()  # a daemon that comes back may be a different one
+        self.close()
+
+    def close(self) -> None:
+        """Drop its docker client and pooled connections (a new client is built on next use)."""
+        with self._lock:
             client, self._client = self._client, None
-        if client is not None:
+        if client is None:
+            return
+        try:
             client.close()
+        except OSError as exc:  # the SDK writes to each pooled `ssh`: one gone with its host
+            log.debug("closing the client of %s: %s", self.url, exc)
 
     def mark_up(self) -> None:
         """Place here again; remove what could not be removed while it was down."""
@@ -527,5 +574,5 @@ class DockerFleet:
 
 
 __all__ = ["DockerFleet", "DockerHost", "DockerHostConfig", "DockerHostsError", "ENV_HOSTS",
-           "Placement", "TokenBucket", "configured_hosts", "default_host", "parse_hosts",
-           "shared_host", "survey"]
+           "Placement", "SshUnreachable", "TokenBucket", "configured_hosts", "default_host",
+           "parse_hosts", "shared_host", "ssh_command", "survey"]

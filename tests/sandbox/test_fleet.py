@@ -1,8 +1,8 @@
 """Sandbox fleets over three real dockerd on this machine: the machine's own and two extra
-(`extra_dockerds`, tests/conftest.py), one of them also reached over TCP and once through a
-fake `ssh`. Placement, capacity, the creation-rate limit, image copies between daemons (no
-registry), `corral sandbox hosts`, the reaper per host, and a collection through the Runner
-that survives one daemon killed (SIGKILL) mid-run.
+(`extra_dockerds`, tests/conftest.py), one of them also reached over TCP and through a real
+sshd on 127.0.0.1 (`faultkit/sshd.py`). Placement, capacity, the creation-rate limit, image
+copies between daemons (no registry), `corral sandbox hosts`, the reaper per host, and a
+collection through the Runner that survives one daemon killed (SIGKILL) mid-run.
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -23,12 +25,14 @@ from corral.cli import app
 from corral.errors import SandboxUnavailable
 from corral.sandbox import _procs
 from corral.sandbox.docker import DockerBackend, DockerConfig
-from corral.sandbox.fleet import DockerFleet, DockerHostConfig, TokenBucket, parse_hosts
+from corral.sandbox.fleet import (DockerFleet, DockerHost, DockerHostConfig, TokenBucket,
+                                  parse_hosts, shared_host)
 from corral.sandbox.reaper import gc_containers
 from corral.sandbox.spec import Terminal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from faultkit.env import Note, solver_policy  # noqa: E402
+from faultkit.sshd import LocalSshd  # noqa: E402
 
 MAIN = "unix:///var/run/docker.sock"
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
@@ -139,30 +143,30 @@ async def test_image_is_copied_to_a_host_lacking_it_once(extra_dockerds, base_im
             subprocess.run(["docker", "-H", url, "rmi", "-f", tag], capture_output=True)
 
 
-FAKE_SSH = """#!/bin/sh
-# A fake `ssh` (no sshd here): drops the options and the host, then runs the remote command
-# (`docker system dial-stdio`) on this machine against $FAKE_SSH_DOCKER_HOST.
-while [ $# -gt 0 ]; do
-  case "$1" in --) shift; break;; -l|-p|-o|-i) shift 2;; -*) shift;; *) break;; esac
-done
-shift
-DOCKER_HOST="$FAKE_SSH_DOCKER_HOST" exec sh -c "$*"
-"""
+@pytest.fixture(scope="module")
+def sshd(extra_dockerds, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
+    """A real sshd on 127.0.0.1 in front of the second extra dockerd, its client launcher
+    (the real ssh with its own config: faultkit/sshd.py) first on PATH; stopped at the end."""
+    server = LocalSshd(tmp_path_factory.mktemp("sshd"), extra_dockerds[1].url)
+    server.start()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{server.bin}:{os.environ['PATH']}")
+        try:
+            yield server
+        finally:
+            shared_host(DockerHostConfig(url=server.url)).close()  # its pooled ssh sessions
+            server.stop()
 
 
-async def test_ssh_host_through_a_fake_ssh(extra_dockerds, base_image: str, run: str,
-                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_ssh_host_through_a_real_sshd(sshd: LocalSshd, extra_dockerds, base_image: str,
+                                           run: str) -> None:
     """An ssh:// host: the docker SDK and the exec path both run `ssh HOST docker system
-    dial-stdio`. The `ssh` is a fake on PATH (the boundary: no ssh server here); the daemon,
-    the container and the remote-host code paths (execs, in-container timeout kill) are real."""
-    fake = tmp_path / "bin" / "ssh"
-    fake.parent.mkdir()
-    fake.write_text(FAKE_SSH)
-    fake.chmod(0o755)
+    dial-stdio`, here the real ssh client against a real sshd on 127.0.0.1 (key auth, a
+    pinned host key); the daemon, the container and the remote-host code paths (execs,
+    in-container timeout kill, files) are real."""
     target = extra_dockerds[1]
-    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_SSH_DOCKER_HOST", target.url)
-    backend = DockerBackend(DockerConfig(hosts=["ssh://agent@sandbox-box:2222"]), run_id=run)
+    logins = sshd.sessions()
+    backend = DockerBackend(DockerConfig(hosts=[sshd.url]), run_id=run)
     sandbox = await backend.open(Terminal(image=base_image, memory="256m"))
     try:
         assert not sandbox.host.local and _labelled(target.url, run) == [sandbox.id[:12]]
@@ -176,11 +180,59 @@ async def test_ssh_host_through_a_fake_ssh(extra_dockerds, base_image: str, run:
         slow = await shell.run("sleep 30", timeout=1)  # killed inside; the shell survives
         assert slow.timed_out
         assert (await shell.run("echo $X $PWD")).stdout == "7 /tmp\n"
-        await sandbox.write_file("/tmp/f", "x")
-        assert await sandbox.read_file("/tmp/f") == b"x"
+        blob = bytes(range(256)) * 64
+        await sandbox.write_file("/tmp/f", blob)
+        assert await sandbox.read_file("/tmp/f") == blob
+        assert (await sandbox.exec("ln -s f /tmp/link")).ok
+        assert await sandbox.read_file("/tmp/link") == blob
+        with pytest.raises(IsADirectoryError):
+            await sandbox.read_file("/tmp")
+        with pytest.raises(FileNotFoundError):
+            await sandbox.read_file("/tmp/nothing")
     finally:
         await sandbox.close()
     assert _labelled(target.url, run) == []
+    assert sshd.sessions() - logins >= 6  # the execs went through sshd, one session each
+    deadline = time.monotonic() + 5
+    while sshd.clients() and time.monotonic() < deadline:  # each exits once its stream closes
+        await asyncio.sleep(0.05)
+    assert sshd.clients() == []  # no ssh session left open (the SDK's, the execs')
+    out = CliRunner().invoke(app, ["sandbox", "hosts", "--hosts", sshd.url, "--json"])
+    assert out.exit_code == 0, out.output
+    row = json.loads(out.stdout)
+    assert (row["url"], row["state"], row["reason"]) == (sshd.url, "up", "")
+    assert base_image in row["images"] and row["in_use"] == 0
+
+
+def test_ssh_host_down_says_why_without_hanging(sshd: LocalSshd, extra_dockerds,
+                                               tmp_path: Path) -> None:
+    """An sshd that stops, a key it refuses and a port that never answers: each host is down
+    within its health timeout with ssh's own one-line reason."""
+    gone = LocalSshd(tmp_path, extra_dockerds[1].url)
+    gone.start()
+    host = DockerHost(DockerHostConfig(url=gone.url), health_timeout=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{gone.bin}:{os.environ['PATH']}")
+        assert host.check() and host.state == "up"
+        gone.stop()
+        started = time.monotonic()
+        assert not host.check()
+        assert time.monotonic() - started < 2
+    assert (host.state, host.reason) == (
+        "down", f"ssh: connect to host 127.0.0.1 port {gone.port}: Connection refused")
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never speaks
+        mute = DockerHost(DockerHostConfig(url=f"ssh://root@127.0.0.1:{silent.getsockname()[1]}"),
+                          health_timeout=1)
+        started = time.monotonic()
+        assert not mute.check()
+        assert time.monotonic() - started < 3 and mute.reason == "no answer (timed out)"
+    stranger = sshd.url.replace("root@", "nobody@")
+    out = CliRunner().invoke(app, ["sandbox", "hosts", "--hosts", f"{sshd.url},{stranger}",
+                                   "--json"])
+    rows = {r["url"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert out.exit_code == 0 and rows[sshd.url]["state"] == "up"
+    assert (rows[stranger]["state"], rows[stranger]["reason"]) == (
+        "down", "nobody@127.0.0.1: Permission denied (publickey).")
 
 
 def test_cli_hosts_shows_the_fleet(extra_dockerds, tmp_path: Path) -> None:
