@@ -224,7 +224,9 @@ def phase_means(trajectories: list[Any]) -> dict[str, float]:
 
 
 def sandbox_hold(traj: Any) -> float:
-    """Seconds from the trajectory's admission to a sandbox slot to its last phase's end."""
+    """Seconds from the sandbox in hand (the last "sandbox_wait" span's end: the pool handing
+    it over, after the slot was granted) to the trajectory's last phase's end. A wait for the
+    pool inside the slot is not in it: `corral_steady_pool_wait_seconds_mean` shows it."""
     admitted = max((s.end for s in traj.spans if s.phase == "sandbox_wait"), default=None)
     start = admitted if admitted is not None else min(s.start for s in traj.spans)
     return max(s.end for s in traj.spans) - start

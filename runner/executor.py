@@ -3,8 +3,13 @@
 `LocalExecutor` (backend "asyncio") runs episodes in this process on the event loop: env
 instances are kept per env and reused across episodes, sandboxes come from a `SandboxPool`,
 and episodes that need a sandbox are admitted by a capacity semaphore (waiting there is
-recorded as a "sandbox_wait" span). Other backends (`backend="ray"`) implement the same
-protocol in `corral.runner.ray_backend` with a `make_executor(runner)` function.
+recorded as a "sandbox_wait" span). Before that, such an episode waits to be *on deck*: at
+most `on_deck` episodes beyond the sandbox capacity decode their first turn ahead of a slot.
+The first turn is decoded before the sandbox is needed so that it is ready when a slot frees;
+decoded much earlier it only loads the inference servers (a run launches many groups ahead of
+its slots) and slows the turns of the episodes that hold a sandbox, while it goes stale.
+Other backends (`backend="ray"`) implement the same protocol in `corral.runner.ray_backend`
+with a `make_executor(runner)` function.
 """
 
 from __future__ import annotations
@@ -100,11 +105,14 @@ class LocalExecutor:
 
     def __init__(self, sources: list[EnvSource], probes: list[Any], policy: Policy,
                  limits: EpisodeLimits, inference: asyncio.Semaphore, pool: SandboxPool,
-                 sandbox_capacity: int) -> None:
+                 sandbox_capacity: int, on_deck: int = 1) -> None:
+        """`on_deck`: episodes allowed to decode their first turn while every slot is taken
+        (at least 1)."""
         self.sources, self.policy, self.limits = sources, policy, limits
         self.inference, self.pool = inference, pool
         self.capacity = sandbox_capacity
         self.admission = asyncio.Semaphore(sandbox_capacity)
+        self.deck = asyncio.Semaphore(sandbox_capacity + max(1, on_deck))
         self._waiting: Counter[str] = Counter()  # pooled items waiting for admission, per spec
         self._arrived = False  # has any work item come yet?
         self._free: list[list[Any]] = [[self._attach(env)] for env in probes]
@@ -129,8 +137,13 @@ class LocalExecutor:
                 return await run_episode(env, self.policy, item, self.limits, self.inference,
                                          attempt=attempt)
             key = spec_key(self.sources[item.env_index].spec)
-            return await run_episode(env, self.policy, item, self.limits, self.inference,
-                                     attempt=attempt, admission=self._admitted(key))
+            asked = time.time()
+            waited = self.deck.locked()
+            async with self.deck:  # held to the episode's end, as its slot is
+                spans = [Span("sandbox_wait", asked, time.time())] if waited else []
+                return await run_episode(env, self.policy, item, self.limits, self.inference,
+                                         attempt=attempt, spans=spans,
+                                         admission=self._admitted(key))
         finally:
             self._free[item.env_index].append(env)
 

@@ -226,7 +226,9 @@ class Runner:
         if self.backend == "asyncio":
             inference = asyncio.Semaphore(self.inference_concurrency)
             return LocalExecutor(self.sources, probes, self.policy, self.limits, inference,
-                                 self.pool, self.sandbox_capacity)
+                                 self.pool, self.sandbox_capacity,
+                                 on_deck=max(self.warm_spares,
+                                             default_spares(self.sandbox_capacity)))
         try:
             module = importlib.import_module(f"corral.runner.{self.backend}_backend")
         except ModuleNotFoundError as exc:

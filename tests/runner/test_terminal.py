@@ -101,3 +101,33 @@ def test_warm_spares_default_and_bounds() -> None:
     assert [default_spares(c) for c in (1, 4, 16, 32)] == [1, 1, 4, 8]
     with pytest.raises(ValueError, match="warm_spares"):
         Runner([Touch], ScriptedPolicy(solver), warm_spares=-1)
+
+
+def started_overlap(trajs: list[Trajectory]) -> int:
+    """The most episodes at once between their first generation and their end."""
+    edges = []
+    for traj in trajs:
+        first = min(s.start for s in traj.spans if s.phase in ("queue", "decode"))
+        edges += [(first, 1), (max(s.end for s in traj.spans), -1)]
+    live = peak = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+        live += step
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.bwrap
+async def test_only_episodes_on_deck_start_their_first_turn(base_image: str) -> None:
+    """Eight episodes launched at once over 2 slots: at most capacity + on deck (here
+    max(warm_spares, capacity // 4) = 1) have started generating; the others wait first,
+    and that wait is part of their `sandbox_wait`."""
+    policy = ScriptedPolicy(solver)
+    async with Runner([Touch], policy, sandbox_capacity=2, warm_spares=1,
+                      sandbox_backend="bwrap", seed=3) as runner:
+        trajs = await runner.collect(8, group=2)
+    assert all(t.reward == 1.0 for t in trajs)
+    assert started_overlap(trajs) == 3
+    assert slot_overlap(trajs) <= 2
+    waited = [t for t in trajs if min(s.start for s in t.spans if s.phase == "sandbox_wait")
+              < min(s.start for s in t.spans if s.phase in ("queue", "decode")) - 0.05]
+    assert len(waited) >= 4  # the back of the look-ahead waited before its first turn
