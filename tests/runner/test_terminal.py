@@ -66,17 +66,20 @@ async def test_terminal_env_in_real_sandboxes(backend: str, base_image: str) -> 
         assert left == []
 
 
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most of `intervals` (start, end) open at once (an end before a start at a tie)."""
+    edges = [(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals]
+    live = peak = 0
+    for _, step in sorted(edges):
+        live += step
+        peak = max(peak, live)
+    return peak
+
+
 def slot_overlap(trajs: list[Trajectory]) -> int:
     """The most episodes that held a sandbox slot at once (admission to last span)."""
-    edges = []
-    for traj in trajs:
-        admitted = max(s.end for s in traj.spans if s.phase == "sandbox_wait")
-        edges += [(admitted, 1), (max(s.end for s in traj.spans), -1)]
-    held = peak = 0
-    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
-        held += step
-        peak = max(peak, held)
-    return peak
+    return peak_overlap([(max(s.end for s in t.spans if s.phase == "sandbox_wait"),
+                          max(s.end for s in t.spans)) for t in trajs])
 
 
 @pytest.mark.bwrap
@@ -105,15 +108,8 @@ def test_warm_spares_default_and_bounds() -> None:
 
 def started_overlap(trajs: list[Trajectory]) -> int:
     """The most episodes at once between their first generation and their end."""
-    edges = []
-    for traj in trajs:
-        first = min(s.start for s in traj.spans if s.phase in ("queue", "decode"))
-        edges += [(first, 1), (max(s.end for s in traj.spans), -1)]
-    live = peak = 0
-    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
-        live += step
-        peak = max(peak, live)
-    return peak
+    return peak_overlap([(min(s.start for s in t.spans if s.phase in ("queue", "decode")),
+                          max(s.end for s in t.spans)) for t in trajs])
 
 
 @pytest.mark.bwrap
