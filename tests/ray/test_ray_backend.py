@@ -36,8 +36,12 @@ def comparable(traj: Trajectory) -> dict[str, Any]:
     """Everything but wall-clock times: tokens, logprobs, versions, rewards, messages, phases."""
     data = traj.to_dict()
     data.pop("created_at")
-    # phases overlap (the first generation runs during reset), so their order is timing
-    data["spans"] = sorted(span["phase"] for span in data["spans"])
+    # phases overlap (the first generation runs during reset), so their order is timing; how
+    # many times an episode waited for sandbox capacity is scheduling (the local executor's
+    # on-deck wait comes and goes with timing), whether it waited at all is not
+    phases = [span["phase"] for span in data["spans"]]
+    data["spans"] = sorted(p for p in phases if p != "sandbox_wait")
+    data["waited_for_a_sandbox"] = "sandbox_wait" in phases
     return data
 
 
