@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 import httpx  # noqa: E402
 
 from workload.baseline import Baseline, TrialResult  # noqa: E402
-from workload.bounds import Bound, critical_path, lower_bound, sandbox_floor  # noqa: E402
+from workload.bounds import Bound, lower_bound, sandbox_floor  # noqa: E402
 from workload.env import ENV_ID, define_env  # noqa: E402
 from workload.inference import CostModel  # noqa: E402
 from workload.plans import Plan, WorkloadConfig, plan  # noqa: E402
@@ -181,10 +181,6 @@ class Bounds:
     def turn_tokens(self, p: Plan) -> list[int]:
         """The tokens the modelled server returns at each turn of `p`."""
         return [len(self.scripter.turn(p, i)[1]) for i in range(p.turns)]
-
-    def critical_path(self, p: Plan) -> float:
-        """One plan's commands plus its output tokens at base decode speed."""
-        return critical_path(p, self.cost, sum(self.turn_tokens(p)))
 
     def sandbox_floor(self, p: Plan) -> float:
         """The least time `p` holds a sandbox: its critical path without the first turn."""

@@ -30,7 +30,7 @@ class Health(http.server.BaseHTTPRequestHandler):
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
     def log_message(self, *args):
-        pass
+        return None  # quiet: no request lines in the server's log
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
 
