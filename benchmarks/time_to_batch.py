@@ -199,7 +199,8 @@ def ideal_ratio(args: argparse.Namespace, config: WorkloadConfig, cost: CostMode
 
     spares = default_spares(args.capacity) if args.spares is None else args.spares
     caps = Caps(capacity=args.capacity, spares=spares, groups_per_batch=config.tasks,
-                group=config.group, overprovision=AssemblyConfig().overprovision)
+                group=config.group, overprovision=AssemblyConfig().overprovision,
+                on_deck=max(spares, default_spares(args.capacity)))
     return Replay(config, caps, bounds.scripter, cost).ratio(args.steady_batches)
 
 

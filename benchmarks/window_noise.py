@@ -10,17 +10,19 @@ later one, so a window can end with more (or less) of the next batches' work alr
 it started with, and its ratio strays from the long-run one although no slot ever idles.
 
 This replays the runner's scheduling on the same seeded plans with **zero overhead** (every
-trajectory holds its slot for exactly its sandbox floor, its first turn is decoded before it
-takes a slot, inference never waits) and prints `ratio_to_lower_bound` per seed and window
+trajectory holds its slot for exactly its sandbox floor, its first turn is decoded at base speed
+while it is on deck, inference never waits) and prints `ratio_to_lower_bound` per seed and window
 length. A runner at the physical limit would measure these figures, so their spread is the
 window's own error: what a measured ratio can be trusted to.
 
 The replay follows `Runner.batches()`: groups are planned from the runner's seed, at least
 `ceil(groups_per_batch * (1 + overprovision))` groups are launched ahead and more while fewer
-than capacity + warm spares + one group are in flight and no batch waits; slots are handed out
-first-come first-served; a batch is cut as soon as enough whole groups are ready, oldest
-first. A sample's plan is the next one of its task (the modelled server numbers a task's
-trajectories in the order they reach it).
+than capacity + warm spares + one group are in flight and no batch waits; launched episodes go
+on deck in launch order, at most capacity + `on_deck` at once (`LocalExecutor`'s gate: the
+episodes holding a slot plus those decoding their first turn or waiting for one), and leave it
+when they end; slots are handed out first-come first-served; a batch is cut as soon as enough
+whole groups are ready, oldest first. A sample's plan is the next one of its task (the
+modelled server numbers a task's trajectories in the order they reach it).
 """
 
 from __future__ import annotations
@@ -46,13 +48,15 @@ from workload.script import Scripter  # noqa: E402
 @dataclass(frozen=True)
 class Caps:
     """The runner's caps (defaults: `time_to_batch.py --quick`'s, with the runner's default
-    warm spares, capacity // 4, and `AssemblyConfig`'s default over-provisioning)."""
+    warm spares, capacity // 4, its on-deck allowance, max(spares, capacity // 4, 1), and
+    `AssemblyConfig`'s default over-provisioning)."""
 
     capacity: int = 16
     spares: int = 4
     groups_per_batch: int = 16
     group: int = 4
     overprovision: float = 0.25
+    on_deck: int = 4
 
 
 class Replay:
@@ -86,7 +90,9 @@ class Replay:
         now, next_group, free = 0.0, 0, caps.capacity
         samples: dict[int, int] = {}
         events: list[tuple[float, int, str, int, float]] = []  # (time, seq, kind, group, floor)
-        waiting: deque[tuple[int, float]] = deque()
+        waiting: deque[tuple[int, float]] = deque()     # first turn decoded, wants a slot
+        launched: deque[tuple[int, float, float]] = deque()  # not on deck yet (group, first, floor)
+        deck = caps.capacity + max(1, caps.on_deck)
         left: dict[int, int] = {}            # groups in play: samples not yet finished
         floors: dict[int, list[float]] = {}
         ready: deque[int] = deque()
@@ -109,8 +115,15 @@ class Replay:
                 for _ in range(caps.group):
                     sample = samples.get(task, 0)
                     samples[task] = sample + 1
-                    first, floor = self.timing(task, sample)
-                    push(now + first, "wants_slot", group, floor)
+                    launched.append((group, *self.timing(task, sample)))
+            board()
+
+        def board() -> None:
+            nonlocal deck
+            while deck and launched:
+                deck -= 1
+                group, first, floor = launched.popleft()
+                push(now + first, "wants_slot", group, floor)
 
         def in_flight() -> int:
             return sum(left.values())
@@ -122,6 +135,7 @@ class Replay:
                 waiting.append((group, floor))
             else:
                 free += 1
+                deck += 1
                 left[group] -= 1
                 floors[group].append(floor)
                 if left[group] == 0:
@@ -137,6 +151,7 @@ class Replay:
                 for g in batch:
                     del left[g]
             top_up()
+            board()
         gaps = [b - a for a, b in zip(cuts, cuts[1:])]
         return statistics.fmean(gaps) / statistics.fmean(bounds[1:])
 

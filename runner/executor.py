@@ -58,18 +58,11 @@ class EnvSource:
 
 
 @contextlib.asynccontextmanager
-async def admission_slot(semaphore: asyncio.Semaphore, waiting: Counter[str] | None = None,
-                         key: str = "") -> AsyncIterator[None]:
+async def admission_slot(semaphore: asyncio.Semaphore) -> AsyncIterator[None]:
     """A slot of the sandbox capacity for one episode (`run_episode(admission=...)`); the wait
-    becomes the episode's "sandbox_wait" span and `waiting[key]` counts who waits now."""
+    becomes the episode's "sandbox_wait" span."""
     wall = time.time()
-    if waiting is not None:
-        waiting[key] += 1
-    try:
-        await semaphore.acquire()
-    finally:
-        if waiting is not None:
-            waiting[key] -= 1
+    await semaphore.acquire()
     try:
         sink = span_sink.get()
         if sink is not None:
@@ -113,7 +106,7 @@ class LocalExecutor:
         self.capacity = sandbox_capacity
         self.admission = asyncio.Semaphore(sandbox_capacity)
         self.deck = asyncio.Semaphore(sandbox_capacity + max(1, on_deck))
-        self._waiting: Counter[str] = Counter()  # pooled items waiting for admission, per spec
+        self._waiting: Counter[str] = Counter()  # pooled items on deck without a slot, per spec
         self._arrived = False  # has any work item come yet?
         self._free: list[list[Any]] = [[self._attach(env)] for env in probes]
         self.made = len(probes)
@@ -140,20 +133,35 @@ class LocalExecutor:
             asked = time.time()
             waited = self.deck.locked()
             async with self.deck:  # held to the episode's end, as its slot is
+                self._arrived = True
                 spans = [Span("sandbox_wait", asked, time.time())] if waited else []
-                return await run_episode(env, self.policy, item, self.limits, self.inference,
-                                         attempt=attempt, spans=spans,
-                                         admission=self._admitted(key))
+                self._waiting[key] += 1  # on deck: its sandbox is wanted from now on
+                self.pool.refill(self.sources[item.env_index].spec)
+                unslotted = [True]
+                try:
+                    return await run_episode(env, self.policy, item, self.limits,
+                                             self.inference, attempt=attempt, spans=spans,
+                                             admission=self._admitted(key, unslotted))
+                finally:
+                    if unslotted[0]:  # it ended before its slot was granted
+                        self._waiting[key] -= 1
         finally:
             self._free[item.env_index].append(env)
 
-    def _admitted(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
-        self._arrived = True
-        return admission_slot(self.admission, self._waiting, key)
+    @contextlib.asynccontextmanager
+    async def _admitted(self, key: str, unslotted: list[bool]) -> AsyncIterator[None]:
+        """The slot of an episode counted in `_waiting` since it went on deck: it stops
+        counting there once the slot is granted."""
+        async with admission_slot(self.admission):
+            unslotted[0] = False
+            self._waiting[key] -= 1
+            yield
 
     def demand(self, spec: Any) -> Callable[[], int]:
-        """How many work items needing `spec` wait for admission: caps the pool's pre-warming,
-        so the end of a run starts no sandbox nobody takes. Before the first work item arrives
+        """How many work items needing `spec` are on deck without a slot (decoding their first
+        turn, or waiting for a slot): caps the pool's pre-warming, so the end of a run starts
+        no sandbox nobody takes, while a sandbox starts for an episode as soon as it is on deck
+        (a container start takes longer than a first turn). Before the first work item arrives
         a full load is expected (pre-warming while the caller gets ready is the point): every
         slot plus the pool's warm spares."""
         key = spec_key(spec)

@@ -201,6 +201,10 @@ class SandboxPool:
                     lambda: self._closed or self.warm_count(spec) >= self._wanted(key)
                     or (self._live >= self.capacity and not self._starting.get(key)))
 
+    def refill(self, spec: SandboxSpec) -> None:
+        """Start what the pre-warming target of `spec` wants now (its `demand` went up)."""
+        self._refill(spec_key(spec))
+
     # --- internals -----------------------------------------------------------------------------
     async def _take_or_reserve(self, key: str) -> _Entry | None:
         """A warm entry of `key`, or None after reserving one unit of capacity for a start."""

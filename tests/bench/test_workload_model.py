@@ -76,3 +76,19 @@ def test_zero_overhead_replay_meets_the_bound_over_a_long_window() -> None:
                     CostModel())
     assert replay.ratio(16) == pytest.approx(1.0, abs=0.02)
     assert abs(replay.ratio(2) - 1.0) > 0.03  # seed 0's short window: carry-over, not overhead
+
+
+def test_replay_models_the_on_deck_gate() -> None:
+    """Only capacity + `on_deck` episodes decode their first turn ahead of a slot in the
+    replay, as in `LocalExecutor`: with one on deck, slots wait for first turns (the long-run
+    ratio rises above 1); with the runner's default (capacity // 4) they do not."""
+    from window_noise import Caps, Replay
+    from workload.plans import WorkloadConfig
+    from workload.script import Scripter
+
+    from corral.runner.policy.models import load_tokenizer
+
+    scripter, config = Scripter(load_tokenizer("tiny")), WorkloadConfig(seed=0, tasks=16)
+    narrow = Replay(config, Caps(on_deck=1), scripter, CostModel()).ratio(16)
+    default = Replay(config, Caps(), scripter, CostModel()).ratio(16)
+    assert narrow > 1.015 and default == pytest.approx(1.0, abs=0.02)

@@ -129,3 +129,17 @@ async def test_start_failure_raises_infra_error_and_frees_capacity(opener: DirOp
         assert pool.live == 0 and pool.stats.failures == 1
         sandbox = await pool.acquire(SPEC, FileEnv())  # capacity was given back
         assert sandbox.alive
+
+
+async def test_refill_starts_what_a_rise_in_demand_wants_at_once(opener: DirOpener) -> None:
+    """Demand rises outside the pool (an episode goes on deck): `refill` starts its sandbox
+    then, instead of at the pool's next acquire or release."""
+    waiting = [0]
+    async with SandboxPool(4, opener=opener) as pool:
+        await pool.prewarm(SPEC, 3, wait=True, demand=lambda: waiting[0])
+        waiting[0] = 2
+        await asyncio.sleep(0.05)
+        assert pool.stats.starts == 0  # the pool cannot see the rise by itself
+        pool.refill(SPEC)
+        await pool.drain()
+        assert pool.stats.starts == 2 and pool.warm_count(SPEC) == 2

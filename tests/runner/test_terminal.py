@@ -113,6 +113,29 @@ def started_overlap(trajs: list[Trajectory]) -> int:
 
 
 @pytest.mark.bwrap
+async def test_an_episode_wants_its_sandbox_from_the_moment_it_is_on_deck(
+        base_image: str) -> None:
+    """The pool's pre-warming follows the episodes on deck without a slot, counted from the
+    moment they go on deck: a sandbox starts while the first turn is being decoded (a
+    container start takes longer than a first turn), and the count is 0 again at the end."""
+    seen: list[int] = []
+
+    def respond(call: ScriptedCall) -> str:
+        if call.turn == 0:  # this episode is on deck, decoding its first turn
+            seen.append(runner.executor.demand(runner.sources[0].spec)())
+        return solver(call)
+
+    runner = Runner([Touch], ScriptedPolicy(respond), sandbox_capacity=1, warm_spares=1,
+                    sandbox_backend="bwrap", seed=4)
+    async with runner:
+        trajs = await runner.collect(4, group=2)
+        after = runner.executor.demand(runner.sources[0].spec)()
+    assert all(t.reward == 1.0 for t in trajs)
+    assert len(seen) == 4 and min(seen) >= 1  # each counts itself while it decodes
+    assert after == 0
+
+
+@pytest.mark.bwrap
 async def test_only_episodes_on_deck_start_their_first_turn(base_image: str) -> None:
     """Eight episodes launched at once over 2 slots: at most capacity + on deck (here
     max(warm_spares, capacity // 4) = 1) have started generating; the others wait first,
