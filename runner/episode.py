@@ -144,11 +144,13 @@ class _Episode:
         action: Any = gen.text
         if gen.tool_calls:  # OpenAI-style servers may return structured tool calls
             action = parse_openai_tool_calls(list(gen.tool_calls))
-        start = len(self.traj.spans)
         began = time.time()
         _, _, terminated, truncated, _ = await self.env.astep(action)
-        verify = [s for s in self.traj.spans[start:] if s.phase == "verify"]
-        self.traj.spans.append(Span("env", began, verify[0].start if verify else time.time()))
+        # a step that ended the episode ran the verifier too: that is the "verify" span's
+        episode = self.env.episode
+        verified = episode.verify_span if episode is not None else None
+        ended = verified[0] if verified is not None and verified[0] >= began else time.time()
+        self.traj.spans.append(Span("env", began, ended))
         return terminated, truncated
 
     # --- the loop ------------------------------------------------------------------------------

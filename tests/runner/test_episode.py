@@ -51,6 +51,8 @@ async def test_multi_turn_tokens_are_built_incrementally_and_match_the_template(
     assert all(lp < 0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m)
     phases = traj.phase_seconds()
     assert {"setup", "queue", "decode", "env", "verify"} <= set(phases)
+    [verify] = [s for s in traj.spans if s.phase == "verify"]
+    assert all(s.end <= verify.start for s in traj.spans if s.phase == "env")  # no double count
 
 
 async def test_tool_calls_run_in_the_sandbox_and_errors_come_back_as_observations(
