@@ -8,8 +8,8 @@ most `on_deck` episodes beyond the sandbox capacity decode their first turn ahea
 The first turn is decoded before the sandbox is needed so that it is ready when a slot frees;
 decoded much earlier it only loads the inference servers (a run launches many groups ahead of
 its slots) and slows the turns of the episodes that hold a sandbox, while it goes stale.
-Other backends (`backend="ray"`) implement the same protocol in `corral.runner.ray_backend`
-with a `make_executor(runner)` function.
+Other backends (`backend="ray"`) implement the same protocol, deck included, in
+`corral.runner.ray_backend` with a `make_executor(runner)` function.
 """
 
 from __future__ import annotations
@@ -72,6 +72,15 @@ async def admission_slot(semaphore: asyncio.Semaphore) -> AsyncIterator[None]:
         semaphore.release()
 
 
+@contextlib.asynccontextmanager
+async def on_deck(deck: asyncio.Semaphore) -> AsyncIterator[list[Span]]:
+    """A place on deck for one episode, held to its end (see the module docstring); yields the
+    "sandbox_wait" span of the wait for it (none when there was no wait)."""
+    asked, waited = time.time(), deck.locked()
+    async with deck:
+        yield [Span("sandbox_wait", asked, time.time())] if waited else []
+
+
 def resolve_envs(envs: Sequence[str | EnvFactory]) -> tuple[list[EnvSource], list[Any]]:
     """Env ids (looked up with `corral.registry.make`) or factories → sources, plus one probe
     instance of each (reused as the first worker instance)."""
@@ -130,11 +139,8 @@ class LocalExecutor:
                 return await run_episode(env, self.policy, item, self.limits, self.inference,
                                          attempt=attempt)
             key = spec_key(self.sources[item.env_index].spec)
-            asked = time.time()
-            waited = self.deck.locked()
-            async with self.deck:  # held to the episode's end, as its slot is
+            async with on_deck(self.deck) as spans:
                 self._arrived = True
-                spans = [Span("sandbox_wait", asked, time.time())] if waited else []
                 self._waiting[key] += 1  # on deck: its sandbox is wanted from now on
                 self.pool.refill(self.sources[item.env_index].spec)
                 unslotted = [True]

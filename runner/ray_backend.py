@@ -27,7 +27,9 @@ share}`, softly pinned to its node), so sandbox capacity scales with the sandbox
 When a node dies, its workers' episodes fail as infrastructure errors (`SandboxDied`) and the
 runner retries them on the other workers (nothing lost, nothing counted twice); the worker is
 restarted wherever its share fits; until it runs, episodes go to running workers, and one
-sent to it that waits past `start_timeout_s` retires it (its share leaves the run).
+sent to it that waits past `start_timeout_s` retires it (its share leaves the run). As on the
+asyncio backend, only `Runner.on_deck()` episodes beyond the capacity decode their first turn
+ahead of a slot.
 
 Options (`Runner(..., backend_options={...})` when the runner passes them, else defaults):
 `workers` (default: one per `sandbox` node, else the cluster's CPUs; at most the capacity),
@@ -47,7 +49,7 @@ from typing import Any, Callable, Sequence
 
 from corral.errors import CorralError, SandboxDied
 from corral.runner.episode import EpisodeLimits, WorkItem, run_episode
-from corral.runner.executor import EnvSource, admission_slot
+from corral.runner.executor import EnvSource, admission_slot, on_deck
 from corral.runner.policy import Policy
 from corral.runner.pool import SandboxPool, span_sink
 from corral.runner.trajectory import Span, Trajectory
@@ -292,7 +294,7 @@ class RayExecutor:
                  workers: int | None = None, worker_cpus: float = 1.0,
                  sandbox_backend: str = "auto", run_id: str = "ray", prewarm: int | None = None,
                  sandbox_resource: str | None = "sandbox", start_timeout_s: float = 120.0,
-                 ray_init: dict[str, Any] | None = None) -> None:
+                 ray_init: dict[str, Any] | None = None, deck: int = 1) -> None:
         import ray
         from ray import cloudpickle  # Ray serializes with its own copy of cloudpickle
 
@@ -301,6 +303,7 @@ class RayExecutor:
         self.sources, self.probes, self.policy, self.limits = sources, probes, policy, limits
         self.inference = inference
         self.admission = asyncio.Semaphore(capacity)
+        self.deck = asyncio.Semaphore(capacity + max(1, deck))  # as LocalExecutor's
         self.start_timeout_s = start_timeout_s
         # sandbox nodes (alive, advertising the resource) -> the share each worker reserves
         rooms = sandbox_nodes(sandbox_resource) if sandbox_resource else {}
@@ -445,9 +448,13 @@ class RayExecutor:
         env = RemoteEnv(self, item.env_index, self.probes[item.env_index])
         pooled = self.sources[item.env_index].pooled
         try:
-            return await run_episode(env, self.policy, item, self.limits, self.inference,
-                                     attempt=attempt,
-                                     admission=admission_slot(self.admission) if pooled else None)
+            if not pooled:
+                return await run_episode(env, self.policy, item, self.limits, self.inference,
+                                         attempt=attempt)
+            async with on_deck(self.deck) as spans:
+                return await run_episode(env, self.policy, item, self.limits, self.inference,
+                                         attempt=attempt, spans=spans,
+                                         admission=admission_slot(self.admission))
         finally:
             if pooled and env._worker is not None:
                 asyncio.ensure_future(self._refresh(env._worker))
@@ -553,5 +560,6 @@ def make_executor(runner: Any, probes: list[Any]) -> RayExecutor:
                            asyncio.Semaphore(runner.inference_concurrency),
                            runner.sandbox_capacity, entries=runner.env_entries,
                            sandbox_backend=runner.sandbox_backend,
-                           run_id=runner.run_id, prewarm=prewarm, **options)
+                           run_id=runner.run_id, prewarm=prewarm,
+                           deck=runner.on_deck(), **options)
     return executor

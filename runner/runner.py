@@ -219,6 +219,11 @@ class Runner:
         await self._prewarm()
         self._started = True
 
+    def on_deck(self) -> int:
+        """Episodes that decode their first turn ahead of a slot beyond the sandbox capacity:
+        enough to take every warm spare at once, and at least `default_spares(capacity)`."""
+        return max(self.warm_spares, default_spares(self.sandbox_capacity))
+
     def _make_executor(self, probes: list[Any]) -> Executor:
         assert self.pool is not None
         if not isinstance(self.backend, str):
@@ -226,9 +231,7 @@ class Runner:
         if self.backend == "asyncio":
             inference = asyncio.Semaphore(self.inference_concurrency)
             return LocalExecutor(self.sources, probes, self.policy, self.limits, inference,
-                                 self.pool, self.sandbox_capacity,
-                                 on_deck=max(self.warm_spares,
-                                             default_spares(self.sandbox_capacity)))
+                                 self.pool, self.sandbox_capacity, on_deck=self.on_deck())
         try:
             module = importlib.import_module(f"corral.runner.{self.backend}_backend")
         except ModuleNotFoundError as exc:

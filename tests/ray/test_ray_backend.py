@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -138,6 +139,23 @@ async def test_docker_terminal_env_same_trajectories(base_image: str, run_id: st
     pool = stats["executor"]["pool"]
     assert pool["starts"] >= 4 and pool["acquires"] == 4
     assert any(s == "verify" for t in remote for s in comparable(t)["spans"])
+
+
+def most_started_at_once(trajs: list[Trajectory]) -> int:
+    """The most episodes at once between their first generation and their end."""
+    edges = sorted([(min(s.start for s in t.spans if s.phase in ("queue", "decode")), 1)
+                    for t in trajs] + [(max(s.end for s in t.spans), -1) for t in trajs])
+    return max(itertools.accumulate(step for _, step in edges))
+
+
+@pytest.mark.bwrap
+async def test_only_episodes_on_deck_start_their_first_turn() -> None:
+    """As on the asyncio backend: eight episodes over two slots with one on deck, so at most
+    three ever generate at once (the rest wait, and that wait is a `sandbox_wait`)."""
+    trajs, _ = await collect("ray", [Files], files_agent, 8, 2, sandbox_capacity=2,
+                             warm_spares=1, sandbox_backend="bwrap")
+    assert all(t.status is Status.COMPLETE for t in trajs), [t.error for t in trajs]
+    assert most_started_at_once(trajs) == 3
 
 
 async def test_truncation_runs_the_verifier_in_the_worker() -> None:

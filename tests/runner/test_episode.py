@@ -272,3 +272,27 @@ async def test_first_turn_decodes_while_the_episode_waits_for_a_sandbox(
     waited = next(s for s in later.spans if s.phase == "sandbox_wait")
     first_decode = next(s for s in later.spans if s.phase == "decode")
     assert waited.end - waited.start > 0 and first_decode.end <= waited.end
+
+
+class OneShotFileEnv(FileEnv):
+    """FileEnv whose sandboxes are not reused: each episode needs a freshly started one."""
+
+    env_id = "test/file-oneshot-v0"
+    reusable_sandbox = False
+
+
+async def test_an_episode_on_deck_finds_its_sandbox_started_when_its_slot_comes() -> None:
+    """One slot, one on deck, starts that take 0.4 s, episodes that hold the slot for 1 s:
+    the sandbox of an episode that goes on deck starts then, so it is warm when the slot
+    frees. (Started only at the pool's next acquire or release, it began when the slot freed,
+    and the episode waited 0.4 s for it inside the slot.)"""
+    opener = DirOpener(delay=0.4)
+    pool = SandboxPool(2, opener=opener)
+    policy = ScriptedPolicy(file_solver, latency=lambda call: 1.0 if call.turn else 0.0)
+    async with Runner([OneShotFileEnv], policy, pool=pool, sandbox_capacity=1,
+                      warm_spares=1) as runner:
+        trajs = await runner.collect(4, group=2)
+    await pool.close()
+    assert [t.status for t in trajs] == [Status.COMPLETE] * 4
+    waits = pool.stats.wait_seconds  # in acquire order; the first ones met the cold start
+    assert len(waits) == 4 and max(waits[2:]) < 0.2, waits
