@@ -92,3 +92,16 @@ def test_replay_models_the_on_deck_gate() -> None:
     narrow = Replay(config, Caps(on_deck=1), scripter, CostModel()).ratio(16)
     default = Replay(config, Caps(), scripter, CostModel()).ratio(16)
     assert narrow > 1.015 and default == pytest.approx(1.0, abs=0.02)
+
+
+def test_hold_and_pool_wait_split_a_trajectory_at_the_sandbox_hand_over() -> None:
+    """The benchmark's per-trajectory figures: waits on deck and for a slot precede the
+    pool's wait (the last `sandbox_wait`), the hold runs from the hand-over to the end."""
+    from time_to_batch import pool_wait, sandbox_hold
+
+    from corral.runner.trajectory import Span, Trajectory
+
+    traj = Trajectory(id="t", env_id="e", task_id="0", group_id="g", spans=[
+        Span("sandbox_wait", 0.0, 1.0), Span("decode", 0.5, 1.2), Span("sandbox_wait", 1.2, 3.0),
+        Span("sandbox_wait", 3.0, 3.5), Span("env", 3.5, 6.0), Span("verify", 6.0, 6.5)])
+    assert pool_wait(traj) == pytest.approx(0.5) and sandbox_hold(traj) == pytest.approx(3.0)
