@@ -98,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "URL[?capacity=N&rate=R&burst=B] (as CORRAL_DOCKER_HOSTS); docker only")
     run.add_argument("--spares", type=int, default=None,
                      help="warm spare sandboxes held beyond --capacity (Runner(warm_spares=)); "
-                     "default: the runner's default (capacity // 4); 0 turns them off")
+                     "default: the runner's default (capacity // 2 on docker, capacity // 4 "
+                     "on bwrap); 0 turns them off")
     run.add_argument("--quick", action="store_true",
                      help="smaller run: 16 tasks x 4, capacity 16 (4 steady batches unless "
                      "--steady-batches says otherwise)")
@@ -197,7 +198,8 @@ def ideal_ratio(args: argparse.Namespace, config: WorkloadConfig, cost: CostMode
     from corral.runner import AssemblyConfig
     from corral.runner.runner import default_spares
 
-    spares = default_spares(args.capacity) if args.spares is None else args.spares
+    spares = default_spares(args.capacity, slow_starts=args.backend == "docker") \
+        if args.spares is None else args.spares
     caps = Caps(capacity=args.capacity, spares=spares, groups_per_batch=config.tasks,
                 group=config.group, overprovision=AssemblyConfig().overprovision,
                 on_deck=max(spares, default_spares(args.capacity)))

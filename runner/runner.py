@@ -79,11 +79,17 @@ class _Flight:
     cut: bool = False
 
 
-def default_spares(capacity: int) -> int:
-    """Warm spares a runner keeps by default: a quarter of its sandbox capacity, at least 1.
-    Enough to cover the starts a burst of finishing episodes needs; idle ones cost a sleeping
-    container or bubblewrap process each."""
-    return max(1, capacity // 4)
+SLOW_STARTS = frozenset({"docker"})
+"""Backends whose sandbox start takes longer than a first turn (a Docker container: 0.3 s on
+an idle host, 0.8-0.9 s under a full run's churn on 2 cores; bubblewrap: about 0.05 s)."""
+
+
+def default_spares(capacity: int, slow_starts: bool = False) -> int:
+    """Warm spares a runner keeps by default: a quarter of its sandbox capacity (half with a
+    backend of `SLOW_STARTS`), at least 1. Enough to cover the starts a burst of finishing
+    episodes needs (an episode's sandbox starts when it goes on deck, and the deck is as deep
+    as the spares); idle ones cost a sleeping container or bubblewrap process each."""
+    return max(1, capacity // (2 if slow_starts else 4))
 
 
 class Runner:
@@ -97,7 +103,8 @@ class Runner:
     sandboxes on a fleet of Docker hosts), `prewarm` (sandboxes started per pooled spec before
     the first episode; default: capacity shared among the specs), `warm_spares` (sandboxes kept
     started beyond `sandbox_capacity`, so an episode admitted to a slot finds its sandbox ready
-    and a start is not inside the slot; default `default_spares(capacity)`, 0 turns them off;
+    and a start is not inside the slot; default `default_spares(capacity)`: a quarter of the
+    capacity, half where the envs' sandboxes are Docker containers; 0 turns them off;
     the peak held is `stats()["executor"]["pool"]["peak_live"]`) and `pool` (a `SandboxPool`
     shared with other runners, which this one drains instead of closing). The run: `run_dir` (the
     trajectory store; a run resumes from it), `run_id`, `seed` (the task plan), `env_weights`
@@ -128,6 +135,8 @@ class Runner:
         self.assembly = assembly if assembly is not None else AssemblyConfig()
         self.sandbox_backend = sandbox_backend
         self.prewarm = prewarm
+        self._spares_given = warm_spares is not None
+        # the default depends on the backend the pooled envs resolve to (`start`)
         self.warm_spares = default_spares(sandbox_capacity) if warm_spares is None \
             else warm_spares
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -195,6 +204,9 @@ class Runner:
 
             entries = await asyncio.to_thread(remote_entries, entries, self.env_servers)
         self.sources, probes = await asyncio.to_thread(resolve_envs, entries)
+        if not self._spares_given:
+            self.warm_spares = default_spares(self.sandbox_capacity,
+                                              slow_starts=await self._slow_starts())
         if self.env_weights and len(self.env_weights) != len(self.sources):
             raise ValueError(f"env_weights has {len(self.env_weights)} entries for "
                              f"{len(self.sources)} envs")
@@ -219,9 +231,27 @@ class Runner:
         await self._prewarm()
         self._started = True
 
+    async def _slow_starts(self) -> bool:
+        """Whether a pooled env's sandboxes come from a backend of `SLOW_STARTS`."""
+        from corral.errors import UnknownBackend
+        from corral.sandbox.backends import config_row, resolve_backend
+
+        backend = self.sandbox_backend
+        if not isinstance(backend, str):  # a backend's config (a Docker fleet)
+            return config_row(backend).name in SLOW_STARTS
+        for source in self.sources:
+            if not source.pooled:
+                continue
+            try:
+                if await resolve_backend(source.spec, backend, strict=False) in SLOW_STARTS:
+                    return True
+            except UnknownBackend:  # said in full by the first sandbox the run opens
+                continue
+        return False
+
     def on_deck(self) -> int:
         """Episodes that decode their first turn ahead of a slot beyond the sandbox capacity:
-        enough to take every warm spare at once, and at least `default_spares(capacity)`."""
+        enough to take every warm spare at once, and at least a quarter of the capacity."""
         return max(self.warm_spares, default_spares(self.sandbox_capacity))
 
     def _make_executor(self, probes: list[Any]) -> Executor:

@@ -102,8 +102,21 @@ def test_warm_spares_default_and_bounds() -> None:
     from corral.runner.runner import default_spares
 
     assert [default_spares(c) for c in (1, 4, 16, 32)] == [1, 1, 4, 8]
+    assert [default_spares(c, slow_starts=True) for c in (1, 4, 16, 32)] == [1, 2, 8, 16]
     with pytest.raises(ValueError, match="warm_spares"):
         Runner([Touch], ScriptedPolicy(solver), warm_spares=-1)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(("backend", "spares"), [("docker", 4), ("bwrap", 2)])
+async def test_default_spares_follow_the_backend_the_envs_resolve_to(
+        backend: str, spares: int, base_image: str) -> None:
+    """Docker's container start is slower than a first turn: half the capacity is kept warm
+    (and on deck); bubblewrap's is not: a quarter."""
+    async with Runner([Touch], ScriptedPolicy(solver), sandbox_capacity=8,
+                      sandbox_backend=backend, prewarm=0) as runner:
+        assert runner.warm_spares == spares and runner.on_deck() == spares
+        assert runner.pool.capacity == 8 + spares
 
 
 def started_overlap(trajs: list[Trajectory]) -> int:
