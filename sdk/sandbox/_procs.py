@@ -164,6 +164,19 @@ def process_key(pid: int) -> tuple[int, int] | None:
     return pid, int(fields[19])  # field 22 of stat: starttime
 
 
+def init_and_first_child(keys: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Of the `process_key`s of one pid namespace: its init (pid 1 inside) and the first child
+    init started (a container's main process). Later children of init are orphans it adopted,
+    so they started after that first child and are not in the result."""
+    keys = list(keys)
+    init = next((k for k in keys if inner_pid(k[0]) == 1), None)
+    if init is None:
+        return set()
+    children = [k for k in keys if k != init and (_stat(k[0]) or (0, 0))[0] == init[0]]
+    first = min(children, key=lambda k: (k[1], inner_pid(k[0]) or 0), default=None)
+    return {init} if first is None else {init, first}
+
+
 def inner_pid(pid: int) -> int | None:
     """A host pid's number in its own (innermost) pid namespace."""
     try:

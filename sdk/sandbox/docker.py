@@ -96,6 +96,16 @@ HEAD_TIMEOUT_S = 30.0  # a daemon that accepts a request and never answers it is
 _REMOTE_KILL = ('pids=$(grep -lxz "$0=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | '
                 'sort -n); [ "$2" = 1 ] || pids=$(echo "$pids" | tail -n +2); '
                 '[ -z "$pids" ] || kill -9 $pids 2>/dev/null; true')
+# inside a container: SIGKILL every process but pid 1 (tini), the container's main process (the
+# child of pid 1 that started first: later ones are orphans it adopted; its pid is not 2, as
+# tini's start uses a few) and the killer itself. /proc/PID/stat after "comm) ": $2 is the
+# ppid, $20 the start time.
+_INSIDE_KILL = ('main=; since=; for d in /proc/[0-9]*; do p=${d#/proc/}; '
+                'stat=$(sed "s/^.*) //" "$d/stat" 2>/dev/null) || continue; set -- $stat; '
+                '[ "$2" = 1 ] || continue; if [ -z "$since" ] || [ "${20}" -lt "$since" ] || '
+                '{ [ "${20}" = "$since" ] && [ "$p" -lt "$main" ]; }; then since=${20}; main=$p; '
+                'fi; done; for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" -gt 1 ] && '
+                '[ "$p" != "$main" ] && [ "$p" != $$ ] && kill -9 "$p" 2>/dev/null; done; true')
 CAP_ADD = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL",
            "NET_BIND_SERVICE"]
 
@@ -536,21 +546,20 @@ class DockerSandbox(Sandbox):
         return None if pids is None else frozenset(filter(None, map(_procs.process_key, pids)))
 
     async def kill_agent_processes(self, spare: frozenset[tuple[int, int]] = frozenset()) -> int:
-        """See `Sandbox.kill_agent_processes`. tini and the container's main process (pids 1
-        and 2 inside: the container stops when they do) are always spared."""
+        """See `Sandbox.kill_agent_processes`. tini and the container's main process (the
+        first process tini started: the container stops when either does) are always
+        spared."""
         await self._close_sessions()
         # the control shell is killed too (a root agent could reach it through its FIFOs):
         # later commands get fresh shells from Docker execs
         self._shell = self._control = None
         self._fifo_shells.clear()
         pids = _procs.container_pids(self.id)
-        if pids is None:  # not visible from here: kill from inside, sparing pids 1 and 2
-            script = ('for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" -gt 2 ] && [ "$p" != $$ ] '
-                      '&& kill -9 "$p" 2>/dev/null; done; true')
-            await self.exec(["sh", "-c", script], timeout=30, user="0")
+        if pids is None:  # not visible from here: kill from inside
+            await self.exec(["sh", "-c", _INSIDE_KILL], timeout=30, user="0")
             return 0
-        keep = set(spare) | {k for k in map(_procs.process_key, pids)
-                             if k and _procs.inner_pid(k[0]) in (1, 2)}
+        keep = set(spare) | _procs.init_and_first_child(filter(None, map(_procs.process_key,
+                                                                          pids)))
         return await _blocking(_procs.kill_all, lambda: _procs.container_pids(self.id) or [],
                                frozenset(keep))
 

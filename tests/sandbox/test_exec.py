@@ -236,3 +236,23 @@ def _readlink(path: str) -> str:
         return os.readlink(path)
     except OSError:  # closed meanwhile
         return ""
+
+
+@pytest.mark.docker
+async def test_docker_kill_without_a_baseline_keeps_the_container_up(make_sandbox) -> None:
+    """With nothing to spare, the agent's processes die and the container stays usable: its
+    init and main process survive (the main process is not pid 2 inside: tini's start takes a
+    few), from the host and from inside alike (the way used where the daemon is remote)."""
+    from corral.sandbox.docker import _INSIDE_KILL
+
+    sb = await make_sandbox("docker")
+    for kill in ("host", "inside"):
+        await sb.exec("nohup sleep 1000 >/dev/null 2>&1 & disown")
+        assert "sleep 1000" in (await sb.exec("pgrep -xa sleep")).stdout
+        if kill == "host":
+            await sb.kill_agent_processes()
+        else:
+            await sb.exec(["sh", "-c", _INSIDE_KILL], timeout=30, user="0")
+        result = await sb.exec("pgrep -xa sleep; echo up")
+        assert result.exit_code == 0 and "sleep 1000" not in result.stdout, (kill, result)
+        assert "up" in result.stdout and sb.alive
