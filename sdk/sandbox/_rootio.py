@@ -1,7 +1,7 @@
 """Host-side file I/O confined to a sandbox's root: `openat2(RESOLVE_IN_ROOT)`.
 
-The bwrap backend reads and writes sandbox files from the host (no process start: tens of
-microseconds, not milliseconds). The host is root and the sandbox's tree is the agent's to
+The bwrap backend, and the docker backend for containers on this machine, read and write
+sandbox files from the host (no process start: tens of microseconds, not milliseconds). The host is root and the sandbox's tree is the agent's to
 shape, so every path is resolved by the kernel *inside* the sandbox's root directory: absolute
 symlinks and `..` resolve against that root (what `docker cp` does), magic links such as
 `/proc/self/root` are refused (RESOLVE_NO_MAGICLINKS), and nothing outside the root can be

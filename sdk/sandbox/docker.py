@@ -15,7 +15,10 @@ Container lifecycle (create/start/remove, archives) goes through the `docker` SD
 The container's main process (root, under tini) starts the root control shell, and a root
 agent's shell, on named pipes the host talks to directly (`_fifo`: no Docker exec per shell).
 Other processes are Docker execs, whose hot path (exec create + attach) talks HTTP to the
-daemon's unix socket with asyncio directly, so a command costs no thread hop.
+daemon's unix socket with asyncio directly, so a command costs no thread hop. Where the
+container runs on this machine without user-namespace remapping, files are read and written
+from the host through its root (`_rootio`: paths resolved inside it by the kernel), with no
+process or daemon call; elsewhere through the control shell or the archive API.
 
 Security defaults: network `none` (spec.network opts in: `bridge`, or `host-loopback` = the
 host's network namespace), `cap_drop=ALL` plus the few capabilities root-in-container tasks need
@@ -58,6 +61,8 @@ from pydantic import Field, field_validator
 from ..errors import SandboxDied, SandboxError, SandboxUnavailable
 from . import _changes, _fifo, _procs
 from ._proto import ShellSession, StreamProcess, Transport, ansi_c_quote, run_command
+from ._rootio import RootDir
+from ._rootio import supported as openat2_supported
 from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Process, Sandbox, Shell
 from .image_backend import ImageBackend
 from .fleet import (DockerFleet, DockerHost, DockerHostConfig, configured_hosts, default_host,
@@ -227,6 +232,7 @@ class DockerSandbox(Sandbox):
         self._fifo_shells: set[str] = set()  # those not yet taken by a session
         self._cgroup_seen = False  # its processes are visible here (so `alive` can look)
         self._upper: str | None = None  # its writable layer on the host ("" = not visible)
+        self._root: RootDir | None = None  # its "/" for host-side file I/O (`_host_root`)
         self._closed = False
 
     @classmethod
@@ -303,6 +309,8 @@ class DockerSandbox(Sandbox):
             if shells and await _blocking(_fifo.usable, sandbox.id, io_dir, "control"):
                 sandbox._fifo_shells = set(shells)
             sandbox._cgroup_seen = _procs.container_pids(sandbox.id) is not None
+            if sandbox._cgroup_seen:
+                sandbox._root = await _blocking(_host_root, sandbox.id)
         except BaseException:
             await sandbox.close()
             raise
@@ -455,9 +463,17 @@ class DockerSandbox(Sandbox):
 
     # --- files ----------------------------------------------------------------------------
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
-        """Create or replace `path` (missing parents are created), owned by root."""
+        """Create or replace `path` (missing parents are created), owned by root. Where the
+        container's root is reachable from here (`_host_root`) the host writes it directly;
+        otherwise, or where that refuses (a read-only mount, procfs, a FIFO), the control
+        shell or the daemon's archive API does."""
         raw = data.encode() if isinstance(data, str) else data
         path = "/" + path.lstrip("/")
+        if self._root is not None and not self._closed:
+            try:
+                return await asyncio.to_thread(self._root.write, path, raw, mode)
+            except OSError as exc:
+                log.debug("host-side write of %s refused (%s); writing from inside", path, exc)
         if len(raw) <= INLINE_WRITE_LIMIT and await self._write_inline(path, raw, mode):
             return
         await _blocking(self.host.call,
@@ -487,8 +503,18 @@ class DockerSandbox(Sandbox):
         return result.ok
 
     async def read_file(self, path: str) -> bytes:
-        """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open()."""
+        """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open().
+        Read from the host where the container's root is reachable (`_host_root`), else (or
+        for what that refuses: procfs, a FIFO) through the daemon's archive API."""
         import docker
+
+        if self._root is not None and not self._closed:
+            try:
+                return await asyncio.to_thread(self._root.read, path)
+            except (FileNotFoundError, IsADirectoryError):
+                raise
+            except OSError as exc:
+                log.debug("host-side read of %s refused (%s); asking the daemon", path, exc)
 
         def fetch(where: str) -> bytes:
             for _ in range(_MAX_LINK_HOPS):
@@ -587,6 +613,8 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
+        if self._root is not None:
+            self._root.close()
         try:
             await self._close_sessions()
             await self._remove_container()
@@ -643,6 +671,23 @@ def _get_archive(client: Any, container: str, path: str) -> tuple[bytes, dict[st
         return res.content, docker.utils.decode_json_header(stat) if stat else {}
     finally:
         res.close()
+
+
+def _host_root(container_id: str) -> RootDir | None:
+    """The container's "/" held open for host-side file I/O (`_rootio`: every path resolved
+    inside it by the kernel), where its init runs on this machine without user-namespace
+    remapping (so its root is this host's root, as the FIFO shells also need) and the kernel
+    has openat2; None elsewhere."""
+    init = next((p for p in _procs.container_pids(container_id) or []
+                 if _procs.inner_pid(p) == 1), None)
+    if init is None or not openat2_supported():
+        return None
+    try:
+        if Path(f"/proc/{init}/uid_map").read_text().split()[:3] != ["0", "0", "4294967295"]:
+            return None
+        return RootDir(init, (0, 0))
+    except OSError:
+        return None
 
 
 def _remove(client: Any, container: str) -> None:

@@ -209,9 +209,16 @@ async def test_docker_shells_through_fifos_and_their_fallback(make_sandbox, tmp_
     io_dir = root._io_dir
     assert io_dir is not None and io_dir.is_dir()
     assert not _fifo.usable(root.id, tmp_path, "control")  # not the container's mount
-    data = bytes(range(1, 256)) * 800  # 200 KB through the control shell's stdin pipe (64 KiB)
-    await root.write_file("/tmp/big", data)
+    data = bytes(range(1, 256)) * 800  # 200 KB
+    await root.write_file("/tmp/big", data)  # from the host, through the container's root
     assert await root.read_file("/tmp/big") == data
+    held, root._root = root._root, None
+    assert held is not None  # reachable here: the write above went through it
+    # where it is not (user namespaces, another machine's daemon): the control shell's stdin
+    # (a 64 KiB pipe) and the daemon's archive API
+    await root.write_file("/tmp/big2", data)
+    assert await root.read_file("/tmp/big2") == data
+    root._root = held
     shell = await root.shell()
     r = await shell.run("head -c 500000 /dev/zero | tr '\\0' x; echo; echo done >&2")
     assert r.stdout == "x" * 500000 + "\n" and r.stderr == "done\n"
