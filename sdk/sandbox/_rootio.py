@@ -1,12 +1,13 @@
 """Host-side file I/O confined to a sandbox's root: `openat2(RESOLVE_IN_ROOT)`.
 
 The bwrap backend, and the docker backend for containers on this machine, read and write
-sandbox files from the host (no process start: tens of microseconds, not milliseconds). The host is root and the sandbox's tree is the agent's to
-shape, so every path is resolved by the kernel *inside* the sandbox's root directory: absolute
-symlinks and `..` resolve against that root (what `docker cp` does), magic links such as
-`/proc/self/root` are refused (RESOLVE_NO_MAGICLINKS), and nothing outside the root can be
-named. The root is an `O_PATH` descriptor of `/proc/<pid>/root` taken when the sandbox starts,
-so a recycled pid cannot redirect it later.
+sandbox files from the host (no process start: tens of microseconds, not milliseconds). The
+host is root and the sandbox's tree is the agent's to shape, so every path is resolved by the
+kernel *inside* the sandbox's root directory: absolute symlinks and `..` resolve against that
+root (what `docker cp` does), magic links such as `/proc/self/root` are refused
+(RESOLVE_NO_MAGICLINKS), and nothing outside the root can be named. The root is an `O_PATH`
+descriptor of `/proc/<pid>/root` taken when the sandbox starts, so a recycled pid cannot
+redirect it later.
 
 Only regular files are read or written, and never on procfs or sysfs: a host-side write there
 would act with the host's privileges (sysctls, /proc/<pid>/ files), and no setup file belongs

@@ -411,15 +411,22 @@ class DockerSandbox(Sandbox):
         return self._control
 
     async def prepare(self) -> None:
-        """Start the agent's shell and the control shell (setup's file writes, the reward's
-        commands) together; see `Sandbox.prepare`."""
+        """Start the agent's shell and the control shell (the reward's commands) together,
+        and look up the writable layer the verify phase scans (a daemon call that would
+        otherwise fall inside the episode); see `Sandbox.prepare`."""
         async def start_control() -> None:
             try:
                 await self._control_session().start()
             except PREPARE_ERRORS as exc:
                 log.debug("preparing the control shell of %s: %s", self.id[:12], exc)
 
-        await asyncio.gather(super().prepare(), start_control())
+        async def find_layer() -> None:
+            try:
+                await self._writable_layer()
+            except Exception as exc:  # asked again by the verify phase, which reports it
+                log.debug("looking up the writable layer of %s: %s", self.id[:12], exc)
+
+        await asyncio.gather(super().prepare(), start_control(), find_layer())
 
     async def shell(self) -> Shell:
         """The persistent bash session of this sandbox (started on first use)."""
@@ -591,11 +598,16 @@ class DockerSandbox(Sandbox):
 
     async def changed_since(self, since: float) -> list[str] | None:
         """See `Sandbox.changed_since` (the container's overlay2 upper dir)."""
+        upper = _changes.exists(await self._writable_layer())
+        return None if upper is None else await _blocking(_changes.changed_since, upper, since)
+
+    async def _writable_layer(self) -> str:
+        """The container's overlay2 upper dir as the daemon names it ("" if it names none);
+        asked once."""
         if self._upper is None:
             info = await _blocking(self.host.call, lambda c: c.api.inspect_container(self.id))
             self._upper = (info.get("GraphDriver") or {}).get("Data", {}).get("UpperDir") or ""
-        upper = _changes.exists(self._upper)
-        return None if upper is None else await _blocking(_changes.changed_since, upper, since)
+        return self._upper
 
     async def _close_sessions(self) -> None:
         """End both shells (their process trees die with them)."""
