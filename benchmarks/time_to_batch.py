@@ -196,13 +196,13 @@ def ideal_ratio(args: argparse.Namespace, config: WorkloadConfig, cost: CostMode
                 bounds: Bounds) -> float:
     """`ratio_to_lower_bound` of this run's window for a zero-overhead runner (window_noise)."""
     from corral.runner import AssemblyConfig
-    from corral.runner.runner import default_spares
+    from corral.runner.runner import deck_depth, default_spares
 
     spares = default_spares(args.capacity, slow_starts=args.backend == "docker") \
         if args.spares is None else args.spares
     caps = Caps(capacity=args.capacity, spares=spares, groups_per_batch=config.tasks,
                 group=config.group, overprovision=AssemblyConfig().overprovision,
-                on_deck=max(spares, default_spares(args.capacity)))
+                on_deck=deck_depth(args.capacity, spares))
     return Replay(config, caps, bounds.scripter, cost).ratio(args.steady_batches)
 
 

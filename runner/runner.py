@@ -92,6 +92,12 @@ def default_spares(capacity: int, slow_starts: bool = False) -> int:
     return max(1, capacity // (2 if slow_starts else 4))
 
 
+def deck_depth(capacity: int, warm_spares: int) -> int:
+    """Episodes on deck beyond `capacity`: enough to take every warm spare at once, and at
+    least a quarter of the capacity (at least 1)."""
+    return max(warm_spares, default_spares(capacity))
+
+
 class Runner:
     """Collects trajectories from `envs` with `policy`; yields GRPO batches or one-shot lists.
 
@@ -250,9 +256,9 @@ class Runner:
         return False
 
     def on_deck(self) -> int:
-        """Episodes that decode their first turn ahead of a slot beyond the sandbox capacity:
-        enough to take every warm spare at once, and at least a quarter of the capacity."""
-        return max(self.warm_spares, default_spares(self.sandbox_capacity))
+        """Episodes that decode their first turn ahead of a slot beyond the sandbox capacity
+        (`deck_depth`)."""
+        return deck_depth(self.sandbox_capacity, self.warm_spares)
 
     def _make_executor(self, probes: list[Any]) -> Executor:
         assert self.pool is not None

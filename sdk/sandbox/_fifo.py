@@ -73,7 +73,7 @@ def usable(container_id: str, folder: Path, shell: str) -> bool:
     if not pids:
         return False
     try:
-        if Path(f"/proc/{pids[0]}/uid_map").read_text().split()[:3] != ["0", "0", "4294967295"]:
+        if not _procs.unmapped(pids[0]):
             return False
         inside = os.stat(f"/proc/{pids[0]}/root{MOUNT}/{shell}.in")
         return os.path.samestat(inside, os.stat(folder / f"{shell}.in"))

@@ -177,6 +177,12 @@ def init_and_first_child(keys: Iterable[tuple[int, int]]) -> set[tuple[int, int]
     return {init} if first is None else {init, first}
 
 
+def unmapped(pid: int) -> bool:
+    """Whether a host pid runs without user-namespace remapping (its root is this host's root);
+    OSError if it is gone."""
+    return Path(f"/proc/{pid}/uid_map").read_text().split()[:3] == ["0", "0", "4294967295"]
+
+
 def inner_pid(pid: int) -> int | None:
     """A host pid's number in its own (innermost) pid namespace."""
     try:

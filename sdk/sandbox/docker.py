@@ -695,9 +695,7 @@ def _host_root(container_id: str) -> RootDir | None:
     if init is None or not openat2_supported():
         return None
     try:
-        if Path(f"/proc/{init}/uid_map").read_text().split()[:3] != ["0", "0", "4294967295"]:
-            return None
-        return RootDir(init, (0, 0))
+        return RootDir(init, (0, 0)) if _procs.unmapped(init) else None
     except OSError:
         return None
 
