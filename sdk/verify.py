@@ -48,10 +48,15 @@ VERIFIER_ENV = {"BASH_ENV": "", "ENV": "", "PYTHONNOUSERSITE": "1", "HOME": "/ro
 # files at the root of the filesystem that no task needs and that pytest would pick up for
 # tests under /tests (its rootdir walks up to /)
 ROOT_PLANTS = ("/conftest.py", "/pytest.ini", "/tox.ini", "/setup.cfg", "/pyproject.toml")
+# programs of the image that every command a sandbox runs (the verifier's too) passes through
+# before its own: the one-shot wrapper's `setsid`, and on bubblewrap the `setpriv` that drops
+# privileges and the `prlimit` that sets limits where there is no cgroup
+LAUNCHERS = ("setsid", "setpriv", "prlimit")
 # programs a verifier runs: replaced or shadowed during the episode means tampering
 VERIFIER_TOOLS = ("bash", "sh", "dash", "env", "python", "python3", "python3.*", "pytest",
                   "py.test", "uv", "uvx", "pip", "pip3", "cat", "grep", "diff", "cmp", "test",
-                  "[", "timeout", "tee", "true", "false", "echo", "printf", "sort", "wc", "find")
+                  "[", "timeout", "tee", "true", "false", "echo", "printf", "sort", "wc", "find",
+                  *LAUNCHERS)
 # what every interpreter runs before the verifier's own code: Python's start-up hooks (`site`
 # executes any .pth file; sitecustomize/usercustomize, also as bytecode), Debian's standard
 # library (bytecode caches included: a planted .pyc carrying the source's mtime is loaded), a

@@ -431,9 +431,11 @@ class BwrapSandbox(Sandbox):
 
     # --- the verify phase (host-side, as the timeout kills) ----------------------------------
     def _inside(self) -> list[int]:
-        """Host pids of the sandbox's processes but its init (`self.pid`)."""
+        """Host pids of the sandbox's processes but the two the sandbox lives by: bwrap's init
+        (pid 1 inside, whose death takes the namespace and everything in it) and its child,
+        the main process (`self.pid`, whose exit ends bwrap)."""
         found = {*_procs.namespace_pids(self.pid), *_procs.descendants(self.pid)}
-        return sorted(found - {self.pid})
+        return sorted(p for p in found - {self.pid} if _procs.inner_pid(p) != 1)
 
     async def process_keys(self) -> frozenset[tuple[int, int]] | None:
         """See `Sandbox.process_keys`."""
