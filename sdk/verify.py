@@ -52,11 +52,14 @@ ROOT_PLANTS = ("/conftest.py", "/pytest.ini", "/tox.ini", "/setup.cfg", "/pyproj
 # before its own: the one-shot wrapper's `setsid`, and on bubblewrap the `setpriv` that drops
 # privileges and the `prlimit` that sets limits where there is no cgroup
 LAUNCHERS = ("setsid", "setpriv", "prlimit")
+# what the verify phase's own reset runs as root (`reset_locations`), after the agent's
+# processes are gone: a replaced one would start a process of the agent's that outlives the kill
+RESET_TOOLS = ("rm", "mkdir", "chown", "chmod")
 # programs a verifier runs: replaced or shadowed during the episode means tampering
 VERIFIER_TOOLS = ("bash", "sh", "dash", "env", "python", "python3", "python3.*", "pytest",
                   "py.test", "uv", "uvx", "pip", "pip3", "cat", "grep", "diff", "cmp", "test",
                   "[", "timeout", "tee", "true", "false", "echo", "printf", "sort", "wc", "find",
-                  *LAUNCHERS)
+                  *LAUNCHERS, *RESET_TOOLS)
 # what every interpreter runs before the verifier's own code: Python's start-up hooks (`site`
 # executes any .pth file; sitecustomize/usercustomize, also as bytecode), Debian's standard
 # library (bytecode caches included: a planted .pyc carrying the source's mtime is loaded), a

@@ -84,6 +84,27 @@ async def test_harbor_verifier_keeps_its_word(backend: str, sandboxes: str,
     assert (await play(py(backend=backend, run_id=sandboxes), "oracle")).passed
 
 
+# a replaced program that the verify phase's own reset runs (`mkdir`) starts, after the kill,
+# a loop that rewrites the reward once the verifier has written it
+REWRITING_MKDIR = (
+    "f=$(readlink -f $(command -v mkdir)) && cp -p $f /usr/local/lib/.mkdir && printf "
+    "'#!/bin/sh\\n(while :; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done) "
+    ">/dev/null 2>&1 &\\nexec /usr/local/lib/.mkdir \"$@\"\\n' > $f")
+
+
+@backends
+async def test_a_replaced_reset_tool_is_tampering(backend: str, sandboxes: str,
+                                                  tmp_path: Path) -> None:
+    """Without `verify.RESET_TOOLS` protected this scored 1.0: the reset ran the agent's
+    `mkdir` as root after every agent process was killed."""
+    task = cr.load_harbor(answer_task(tmp_path / "reset"), namespace="integrity",
+                          register=False)["integrity/reset-v0"]
+    env = task(backend=backend, run_id=sandboxes)
+    hacked = await play(env, Scripted("rewriting-mkdir", REWRITING_MKDIR))
+    assert hacked.reward == 0.0 and not hacked.passed
+    assert "/usr/bin/mkdir" in env.episode.state["verifier"]["tampered"]
+
+
 @pytest.mark.parametrize("text,name", [("nan", "reward.txt"), ("inf", "reward.txt"),
                                        ("", "reward.txt"), ("1 garbage", "reward.txt"),
                                        ('{"reward": "1"}', "reward.json"), ("[1]", "reward.json"),
