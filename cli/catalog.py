@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from corral.agents import AGENTS, EpisodeResult, make_agent, play
@@ -95,7 +96,7 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
                                   help=f"Scripted agent: {', '.join(AGENTS)}, or hack:NAME "
                                   "(a hack agent of corral.hacks)."),
         n: int = typer.Option(5, "--n", "-n", min=1, help="Episodes to run."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the first episode."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Seed of the first episode."),
         backend: str = typer.Option(None, "--backend",
                                     help=f"Sandbox backend: {backend_help()}.")) -> None:
     """Run episodes with a scripted agent and print their rewards."""
@@ -120,7 +121,7 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
         note = (result.infra_error or "; ".join(result.errors)
                 or ("truncated" if result.truncated else ""))
         table.add_row(str(seed + i), result.task_id, f"{result.reward:.2f}", str(result.turns),
-                      f"{result.seconds:.2f}", note)
+                      f"{result.seconds:.2f}", escape(note))
     console.print(table)
     mean = sum(r.reward for r in results) / len(results)
     console.print(f"mean reward {mean:.3f} over {len(results)} episodes")

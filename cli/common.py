@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
 from rich.console import Console
+from rich.markup import escape
 
 from corral.errors import CorralError
 
@@ -17,8 +19,9 @@ err_console = Console(stderr=True)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """Print one clear error line on stderr and exit with `code`."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print one clear error line on stderr and exit with `code`. The message is printed as
+    is: brackets in it (`[verifier] timeout_sec`, `[exit code 1]`) are text, not markup."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
@@ -33,22 +36,50 @@ def build_image(tag: str, ensure: Callable[..., object]) -> None:
 
 
 def import_user_modules(names: list[str]) -> None:
-    """Import modules by name or by .py path, so the envs they define get registered."""
+    """Import modules by name or by .py path, so the envs they define get registered.
+    Any failure is a CorralError naming `--import` and the file or module: one line, no trace
+    (CORRAL_DEBUG=1 raises the original error instead)."""
     for name in names:
         if name.endswith(".py"):
             path = Path(name).resolve()
             if not path.exists():
                 raise CorralError(f"--import {name}: no such file")
+            if not path.is_file():
+                raise CorralError(f"--import {name}: not a file")
             spec = importlib.util.spec_from_file_location(path.stem, path)
             assert spec and spec.loader
             module = importlib.util.module_from_spec(spec)
             sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                sys.modules.pop(path.stem, None)
+                if os.environ.get("CORRAL_DEBUG"):
+                    raise
+                raise _import_error(name, exc) from exc
+        elif "/" in name or name.startswith("."):
+            raise CorralError(f"--import {name}: neither a .py file nor a module name "
+                              "(give FILE.py, or a dotted module name such as my_envs.tasks)")
         else:
             try:
                 importlib.import_module(name)
             except ModuleNotFoundError as exc:
                 raise CorralError(f"--import {name}: module not found ({exc.name})") from None
+            except Exception as exc:  # `-i ./dir/` (a relative name), an error the module raised
+                if os.environ.get("CORRAL_DEBUG"):
+                    raise
+                raise _import_error(name, exc) from exc
+
+
+def _import_error(name: str, exc: Exception) -> CorralError:
+    """`--import NAME: ...` for an error raised while importing NAME."""
+    if isinstance(exc, SyntaxError):
+        where = Path(exc.filename).name if exc.filename else name
+        return CorralError(f"--import {name}: {where}:{exc.lineno or '?'}: {exc.msg}")
+    if isinstance(exc, CorralError):
+        return CorralError(f"--import {name}: {exc}")
+    return CorralError(f"--import {name}: {type(exc).__name__}: {exc} "
+                       "(set CORRAL_DEBUG=1 for the traceback)")
 
 
 def backend_help(kind: str | None = None) -> str:

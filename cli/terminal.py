@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
 from corral.errors import CorralError
@@ -37,8 +38,9 @@ def validate_command(
     env_id: str = typer.Argument(..., help="Environment id, e.g. corral/term-files-v0."),
     backend: Optional[str] = typer.Option(None, "--backend", "-b", help="Sandbox backend: "
                                           f"{backend_help()}."),
-    limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Check the first N tasks "
-                                        "(default: all up to 50, else the first 50; 0 = all)."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=0, help="Check the first N "
+                                        "tasks (default: all up to 50, else the first 50; "
+                                        "0 = all)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", "-c", min=1,
                                               help="Episodes run at once (default: twice the "
                                               "cores, at least 4)."),
@@ -55,6 +57,9 @@ def validate_command(
     from corral.registry.validate import checked_count, validate
 
     check_backend_option(backend)
+    if json_path is not None and json_path.is_dir():
+        fail(f"--json {json_path}: a directory; give the report's file path (e.g. "
+             f"{json_path / 'report.json'})")
     _load_harbor_paths(harbor)
     from corral.registry import make
 
@@ -107,9 +112,9 @@ def _table(report: ValidationReport) -> Table:
                   f"[green]0/{played} won[/]" + (f" ({len(task.hacks) - played} skipped)"
                                                  if played < len(task.hacks) else "")]
                  if report.adversarial else [])
-        table.add_row(str(task.index), task.summary or task.task_id, _mark(task.oracle),
-                      _mark(task.noop), *hacks, f"{seconds:.1f}",
-                      f"[red]{task.problem}[/]" if task.problem else "")
+        table.add_row(str(task.index), escape(task.summary or task.task_id),
+                      _mark(task.oracle), _mark(task.noop), *hacks, f"{seconds:.1f}",
+                      f"[red]{escape(task.problem)}[/]" if task.problem else "")
     return table
 
 
@@ -132,6 +137,16 @@ def import_harbor(
                                          "these envs (use with `corral -i FILE ...`)."),
 ) -> None:
     """Register Harbor / Terminal-Bench 2 task directories as environments and print their ids."""
+    from corral.catalog import parse_id
+    from corral.errors import InvalidEnvId
+
+    try:
+        parse_id(f"{namespace}/task-v0")
+    except InvalidEnvId:
+        fail(f"--namespace {namespace!r}: not a namespace of env ids (lowercase letters, digits, "
+             "'_', '.', '-'; e.g. 'harbor')")
+    if write is not None and write.is_dir():
+        fail(f"--write {write}: a directory; give the .py file to write (e.g. {write / 'reg.py'})")
     try:
         envs = _load_harbor_paths([path], namespace)
     except CorralError as exc:
@@ -139,8 +154,11 @@ def import_harbor(
     for env_id, cls in envs.items():
         console.print(f"{env_id}  [dim]{len(cls.tasks)} task(s)[/]", highlight=False)
     if write is not None:
-        write.write_text("import corral as cr\n\n"
-                         f"cr.load_harbor({str(path.resolve())!r}, namespace={namespace!r})\n")
+        try:
+            write.write_text("import corral as cr\n\n"
+                             f"cr.load_harbor({str(path.resolve())!r}, namespace={namespace!r})\n")
+        except OSError as exc:
+            fail(f"--write {write}: cannot write it ({exc.strerror or exc})")
         console.print(f"wrote {write}: `corral -i {write} validate {next(iter(envs))}`",
                       highlight=False)
 

@@ -84,12 +84,23 @@ class TaskConfig(_Section):
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
 
 
+def _read_text(path: Path) -> str:
+    """A task file's text; a file that is not UTF-8 or cannot be read is a DatasetError naming
+    it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
 def read_config(path: Path) -> TaskConfig:
     """Parse task.toml; errors name the file, the key and the problem."""
     if not path.is_file():
         return TaskConfig()
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(_read_text(path))
     except tomllib.TOMLDecodeError as exc:
         raise DatasetError(f"{path}: invalid TOML ({exc})") from None
     try:
@@ -99,7 +110,8 @@ def read_config(path: Path) -> TaskConfig:
         loc = [str(p) for p in err["loc"]]
         key = f"[{loc[0]}] {'.'.join(loc[1:])}" if len(loc) > 1 else (loc[0] if loc else "")
         got = f", got {err['input']!r}" if not isinstance(err.get("input"), dict) else ""
-        raise DatasetError(f"{path}: {key}: {err['msg']}{got}") from None
+        msg = err["msg"].split(", unable to parse")[0]  # "..., got 'fast'" says it already
+        raise DatasetError(f"{path}: {key}: {msg}{got}") from None
 
 
 # --- Dockerfile -----------------------------------------------------------------------------------
@@ -110,7 +122,7 @@ def check_dockerfile(path: Path) -> str | None:
     seen_from = False
     pending = ""
     start = 0
-    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+    for lineno, raw in enumerate(_read_text(path).splitlines(), 1):
         line = raw.strip()
         if not pending and (not line or line.startswith("#")):
             continue
@@ -220,7 +232,7 @@ def read_task(path: str | Path) -> HarborTask:
     digest = hashlib.sha256()
     for name, data in sorted(_files(root).items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    return HarborTask(root.name, root.resolve(), instruction_md.read_text(), config, spec, tests,
+    return HarborTask(root.name, root.resolve(), _read_text(instruction_md), config, spec, tests,
                       solution, digest.hexdigest()[:16])
 
 
@@ -276,6 +288,17 @@ class HarborEnv(TerminalEnv):
                         env=dict(ht.config.verifier.env))
 
 
+def _tags(tags: Any) -> list[str]:
+    """[metadata] tags: a list of strings (one string is one tag, not its letters)."""
+    if tags is None:
+        return []
+    if isinstance(tags, str):
+        return [tags]
+    if isinstance(tags, (list, tuple)):
+        return [str(t) for t in tags]
+    return [str(tags)]
+
+
 def _env_class(env_id: str, tasks: list[HarborTask], source: Path) -> type[HarborEnv]:
     name = "Harbor_" + re.sub(r"\W", "_", env_id)
     doc = (tasks[0].config.metadata.get("description") if len(tasks) == 1 else None) or \
@@ -285,7 +308,7 @@ def _env_class(env_id: str, tasks: list[HarborTask], source: Path) -> type[Harbo
         "harbor_tasks": {t.name: t for t in tasks}, "env_id": env_id,
         "sandbox_spec": tasks[0].spec,  # stands for the env (pools, `corral image build`)
         "tasks": Dataset.from_list([{"name": t.name, "digest": t.digest} for t in tasks]),
-        "tags": ("terminal", "harbor", *map(str, tasks[0].config.metadata.get("tags", [])))
+        "tags": ("terminal", "harbor", *_tags(tasks[0].config.metadata.get("tags")))
         if len(tasks) == 1 else ("terminal", "harbor")})
     return cls  # type: ignore[return-value]
 

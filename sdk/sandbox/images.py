@@ -265,7 +265,10 @@ def recipe_hash(dockerfile: Path, context: Path) -> str:
 
 def image_tag(dockerfile: str | Path, context: str | Path | None = None,
               name: str | None = None) -> str:
-    """The content-hash tag `build_image` gives this recipe (nothing is built)."""
+    """The content-hash tag `build_image` gives this recipe (nothing is built); a missing
+    Dockerfile is an ImageBuildError naming it."""
+    if not Path(dockerfile).is_file():
+        raise ImageBuildError(f"{dockerfile}: no such Dockerfile")
     dockerfile = Path(dockerfile).resolve()
     context = Path(context).resolve() if context else dockerfile.parent
     base = name or (context.name if context.name != "environment" else context.parent.name)
@@ -285,11 +288,9 @@ def build_image(dockerfile: str | Path, context: str | Path | None = None,
     Returns the tag. Raises ImageBuildError naming the file and failing step, or ImageNotFound
     when a FROM image is missing (with the command that makes it).
     """
+    tag = image_tag(dockerfile, context, name)
     path = Path(dockerfile).resolve()
-    if not path.is_file():
-        raise ImageBuildError(f"{dockerfile}: no such Dockerfile")
     ctx = Path(context).resolve() if context else path.parent
-    tag = image_tag(path, ctx, name)
     if image_exists(tag):
         log.debug("image %s is up to date", tag)
         return tag

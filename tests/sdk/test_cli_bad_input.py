@@ -1,0 +1,109 @@
+"""Bad input on the command line, as the docs promise it: one line naming the flag or the file,
+no traceback, exit 1 for a `CorralError` and 2 for a flag value out of range."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CORRAL = [sys.executable, "-m", "corral.cli"]
+
+
+def corral(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    env.pop("CORRAL_DEBUG", None)
+    return subprocess.run([*CORRAL, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=120)
+
+
+def one_line(out: subprocess.CompletedProcess[str], code: int) -> str:
+    assert out.returncode == code, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    return out.stderr.strip()
+
+
+def harbor_task(root: Path, toml: str = "[environment]\ndocker_image = 'corral/base:bookworm'\n",
+                instruction: bytes = b"Say hi.\n") -> Path:
+    (root / "tests").mkdir(parents=True)
+    (root / "instruction.md").write_bytes(instruction)
+    (root / "task.toml").write_text(toml)
+    (root / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    return root
+
+
+def test_harbor_toml_error_keeps_its_section_in_brackets(tmp_path: Path) -> None:
+    """docs/terminal.md: `task.toml: [verifier] timeout_sec: Input should be a valid number,
+    got 'fast'` (rich markup used to eat `[verifier]`)."""
+    task = harbor_task(tmp_path / "t", toml='[verifier]\ntimeout_sec = "fast"\n')
+    line = one_line(corral("import", "harbor", str(task)), 1)
+    assert ("task.toml: [verifier] timeout_sec: Input should be a valid number, got 'fast'"
+            in line), line
+
+
+def test_harbor_missing_image_names_the_toml_key(tmp_path: Path) -> None:
+    task = harbor_task(tmp_path / "t", toml="")
+    line = one_line(corral("import", "harbor", str(task)), 1)
+    assert "environment/Dockerfile: missing" in line and "[environment] docker_image" in line
+
+
+def test_harbor_non_utf8_instruction_names_the_file(tmp_path: Path) -> None:
+    task = harbor_task(tmp_path / "t", instruction=b"\xff\xfe not text")
+    line = one_line(corral("import", "harbor", str(task)), 1)
+    assert "instruction.md: not UTF-8" in line, line
+
+
+def test_harbor_metadata_tags_as_one_string_is_one_tag(tmp_path: Path) -> None:
+    import corral as cr
+
+    task = harbor_task(tmp_path / "t", toml="[metadata]\ntags = 'shell'\n"
+                       "[environment]\ndocker_image = 'corral/base:bookworm'\n")
+    (cls,) = cr.load_harbor(task, register=False).values()
+    assert list(cls.tags) == ["terminal", "harbor", "shell"]
+
+
+def test_import_harbor_bad_namespace_and_write_path(tmp_path: Path) -> None:
+    task = harbor_task(tmp_path / "t")
+    line = one_line(corral("import", "harbor", str(task), "--namespace", "BAD"), 1)
+    assert line.startswith("error: --namespace 'BAD'"), line
+    line = one_line(corral("import", "harbor", str(task), "--write", str(tmp_path)), 1)
+    assert line.startswith(f"error: --write {tmp_path}: a directory"), line
+    out = corral("import", "harbor", str(task), "--write", str(tmp_path / "no" / "reg.py"))
+    assert out.returncode == 1 and "error: --write" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def f(:\n", "--import bad.py: bad.py:1: "),
+    ("raise RuntimeError('boom')\n", "--import bad.py: RuntimeError: boom"),
+    ("import corral as cr\ncr.make('BAD')\n", "--import bad.py: Malformed environment id"),
+])
+def test_import_file_errors_name_the_file(tmp_path: Path, source: str, expected: str) -> None:
+    (tmp_path / "bad.py").write_text(source)
+    line = one_line(corral("-i", "bad.py", "list", cwd=tmp_path), 1)
+    assert expected in line, line
+
+
+def test_import_folder_or_path_is_named(tmp_path: Path) -> None:
+    (tmp_path / "envs.py").mkdir()
+    assert "--import envs.py: not a file" in one_line(
+        corral("-i", "envs.py", "list", cwd=tmp_path), 1)
+    assert "--import ./envs/: neither a .py file nor a module name" in one_line(
+        corral("-i", "./envs/", "list", cwd=tmp_path), 1)
+
+
+def test_out_of_range_flags_are_usage_errors(tmp_path: Path) -> None:
+    line = one_line(corral("run", "corral/arithmetic-v0", "--seed", "-1", "-n", "1"), 2)
+    assert "'--seed'" in line, line
+    line = one_line(corral("validate", "corral/arithmetic-v0", "--limit", "-5"), 2)
+    assert "'--limit'" in line, line
+
+
+def test_validate_json_into_a_folder_fails_before_running(tmp_path: Path) -> None:
+    line = one_line(corral("validate", "corral/arithmetic-v0", "--limit", "1", "--json",
+                           str(tmp_path)), 1)
+    assert line.startswith(f"error: --json {tmp_path}: a directory"), line
+    assert not (tmp_path / "validation").exists()
