@@ -60,7 +60,14 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
     if report is not None:
         from corral.registry.validate import ValidationReport
 
-        validation = ValidationReport.load(report)
+        try:
+            validation = ValidationReport.load(report)
+        except OSError as exc:
+            fail(f"--report {report}: cannot read it ({exc.strerror or exc})")
+        except ValueError as exc:  # pydantic's ValidationError, invalid JSON included
+            first = str(exc).splitlines()[1:2] or [str(exc)]
+            fail(f"--report {report}: not a validation report of `corral validate --json` "
+                 f"({first[0].strip()})")
     with console.status(f"packing {path}…"):
         try:
             built = build_release(path, env_id=env_id, version=version, validation=validation,
@@ -113,7 +120,7 @@ def install(ref: Optional[str] = typer.Argument(None, help="id[@version] or sha2
     store = LocalStore()
     source = None
     if registry and Path(registry).expanduser().resolve() != store.home.resolve():
-        source = open_store(registry)
+        source = open_store(registry, existing=True)
     installed = (Lock.load(lock).install(store=store, source=source) if lock is not None
                  else [install_release(ref, store=store, source=source)])
     for item in installed:
@@ -128,7 +135,14 @@ def yank(ref: str = typer.Argument(..., help="id@version or sha256:HASH."),
     """Hide a release from resolution (it stays pullable by exact hash)."""
     from corral.registry.transfer import open_store
 
-    record = open_store(registry, token=token).yank(ref, reason=reason, token=token)
+    from corral.registry.store import Ref
+
+    parsed = Ref.parse(ref)
+    if parsed.sha is None and parsed.version is None:
+        fail(f"yank {ref}: name the release exactly, id@version or sha256:HASH (a bare id "
+             "would yank whichever version is newest)")
+    store = open_store(registry, token=token, existing=registry is not None)
+    record = store.yank(ref, reason=reason, token=token)
     console.print(f"yanked [bold]{record.ref}[/] sha256:{record.sha256}", highlight=False)
 
 
@@ -137,7 +151,7 @@ def search(query: str = typer.Argument("", help="Words to look for (empty: every
     """Search published envs (latest visible release of each)."""
     from corral.registry.transfer import open_store
 
-    records = open_store(registry).search(query)
+    records = open_store(registry, existing=registry is not None).search(query)
     if not records:
         raise CorralError(f"no published environment matches {query!r}" if query
                           else "no published environments")
@@ -159,7 +173,7 @@ def lock(refs: list[str] = typer.Argument(..., help="Releases to pin: id[@versio
     from corral.registry.lock import Lock
     from corral.registry.transfer import open_store
 
-    store = open_store(registry)
+    store = open_store(registry, existing=registry is not None)
     current = Lock.load(output) if output.exists() else Lock(path=output)
     for ref in refs:
         pin = current.pin(store.resolve(ref), registry or "")
@@ -245,9 +259,10 @@ def _profile_model(env_id: str, model: str, n: int, samples: int, split: str,
 
 
 def dedup(patterns: list[str] = typer.Argument(..., help="Env ids or globs, e.g. 'corral/*'."),
-          threshold: float = typer.Option(0.8, "--threshold", help="Jaccard similarity."),
-          limit: int = typer.Option(2000, "--limit", help="Tasks per env (0 = all)."),
-          show: int = typer.Option(20, "--show", help="Pairs to print.")) -> None:
+          threshold: float = typer.Option(0.8, "--threshold", min=0.0, max=1.0,
+                                          help="Jaccard similarity (0 to 1)."),
+          limit: int = typer.Option(2000, "--limit", min=0, help="Tasks per env (0 = all)."),
+          show: int = typer.Option(20, "--show", min=0, help="Pairs to print.")) -> None:
     """Find near-duplicate tasks within and across envs (MinHash over instructions)."""
     from corral.registry.curation import find_near_duplicates
 
@@ -265,17 +280,26 @@ def dedup(patterns: list[str] = typer.Argument(..., help="Env ids or globs, e.g.
 def serve(registry: Optional[str] = typer.Option(None, "--registry", "-r",
                                                  help="Store folder (default: ~/.corral)."),
           host: str = typer.Option("127.0.0.1", "--host"),
-          port: int = typer.Option(8080, "--port", "-p"),
+          port: int = typer.Option(8080, "--port", "-p", min=1, max=65535),
           tokens: list[str] = typer.Option([], "--token", help="namespace:token, repeatable "
                                            "('*:token' for all); also $CORRAL_REGISTRY_TOKENS.")
           ) -> None:
     """Serve a store over HTTP: the API and the web catalog."""
     from corral.registry.server import Tokens, serve as serve_registry
 
+    from corral.runner.policy.process import port_problem
+
     specs = [*tokens, *filter(None, os.environ.get("CORRAL_REGISTRY_TOKENS", "").split(","))]
+    parsed = Tokens.parse(specs)
+    folder = Path(registry).expanduser() if registry else None
+    if folder is not None and folder.exists() and not folder.is_dir():
+        fail(f"--registry {registry}: not a directory (a file is there); give a store folder")
+    problem = port_problem(host, port)
+    if problem:
+        fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
     console.print(f"registry on http://{host}:{port} over {registry or '~/.corral'} "
                   f"({len(specs)} token(s))", highlight=False)
-    serve_registry(registry, host=host, port=port, tokens=Tokens.parse(specs))
+    serve_registry(registry, host=host, port=port, tokens=parsed)
 
 
 def verify(store_dir: Optional[Path] = typer.Option(None, "--store", help="The local store "
@@ -285,6 +309,8 @@ def verify(store_dir: Optional[Path] = typer.Option(None, "--store", help="The l
     from corral.registry.store import LocalStore
     from corral.registry.verify import verify_installs
 
+    if store_dir is not None and not (store_dir.expanduser() / "index.sqlite").is_file():
+        fail(f"--store {store_dir}: no store there (no index.sqlite)")
     store = LocalStore(store_dir)
     try:
         checks = verify_installs(store)

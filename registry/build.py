@@ -133,7 +133,8 @@ def load_class(folder: Path, rel_entry_point: str, original: str) -> Any:
     name = module_name_for(hashlib.sha256(str(folder).encode()).hexdigest(), "corral_src_")
     finder.add(name, folder)
     module, _, attr = rel_entry_point.partition(":")
-    cls = EnvSpec("x/load-v0", f"{name}.{module}:{attr}" if module else f"{name}:{attr}").load()
+    with default_catalog.unlisted():  # an installed release of this id is no clash
+        cls = EnvSpec("x/load-v0", f"{name}.{module}:{attr}" if module else f"{name}:{attr}").load()
     env_id = getattr(cls, "env_id", None)
     if env_id and env_id in default_catalog and default_catalog.spec(env_id).entry_point is cls:
         default_catalog.unregister(env_id)

@@ -33,7 +33,10 @@ class RegistryClient:
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 60.0) -> None:
         self.url = url.rstrip("/")
         self.token = token
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        try:
+            self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        except httpx.InvalidURL as exc:
+            raise RegistryError(f"registry URL {url!r} is not valid ({exc})") from None
 
     def __repr__(self) -> str:
         return f"RegistryClient({self.url!r})"
@@ -59,6 +62,8 @@ class RegistryClient:
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
+        except httpx.InvalidURL as exc:
+            raise RegistryError(f"registry URL {self.url!r} is not valid ({exc})") from None
         except httpx.HTTPError as exc:
             raise RegistryUnavailable(f"registry {self.url} unreachable: {exc}") from None
         return _check(response, self.url)
@@ -147,9 +152,15 @@ def _check(response: httpx.Response, url: str) -> httpx.Response:
         body = response.json()
     except ValueError:
         body = {}
+    if not isinstance(body, dict):
+        body = {}
     detail = body.get("detail") or response.text[:200] or response.reason_phrase
     if response.status_code >= 500:
         raise RegistryUnavailable(f"registry {url} answered {response.status_code}: {detail}")
+    if "error" not in body and response.status_code == 404:
+        raise RegistryError(f"registry {url} answered {response.status_code} "
+                            f"({str(detail)[:100]}): is it the base URL of `corral registry "
+                            "serve`?")
     error = ERRORS.get(body.get("error", ""), RegistryError)
     if response.status_code in (401, 403):
         error = AuthError

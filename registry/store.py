@@ -181,6 +181,9 @@ class Ref:
         match = _SHA_REF.match(ref)
         if match and (ref.startswith("sha256:") or len(match[1]) == 64):
             return cls(ref, sha=match[1])
+        if ref.startswith("sha256:"):
+            raise ReleaseError(f"{ref!r}: a hash reference is sha256: and 8 to 64 hex digits "
+                               "(0-9, a-f), a unique prefix of the release's sha256")
         env_id, _, version = ref.partition("@")
         parse_id(env_id)
         if version:

@@ -13,7 +13,7 @@ from typing import Any, Union
 
 from .build import build_release
 from .client import RegistryClient
-from .errors import ReleaseNotFound
+from .errors import ReleaseError, ReleaseNotFound
 from .store import LocalStore, PublishResult, ReleaseRecord
 
 log = logging.getLogger(__name__)
@@ -21,9 +21,11 @@ log = logging.getLogger(__name__)
 Store = Union[LocalStore, RegistryClient]
 
 
-def open_store(registry: str | Path | Store | None = None, *, token: str | None = None) -> Store:
+def open_store(registry: str | Path | Store | None = None, *, token: str | None = None,
+               existing: bool = False) -> Store:
     """`None` → the default local store; `http(s)://…` → a client; any other string → a local
-    store at that path; a store → itself."""
+    store at that path; a store → itself. With `existing`, a path that holds no store yet is a
+    `ReleaseError` (a store to read from, where a typo would otherwise create an empty one)."""
     if isinstance(registry, (LocalStore, RegistryClient)):
         return registry
     if registry is None:
@@ -31,6 +33,9 @@ def open_store(registry: str | Path | Store | None = None, *, token: str | None 
     text = str(registry)
     if text.startswith(("http://", "https://")):
         return RegistryClient(text, token=token)
+    if existing and not (Path(text).expanduser() / "index.sqlite").is_file():
+        raise ReleaseError(f"--registry {text}: no store there (no index.sqlite); give a "
+                           "store folder or an http(s):// registry URL")
     return LocalStore(text)
 
 
@@ -54,7 +59,7 @@ def pull(ref: str, *, source: str | Path | Store | None,
     """Copy the release `ref` from `source` into the local store `dest` (default store),
     verifying it; returns the record in `dest`. Yanked releases can be pulled by hash."""
     dest = dest or LocalStore()
-    store = open_store(source)
+    store = open_store(source, existing=source is not None)
     try:
         record = store.resolve(ref)
         if isinstance(store, LocalStore) and store.home.resolve() == dest.home.resolve():

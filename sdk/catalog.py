@@ -19,6 +19,8 @@ import importlib.metadata
 import logging
 import re
 import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
@@ -34,6 +36,8 @@ from corral.suggest import closest
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "corral.envs"
+# Set inside `Catalog.unlisted()`: registrations describe the env but add nothing to any catalog.
+_UNLISTED: ContextVar[bool] = ContextVar("corral_catalog_unlisted", default=False)
 ID_RE = re.compile(r"^(?P<namespace>[a-z0-9][a-z0-9_.-]*)/(?P<name>[A-Za-z0-9][\w.-]*?)"
                    r"(?:-v(?P<version>\d+))?$")
 
@@ -141,6 +145,8 @@ class Catalog:
         parse_id(id, require_version=True)
         spec = EnvSpec(id, entry_point, dict(kwargs or {}), kind, list(tags or []), description,
                        deprecated, source, metadata, override)
+        if _UNLISTED.get():
+            return spec
         with self._lock:
             existing = self._specs.get(id)
             self._shadowed.pop(id, None)
@@ -155,6 +161,18 @@ class Catalog:
                                metadata={**existing.metadata, **metadata})
             self._specs[id] = spec
         return spec
+
+    @staticmethod
+    @contextmanager
+    def unlisted() -> Any:
+        """Registrations made inside (by `@cr.environment` of a module imported here) are not
+        added to any catalog: `corral publish` imports an env folder to describe it, which must
+        neither add it nor clash with an installed release of the same id."""
+        token = _UNLISTED.set(True)
+        try:
+            yield
+        finally:
+            _UNLISTED.reset(token)
 
     def deprecate(self, id: str, replacement: str) -> None:
         """Mark `id` deprecated in favour of `replacement`."""
