@@ -52,8 +52,9 @@ ROOT_PLANTS = ("/conftest.py", "/pytest.ini", "/tox.ini", "/setup.cfg", "/pyproj
 # before its own: the one-shot wrapper's `setsid`, and on bubblewrap the `setpriv` that drops
 # privileges and the `prlimit` that sets limits where there is no cgroup
 LAUNCHERS = ("setsid", "setpriv", "prlimit")
-# what the verify phase's own reset runs as root (`reset_locations`), after the agent's
-# processes are gone: a replaced one would start a process of the agent's that outlives the kill
+# what the verify phase's reset runs as root inside the sandbox where it cannot work from the
+# host (`reset_locations`), after the agent's processes are gone: a replaced one would start a
+# process of the agent's that outlives the kill
 RESET_TOOLS = ("rm", "mkdir", "chown", "chmod")
 # programs a verifier runs: replaced or shadowed during the episode means tampering
 VERIFIER_TOOLS = ("bash", "sh", "dash", "env", "python", "python3", "python3.*", "pytest",
@@ -102,7 +103,13 @@ RESET = (f"for d in {posixpath.dirname(VERIFIER_LOGS)} {_DIRS}; do "
 
 async def reset_locations(sandbox: Sandbox) -> None:
     """Recreate `/tests` and `/logs/verifier` empty and root's (a link the agent put in their
-    place is removed, not followed) and drop root-level pytest plants."""
+    place is removed, not followed) and drop root-level pytest plants: from the host where the
+    backend can (`Sandbox.recreate_dirs`: nothing of the image runs), else inside."""
+    try:
+        if await sandbox.recreate_dirs((TESTS_DIR, VERIFIER_LOGS), remove=ROOT_PLANTS):
+            return
+    except OSError as exc:
+        raise SandboxError(f"resetting the verifier's locations failed: {exc}") from exc
     # the plants' names travel in the environment: a command line naming pytest is what an
     # agent's verifier-killing loop looks for
     result = await clean_exec(sandbox, RESET, timeout=60, env={"PLANTS": " ".join(ROOT_PLANTS)})

@@ -9,7 +9,8 @@ root (what `docker cp` does), magic links such as `/proc/self/root` are refused
 descriptor of `/proc/<pid>/root` taken when the sandbox starts, so a recycled pid cannot
 redirect it later.
 
-Only regular files are read or written, and never on procfs or sysfs: a host-side write there
+Only regular files are read or written (the verify phase also removes and recreates folders,
+`recreate_dirs`), and never on procfs or sysfs: a host-side write there
 would act with the host's privileges (sysctls, /proc/<pid>/ files), and no setup file belongs
 there. Files and directories created here belong to the sandbox's root user (`owner`).
 """
@@ -20,7 +21,9 @@ import ctypes
 import errno
 import os
 import posixpath
+import shutil
 import stat
+from typing import Iterable
 
 SYS_OPENAT2 = 437  # the same number on every Linux architecture (asm-generic table)
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -123,6 +126,67 @@ class RootDir:
             finally:
                 os.close(parent)
             os.close(openat2(self.fd, sub, os.O_PATH | os.O_DIRECTORY))
+
+    def _parent(self, rel: str) -> tuple[int, str]:
+        """An O_PATH descriptor of `rel`'s folder (resolved inside the root) and its name."""
+        return (openat2(self.fd, posixpath.dirname(rel) or ".", os.O_PATH | os.O_DIRECTORY),
+                posixpath.basename(rel))
+
+    def _unlink_links(self, rel: str) -> None:
+        """Remove every symlink on the way to `rel` and at it (never followed), top down."""
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            try:
+                parent, name = self._parent("/".join(parts[:i]))
+            except (FileNotFoundError, NotADirectoryError):
+                return  # nothing further down exists
+            try:
+                if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=parent)
+            except FileNotFoundError:
+                return
+            finally:
+                os.close(parent)
+
+    def remove(self, path: str) -> None:
+        """Delete `path` if it is there: a file or link is unlinked (a link is never followed),
+        a folder removed with everything in it (links inside removed, not followed)."""
+        rel = self._relative(path)
+        if rel == ".":
+            raise PermissionError(errno.EPERM, "refusing to remove the sandbox's root", path)
+        try:
+            parent, name = self._parent(rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            fs = _REFUSED_FS.get(_fs_type(parent))
+            if fs is not None:
+                raise PermissionError(errno.EPERM, f"host-side file operations refuse {fs}", path)
+            if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=parent)
+            else:
+                os.unlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(parent)
+
+    def recreate_dirs(self, dirs: Iterable[str], remove: Iterable[str] = ()) -> None:
+        """Make each of `dirs` a new, empty folder of the sandbox's root (mode 755), with no
+        link on the way to it, and delete `remove`; whatever was at those paths goes."""
+        dirs = [self._relative(d) for d in dirs]
+        for rel in dirs:
+            self._unlink_links(rel)
+        for path in (*dirs, *remove):
+            self.remove(path)
+        for rel in dirs:
+            self.makedirs(rel)
+            fd = openat2(self.fd, rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:  # made by makedirs: set here, not left to this process's umask
+                os.fchown(fd, *self.owner)
+                os.fchmod(fd, 0o755)
+            finally:
+                os.close(fd)
 
     def write(self, path: str, data: bytes, mode: int) -> None:
         """Create or replace the regular file `path` (parents made) with `data` and `mode`."""

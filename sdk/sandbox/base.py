@@ -203,6 +203,12 @@ class Sandbox(abc.ABC):
         A backend without process control raises SandboxError (the verify phase warns)."""
         raise self.unsupported("process control")
 
+    async def recreate_dirs(self, dirs: Sequence[str], remove: Sequence[str] = ()) -> bool:
+        """From the host, with nothing run inside: make each of `dirs` a new, empty folder of
+        the sandbox's root (mode 755; links on the way removed, not followed) and delete
+        `remove`. False where this backend cannot (the caller then runs the same inside)."""
+        return False
+
     async def changed_since(self, since: float) -> list[str] | None:
         """Paths inside the sandbox created, changed or deleted after `since` (host
         `time.time()`), read from the host by inode change time, which nothing inside can

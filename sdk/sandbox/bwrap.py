@@ -448,6 +448,11 @@ class BwrapSandbox(Sandbox):
             self._shell = None
         return await asyncio.to_thread(_procs.kill_all, self._inside, spare)
 
+    async def recreate_dirs(self, dirs: Sequence[str], remove: Sequence[str] = ()) -> bool:
+        """See `Sandbox.recreate_dirs`."""
+        await asyncio.to_thread(self._rootdir().recreate_dirs, dirs, remove)
+        return True
+
     async def changed_since(self, since: float) -> list[str] | None:
         """See `Sandbox.changed_since` (the sandbox's upper dir)."""
         upper = _changes.exists(str(self.dir / "upper"))

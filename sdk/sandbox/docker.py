@@ -596,6 +596,14 @@ class DockerSandbox(Sandbox):
         return await _blocking(_procs.kill_all, lambda: _procs.container_pids(self.id) or [],
                                frozenset(keep))
 
+    async def recreate_dirs(self, dirs: Sequence[str], remove: Sequence[str] = ()) -> bool:
+        """See `Sandbox.recreate_dirs`: where the container's root is reachable from here
+        (`_host_root`)."""
+        if self._root is None or self._closed:
+            return False
+        await asyncio.to_thread(self._root.recreate_dirs, dirs, remove)
+        return True
+
     async def changed_since(self, since: float) -> list[str] | None:
         """See `Sandbox.changed_since` (the container's overlay2 upper dir)."""
         upper = _changes.exists(await self._writable_layer())

@@ -20,6 +20,7 @@ from corral.errors import SandboxError
 from corral.sandbox import open_sandbox
 from corral.sandbox.docker import CAP_ADD
 from corral.sandbox.spec import Terminal
+from corral.verify import reset_locations
 
 BACKENDS = ["docker", "bwrap"]
 # what a refused host-side file operation may raise: the OS's own error, or the backend's
@@ -99,6 +100,25 @@ async def test_dotdot_traversal_stays_inside(sb, canary: Path) -> None:
     with pytest.raises(REFUSED):
         await sb.read_file(f"../../../../..{canary}/secret")
     assert untouched(canary)
+
+
+async def test_the_verify_reset_follows_no_link_and_runs_nothing_inside(sb, canary: Path) -> None:
+    """The verify phase recreates its folders from the host: links the agent put at, above or
+    inside them (to host folders, through /proc/self/root) are removed, not followed, and the
+    image's programs (here an agent's `rm`, `mkdir`, `chown`, `chmod`) never run."""
+    ran = "/var/tmp/ran"
+    await sh(sb, f"rm -rf /logs /tests && ln -s {canary} /logs && mkdir /tests && "
+                 f"ln -s {canary} /tests/host && ln -s /proc/self/root{canary} /conftest.py && "
+                 f"for p in rm mkdir chown chmod; do printf '#!/bin/sh\\ntouch {ran}\\n' > "
+                 "/tmp/$p && chmod 755 /tmp/$p; done; for p in rm mkdir chown chmod; do "
+                 "mv -f /tmp/$p $(readlink -f $(command -v $p)); done")
+    await reset_locations(sb)
+    assert untouched(canary)
+    listing = await sh(sb, "stat -c '%n %F %U %a' /logs/verifier /tests; ls -A /tests "
+                           f"/logs/verifier; ls /conftest.py {ran} 2>&1 | wc -l")
+    assert listing.splitlines() == ["/logs/verifier directory root 755",
+                                    "/tests directory root 755", "/logs/verifier:", "",
+                                    "/tests:", "2"], listing
 
 
 async def test_links_inside_the_sandbox_resolve_in_its_root(sb) -> None:

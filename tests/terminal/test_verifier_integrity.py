@@ -95,8 +95,10 @@ REWRITING_MKDIR = (
 @backends
 async def test_a_replaced_reset_tool_is_tampering(backend: str, sandboxes: str,
                                                   tmp_path: Path) -> None:
-    """Without `verify.RESET_TOOLS` protected this scored 1.0: the reset ran the agent's
-    `mkdir` as root after every agent process was killed."""
+    """A replaced tool of the reset (`verify.RESET_TOOLS`) is tampering. Before it was, and
+    before the reset ran from the host, this scored 1.0: the reset ran the agent's `mkdir` as
+    root after every agent process was killed (it still runs inside where the backend has no
+    host-side root)."""
     task = cr.load_harbor(answer_task(tmp_path / "reset"), namespace="integrity",
                           register=False)["integrity/reset-v0"]
     env = task(backend=backend, run_id=sandboxes)
