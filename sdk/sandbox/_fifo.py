@@ -12,7 +12,10 @@ and pid namespace (the container's view of the mount is the very same FIFO) and 
 user-namespace remapping. The directory is root-only (0700, FIFOs 0600) and the mount is
 read-only, so a non-root agent cannot reach the control shell; a root agent can already do
 anything in its container. A shell that exits is replaced by a `docker exec` one (the FIFOs
-serve each shell once).
+serve each shell once), except the control shell after the verify phase's kill: the host then
+makes a new FIFO set, under a name no agent process saw, and asks the main process (spared by
+the kill) for a shell on it through `START` (`request_shell`): milliseconds, where a fresh
+exec cost 0.1–0.25 s of a loaded daemon in every Docker episode's verify phase.
 
 EOF: a FIFO reader sees end-of-file while no writer has it open, also *before* the shell
 opened its end. The host therefore holds a write end of its own `.out`/`.err` (a guard) until
@@ -26,6 +29,7 @@ import functools
 import os
 import resource
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -34,13 +38,20 @@ from ._proto import Transport
 
 MOUNT = "/run/corral"
 SHELLS = ("control", "agent")
+START = "start"  # the FIFO on which the host asks the main process for another shell
 
+_SHELL = f"(exec bash --noprofile --norc) <{MOUNT}/$s.in >{MOUNT}/$s.out 2>{MOUNT}/$s.err"
 # The container's main process. Each shell's redirections are opened before bash runs, so its
-# first output (or the error of a missing bash) proves all three are open. `wait` reaps a
-# shell that exits; `sleep infinity` keeps the container up when both did.
-BOOT = (f"for s in {' '.join(SHELLS)}; do [ -p {MOUNT}/$s.in ] || continue; "
-        f"(exec bash --noprofile --norc) <{MOUNT}/$s.in >{MOUNT}/$s.out 2>{MOUNT}/$s.err & "
-        "done; wait; exec sleep infinity")
+# first output (or the error of a missing bash) proves all three are open. Then it reads shell
+# names from START (held open at both ends: no end-of-file) and starts one on each such FIFO
+# set the host made: how the verify phase gets a root shell after killing the agent's
+# processes (this process is spared) without a Docker exec. Names are checked (a root agent
+# can write to START too; it could always start a root shell anyway). `sleep infinity` keeps
+# the container up where there are no FIFOs.
+BOOT = (f"for s in {' '.join(SHELLS)}; do [ -p {MOUNT}/$s.in ] && {_SHELL} & done; "
+        f"[ -p {MOUNT}/{START} ] || exec sleep infinity; exec 3<>{MOUNT}/{START}; "
+        "while read -r s <&3; do case $s in ''|*[!a-z0-9]*) continue;; esac; "
+        f"[ -p {MOUNT}/$s.in ] && {_SHELL} & done; exec sleep infinity")
 
 
 @functools.cache
@@ -54,12 +65,35 @@ def _raise_fd_limit() -> None:
 
 
 def make_fifos(folder: Path, shells: tuple[str, ...]) -> None:
-    """Create `folder` (0700) with the FIFOs of `shells` (0600)."""
+    """Create `folder` (0700) with the FIFOs of `shells` and START (0600)."""
     _raise_fd_limit()
     folder.mkdir(mode=0o700, parents=True, exist_ok=False)
+    os.mkfifo(folder / START, 0o600)
     for shell in shells:
+        _make_set(folder, shell)
+
+
+def _make_set(folder: Path, shell: str) -> None:
+    for stream in ("in", "out", "err"):
+        os.mkfifo(folder / f"{shell}.{stream}", 0o600)
+
+
+def request_shell(folder: Path, shell: str) -> bool:
+    """Make the FIFOs of a new shell `shell` (lowercase letters and digits) and ask the
+    container's main process for it through START. False where it cannot be asked (nothing
+    reads START, or its pipe is full)."""
+    _make_set(folder, shell)
+    try:
+        fd = os.open(folder / START, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            os.write(fd, f"{shell}\n".encode())  # shorter than PIPE_BUF: all or nothing
+        finally:
+            os.close(fd)
+    except OSError:
         for stream in ("in", "out", "err"):
-            os.mkfifo(folder / f"{shell}.{stream}", 0o600)
+            (folder / f"{shell}.{stream}").unlink(missing_ok=True)
+        return False
+    return True
 
 
 def remove_fifos(folder: Path) -> None:
@@ -152,6 +186,16 @@ class FifoTransport(Transport):
                 view = view[os.write(self._stdin, view):]
             except BlockingIOError:  # the pipe is full: wait until the shell reads
                 await _ready(loop.add_writer, loop.remove_writer, self._stdin)
+
+    async def started(self, within: float) -> bool:
+        """Whether a process of the container took this shell's stdin within `within`
+        seconds (for a shell the host asked for: the main process may not answer)."""
+        deadline = time.monotonic() + within
+        while await self.host_pid() is None:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
 
     async def host_pid(self) -> int | None:
         """The shell's pid on this host: the container's process whose stdin is our FIFO."""

@@ -43,11 +43,13 @@ import io
 import json
 import logging
 import base64
+import contextlib
 import errno
 import os
 import posixpath
 import secrets
 import shlex
+import signal
 import socket
 import tarfile
 import time
@@ -113,6 +115,9 @@ _INSIDE_KILL = ('main=; since=; for d in /proc/[0-9]*; do p=${d#/proc/}; '
                 '[ "$p" != "$main" ] && [ "$p" != $$ ] && kill -9 "$p" 2>/dev/null; done; true')
 CAP_ADD = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL",
            "NET_BIND_SERVICE"]
+# how long a shell asked of the container's main process may take to show up before a Docker
+# exec stands in (it takes milliseconds; the main process may be gone or stuck)
+REQUESTED_SHELL_S = 2.0
 
 
 def _socket_path() -> str:
@@ -229,7 +234,9 @@ class DockerSandbox(Sandbox):
         self._shell: ShellSession | None = None
         self._control: ShellSession | None = None  # root bash for file writes, never the agent's
         self._io_dir = io_dir  # the FIFOs of the shells the container starts (`_fifo`)
-        self._fifo_shells: set[str] = set()  # those not yet taken by a session
+        # session name -> the FIFO set its shell was started on, until a session takes it
+        self._fifo_shells: dict[str, str] = {}
+        self._fifo_ok = False  # the container starts shells on FIFOs (`_fifo.usable`)
         self._cgroup_seen = False  # its processes are visible here (so `alive` can look)
         self._upper: str | None = None  # its writable layer on the host ("" = not visible)
         self._root: RootDir | None = None  # its "/" for host-side file I/O (`_host_root`)
@@ -307,7 +314,8 @@ class DockerSandbox(Sandbox):
                 await _blocking(host.call, lambda c: c.api.put_archive(sandbox.id, "/", files))
             await _blocking(host.call, lambda c: c.api.start(sandbox.id))
             if shells and await _blocking(_fifo.usable, sandbox.id, io_dir, "control"):
-                sandbox._fifo_shells = set(shells)
+                sandbox._fifo_shells = {shell: shell for shell in shells}
+                sandbox._fifo_ok = True
             sandbox._cgroup_seen = _procs.container_pids(sandbox.id) is not None
             if sandbox._cgroup_seen:
                 sandbox._root = await _blocking(_host_root, sandbox.id)
@@ -440,9 +448,14 @@ class DockerSandbox(Sandbox):
         """A persistent bash (as `user`, default the sandbox's), started on first command:
         the one the container started on its FIFOs `name` if it did, else a Docker exec."""
         async def spawn() -> Transport:
-            if name in self._fifo_shells:
-                self._fifo_shells.discard(name)  # a shell that exits is replaced by an exec
-                return _fifo.FifoTransport(self.id, self._io_dir, name)
+            fifo = self._fifo_shells.pop(name, None)  # a shell that exits: replaced by an exec
+            if fifo is not None:
+                transport = _fifo.FifoTransport(self.id, self._io_dir, fifo)
+                # one the container started at boot runs; one asked for later must show up
+                if fifo == name or await transport.started(REQUESTED_SHELL_S):
+                    return transport
+                await transport.close()
+                log.debug("%s: no shell on FIFOs %s; a Docker exec instead", self.id[:12], fifo)
             return await self._spawn(["bash", "--noprofile", "--norc"], stdin=True, user=user)
 
         return _DockerShell(self, spawn, self._kill, limit, timeout, cwd)
@@ -584,17 +597,30 @@ class DockerSandbox(Sandbox):
         spared."""
         await self._close_sessions()
         # the control shell is killed too (a root agent could reach it through its FIFOs):
-        # later commands get fresh shells from Docker execs
+        # later commands get a fresh one
         self._shell = self._control = None
         self._fifo_shells.clear()
         pids = _procs.container_pids(self.id)
         if pids is None:  # not visible from here: kill from inside
             await self.exec(["sh", "-c", _INSIDE_KILL], timeout=30, user="0")
             return 0
-        keep = set(spare) | _procs.init_and_first_child(filter(None, map(_procs.process_key,
-                                                                          pids)))
-        return await _blocking(_procs.kill_all, lambda: _procs.container_pids(self.id) or [],
-                               frozenset(keep))
+        lifelines = _procs.init_and_first_child(filter(None, map(_procs.process_key, pids)))
+        killed = await _blocking(_procs.kill_all, lambda: _procs.container_pids(self.id) or [],
+                                 frozenset(set(spare) | lifelines))
+        if self._fifo_ok:
+            await _blocking(self._request_control, lifelines)
+        return killed
+
+    def _request_control(self, lifelines: set[tuple[int, int]]) -> None:
+        """Ask the container's main process for the next control shell, on FIFOs with a name
+        no agent process saw (none is left to see it), so the verifier's commands need no
+        Docker exec. The agent may have stopped the main process: it is continued first."""
+        for pid, _ in lifelines:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        name = f"verify{secrets.token_hex(6)}"
+        if _fifo.request_shell(self._io_dir, name):
+            self._fifo_shells["control"] = name
 
     async def recreate_dirs(self, dirs: Sequence[str], remove: Sequence[str] = ()) -> bool:
         """See `Sandbox.recreate_dirs`: where the container's root is reachable from here

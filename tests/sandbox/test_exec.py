@@ -238,6 +238,36 @@ async def test_docker_shells_through_fifos_and_their_fallback(make_sandbox, tmp_
     assert not io_dir.exists() and fifo_fds() == 0
 
 
+async def test_docker_verifier_shell_after_the_kill_needs_no_exec(make_sandbox):
+    """After `kill_agent_processes` the next root command runs in a shell the container's main
+    process starts on new FIFOs (no Docker exec), even where the agent stopped that process;
+    where the main process cannot be asked, a Docker exec stands in."""
+    import docker
+
+    from corral.sandbox import _fifo
+    from corral.verify import clean_exec
+
+    client = docker.from_env()
+    since = int(time.time()) - 5
+
+    def execs(sb) -> int:
+        until = int(time.time()) + 1
+        return sum(1 for _ in client.events(since=since, until=until, decode=True, filters={
+            "container": sb.id, "event": "exec_create"}))
+
+    for ask in (True, False):
+        sb = await make_sandbox("docker")
+        await sb.prepare()
+        r = await (await sb.shell()).run("kill -STOP $(pgrep -o -P 1); sleep 600 &")
+        assert r.ok, r
+        if not ask:  # the main process's request pipe is gone
+            (sb._io_dir / _fifo.START).unlink()
+        await sb.kill_agent_processes()
+        r = await clean_exec(sb, "id -un; pgrep -x sleep || echo none", timeout=30)
+        assert r.stdout == "root\nnone\n", r
+        assert execs(sb) == (0 if ask else 1), ask
+
+
 def _readlink(path: str) -> str:
     try:
         return os.readlink(path)
