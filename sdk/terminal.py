@@ -51,7 +51,7 @@ from .verify import (DEFAULT_PROTECTED, TESTS_DIR, VERIFIER_LOGS, Baseline, clea
 
 log = logging.getLogger(__name__)
 
-_NO_REWARD_FILE = "__corral_no_reward_file__"
+REWARD_FILES = ("reward.txt", "reward.json")  # in VERIFIER_LOGS, the first one found counts
 VERIFY_IN = ("same", "fresh")
 
 
@@ -137,16 +137,17 @@ async def run_tests_script(sandbox: Sandbox, files: dict[str, str | bytes], *,
     if result.timed_out:
         log.info("verifier timed out after %.0f s", timeout)
         return 0.0, result
-    found = await clean_exec(
-        sandbox, f"for f in reward.txt reward.json; do if [ -f {VERIFIER_LOGS}/$f ]; then "
-        f"echo $f; cat {VERIFIER_LOGS}/$f; exit 0; fi; done; echo {_NO_REWARD_FILE}", timeout=30)
-    name, _, content = found.stdout.partition("\n")
-    if name == _NO_REWARD_FILE:
-        if exit_code_reward:
-            return (1.0 if result.exit_code == 0 else 0.0), result
-        raise VerifierError(f"the verifier wrote no {VERIFIER_LOGS}/reward.txt or reward.json "
-                            f"(exit code {result.exit_code}): {result.output.strip()[-300:]}")
-    return parse_reward_file(content, f"{VERIFIER_LOGS}/{name}"), result
+    for name in REWARD_FILES:
+        path = f"{VERIFIER_LOGS}/{name}"
+        try:  # from the host where the backend can: no command for it
+            content = (await sandbox.read_file(path)).decode("utf-8", "replace")
+        except OSError:  # missing, or not a regular file
+            continue
+        return parse_reward_file(content, path), result
+    if exit_code_reward:
+        return (1.0 if result.exit_code == 0 else 0.0), result
+    raise VerifierError(f"the verifier wrote no {VERIFIER_LOGS}/reward.txt or reward.json "
+                        f"(exit code {result.exit_code}): {result.output.strip()[-300:]}")
 
 
 @dataclass
