@@ -43,7 +43,8 @@ app = typer.Typer(
 @app.callback()
 def _root(
     imports: list[str] = typer.Option(
-        [], "--import", "-i", help="Import a module or .py file first (registers its envs)."),
+        [], "--import", "-i", help="Import a module or .py file first (registers its envs); "
+        "a file in an env folder (corral.toml or __init__.py) is imported as part of it."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug output."),
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,

@@ -13,7 +13,7 @@ from rich.table import Table
 from corral.agents import AGENTS, EpisodeResult, make_agent, play
 from corral.errors import CorralError
 
-from .common import backend_help, check_backend_option, console
+from .common import backend_help, check_backend_option, console, fail
 
 
 def _kind_and_tasks(spec: Any) -> tuple[str, str]:
@@ -99,7 +99,8 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the first episode."),
         backend: str = typer.Option(None, "--backend",
                                     help=f"Sandbox backend: {backend_help()}.")) -> None:
-    """Run episodes with a scripted agent and print their rewards."""
+    """Run episodes with a scripted agent and print their rewards. Exits 1 when every episode
+    ended in an infrastructure error (the note column names it): nothing was played."""
     import corral.registry as registry
 
     make_agent(agent)  # an unknown name fails here, with the closest known ones
@@ -125,6 +126,9 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
     console.print(table)
     mean = sum(r.reward for r in results) / len(results)
     console.print(f"mean reward {mean:.3f} over {len(results)} episodes")
+    if all(r.infra_error for r in results):
+        fail(f"no episode of {env_id} could be played: all {len(results)} ended in an "
+             f"infrastructure error ({results[-1].infra_error.split(':')[0]}; see the note column)")
 
 
 def register(app: typer.Typer) -> None:

@@ -46,14 +46,9 @@ def import_user_modules(names: list[str]) -> None:
                 raise CorralError(f"--import {name}: no such file")
             if not path.is_file():
                 raise CorralError(f"--import {name}: not a file")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec and spec.loader
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[path.stem] = module
             try:
-                spec.loader.exec_module(module)
+                _import_file(path)
             except Exception as exc:
-                sys.modules.pop(path.stem, None)
                 if os.environ.get("CORRAL_DEBUG"):
                     raise
                 raise _import_error(name, exc) from exc
@@ -69,6 +64,43 @@ def import_user_modules(names: list[str]) -> None:
                 if os.environ.get("CORRAL_DEBUG"):
                     raise
                 raise _import_error(name, exc) from exc
+
+
+def _import_file(path: Path) -> None:
+    """Import a .py file: as a module of its env folder when it is in one (so `from .helpers
+    import ...` works), else as a plain script named after the file. The folder's package name
+    is its own (`corral_imp_<hash>`): packing the folder in this process (`corral_src_...`,
+    whose registrations are undone) cannot leave this import's envs unregistered."""
+    folder = env_folder_of(path)
+    if folder is not None:
+        from corral.registry.imports import serve_folder
+
+        parts = path.relative_to(folder).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        importlib.import_module(".".join([serve_folder(folder, "corral_imp_"), *parts]))
+        return
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(path.stem, None)
+        raise
+
+
+def env_folder_of(path: Path) -> Path | None:
+    """The env folder a .py file belongs to: the nearest folder above it with a corral.toml,
+    else the top of its chain of folders with an `__init__.py`; None for a plain script."""
+    top = None
+    for folder in path.parents:
+        if (folder / "corral.toml").is_file():
+            return folder
+        if not (folder / "__init__.py").is_file():
+            return top
+        top = folder
+    return top
 
 
 def _import_error(name: str, exc: Exception) -> CorralError:

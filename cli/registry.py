@@ -218,6 +218,7 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
     if model is not None and agent is not None:
         fail("--agent and --model: profile under one of them")
     store = open_store(registry, token=token)
+    _check_can_record(store, env_id, token)
     if model is not None:
         result = _profile_model(env_id, model, n, samples, split, name, tokenizer, max_tokens,
                                 temperature, run_dir, concurrency, store, token)
@@ -234,6 +235,26 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
     console.print(f"{result.env_id} · {result.kind} {result.agent}: {scores} over "
                   f"{len(result.tasks)} tasks; tasks per pass-rate decile "
                   f"{result.histogram(10)}; recorded in {store.location}", highlight=False)
+
+
+def _check_can_record(store: Any, env_id: str, token: Optional[str]) -> None:
+    """Before anything is played: a registry server needs `--token`, and must accept it for
+    the env's namespace (checked by posting an empty profile, which records nothing)."""
+    import corral.registry as registry
+    from corral.registry.client import RegistryClient
+    from corral.registry.errors import AuthError
+    from corral.registry.store import Profile
+
+    if not isinstance(store, RegistryClient):
+        return
+    if not token:
+        fail(f"--token: recording a profile in the registry {store.location} needs a "
+             "publishing token (pass --token or set CORRAL_TOKEN); nothing was played")
+    try:
+        store.record_profile(Profile(env_id=registry.spec(env_id).id, agent="random"),
+                             token=token)
+    except AuthError as exc:
+        fail(f"--token: {exc}; nothing was played")
 
 
 def _profile_model(env_id: str, model: str, n: int, samples: int, split: str,

@@ -30,7 +30,7 @@ from corral.tools import collect
 
 from corral.catalog import EnvSpec
 from .errors import ReleaseError
-from .imports import finder, module_name_for
+from .imports import serve_folder
 from .release import (DEFAULT_LIMITS, DatasetCard, Limits, ReleaseManifest, SemVer,
                       archive_digest, collect_files, content_digest, file_entries, pack)
 
@@ -130,8 +130,7 @@ def load_class(folder: Path, rel_entry_point: str, original: str) -> Any:
         return EnvSpec("x/load-v0", original).load()
     from corral.catalog import default_catalog
 
-    name = module_name_for(hashlib.sha256(str(folder).encode()).hexdigest(), "corral_src_")
-    finder.add(name, folder)
+    name = serve_folder(folder)
     module, _, attr = rel_entry_point.partition(":")
     with default_catalog.unlisted():  # an installed release of this id is no clash
         cls = EnvSpec("x/load-v0", f"{name}.{module}:{attr}" if module else f"{name}:{attr}").load()

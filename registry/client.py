@@ -130,12 +130,21 @@ class RegistryClient:
         return Profile.model_validate_json(response.content)
 
     def profile(self, env_id: str, agent: str | None = None) -> Profile:
+        """The env's profile; an env the registry does not know (404) has an empty one, as in
+        a `LocalStore` (a mixture skips unprofiled envs)."""
         params = {"agent": agent} if agent else {}
-        return Profile.model_validate_json(
-            self._request("GET", f"/api/profiles/{env_id}", params=params).content)
+        try:
+            return Profile.model_validate_json(
+                self._request("GET", f"/api/profiles/{env_id}", params=params).content)
+        except ReleaseNotFound:
+            return Profile(env_id=env_id, agent=agent or "random")
 
     def profile_agents(self, env_id: str) -> list[str]:
-        return self._request("GET", f"/api/profiles/{env_id}/agents").json()
+        """Who profiled the env; none for an env the registry does not know."""
+        try:
+            return self._request("GET", f"/api/profiles/{env_id}/agents").json()
+        except ReleaseNotFound:
+            return []
 
 
 def _chunks(path: Path) -> Iterator[bytes]:

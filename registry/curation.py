@@ -131,7 +131,7 @@ class TaskRef:
 
 @dataclass(frozen=True)
 class DuplicatePair:
-    """Two tasks whose instructions are near-identical (word-shingle Jaccard ≥ threshold)."""
+    """Two tasks whose instructions are near-identical (token-shingle Jaccard ≥ threshold)."""
 
     a: TaskRef
     b: TaskRef

@@ -7,6 +7,7 @@ directory, never from whatever else is installed, and nothing is added to `sys.p
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -59,3 +60,12 @@ finder = FolderFinder()
 def module_name_for(folder_key: str, prefix: str = "corral_rel_") -> str:
     """A valid, unique top-level package name for a hash-like key."""
     return prefix + "".join(c for c in folder_key if c.isalnum())[:16]
+
+
+def serve_folder(folder: Path, prefix: str = "corral_src_") -> str:
+    """Serve `folder` as a private top-level package and return its name: the same folder gets
+    the same name (a hash of its path), so its modules are imported once per process."""
+    folder = folder.resolve()
+    name = module_name_for(hashlib.sha256(str(folder).encode()).hexdigest(), prefix)
+    finder.add(name, folder)
+    return name

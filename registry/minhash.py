@@ -1,10 +1,11 @@
-"""MinHash over word shingles, with LSH banding, for near-duplicate detection.
+"""MinHash over token shingles, with LSH banding, for near-duplicate detection.
 
-A text becomes the set of its word k-grams (hashed to 32 bits); its MinHash signature is the
-minimum of `num_perm` universal hashes `(a·x + b) mod p` over that set, so two signatures agree
-in each position with probability equal to the sets' Jaccard similarity. Signatures are cut
-into `bands` of `rows`; texts sharing any band become candidates, and candidates are confirmed
-by their exact Jaccard similarity, so the result has no false positives.
+A text becomes the set of its token k-grams (a token is a word, or one punctuation or operator
+character; each gram hashed to 32 bits); its MinHash signature is the minimum of `num_perm`
+universal hashes `(a·x + b) mod p` over that set, so two signatures agree in each position
+with probability equal to the sets' Jaccard similarity. Signatures are cut into `bands` of
+`rows`; texts sharing any band become candidates, and candidates are confirmed by their exact
+Jaccard similarity, so the result has no false positives.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import Hashable, Iterable
 import numpy as np
 
 _PRIME = (1 << 31) - 1  # a·x stays below 2**63 for a < p and 32-bit x: no uint64 overflow
-_WORD = re.compile(r"\w+")
+_TOKEN = re.compile(r"\w+|[^\w\s]")  # words, and each other non-space character (* - + = ...)
 
 
 def shingles(text: str, k: int = 3) -> frozenset[int]:
-    """32-bit hashes of the lowercase word k-grams of `text` (one gram if it is shorter)."""
-    words = _WORD.findall(text.lower())
+    """32-bit hashes of the lowercase token k-grams of `text` (one gram if it is shorter). A
+    token is a word or one punctuation or operator character, so "9 * 10" and "9 - 10" differ."""
+    words = _TOKEN.findall(text.lower())
     if not words:
         return frozenset()
     k = min(k, len(words))
@@ -63,7 +65,7 @@ class MinHasher:
 def near_duplicate_pairs(items: Iterable[tuple[Hashable, str]], *, threshold: float = 0.8,
                          k: int = 3, num_perm: int = 128,
                          seed: int = 0) -> list[tuple[Hashable, Hashable, float]]:
-    """Pairs of keys whose texts have word-shingle Jaccard similarity ≥ `threshold`, each pair
+    """Pairs of keys whose texts have token-shingle Jaccard similarity ≥ `threshold`, each pair
     once, as (key_a, key_b, similarity) in input order."""
     hasher = MinHasher(num_perm, seed)
     bands, rows = bands_for(num_perm, threshold)

@@ -10,6 +10,7 @@ API (JSON unless noted; errors are `{"error": <exception name>, "detail": <one l
     GET  /api/resolve?ref=             GET /api/search?q=
     POST /api/yank {"ref", "reason"}   POST /api/profiles (a Profile)
     GET  /api/profiles/{ns}/{name}[?agent=]             GET /api/health
+    GET  /api/profiles/{ns}/{name}/agents   (both 404 for an env with no release or profile)
     GET  /api/cards/{ns}/{name}[?version=]  a release's dataset card with its recorded profiles
 
 Uploads stream into the store's temp folder and are committed by `LocalStore.add_temp` (verify,
@@ -160,10 +161,12 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
 
     @app.get("/api/profiles/{namespace}/{name}")
     def profile(namespace: str, name: str, agent: str | None = None) -> Any:
+        store.check_env(f"{namespace}/{name}")  # an unknown env is a 404, not an empty profile
         return _dump(store.profile(f"{namespace}/{name}", agent))
 
     @app.get("/api/profiles/{namespace}/{name}/agents")
     def profile_agents(namespace: str, name: str) -> list[str]:
+        store.check_env(f"{namespace}/{name}")
         return store.profile_agents(f"{namespace}/{name}")
 
     @app.get("/api/cards/{namespace}/{name}")

@@ -17,6 +17,7 @@ SQLite's write lock (`BEGIN IMMEDIATE`), so two publishes of one version cannot 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -184,7 +185,10 @@ class Ref:
         if ref.startswith("sha256:"):
             raise ReleaseError(f"{ref!r}: a hash reference is sha256: and 8 to 64 hex digits "
                                "(0-9, a-f), a unique prefix of the release's sha256")
-        env_id, _, version = ref.partition("@")
+        env_id, at, version = ref.partition("@")
+        if at and not version:
+            raise ReleaseError(f"{ref!r}: no version after '@'; write {env_id}@X.Y.Z, or "
+                               f"{env_id} for the latest release")
         parse_id(env_id)
         if version:
             SemVer.parse(version)
@@ -285,7 +289,8 @@ class LocalStore:
                  expect_sha: str | None = None) -> PublishResult:
         """Verify the archive at `tmp` (a file in `self.tmp`, consumed) and commit it.
         `check_namespace(namespace)` may raise to refuse the release before anything is kept;
-        `expect_sha` refuses an archive whose hash differs (corrupted in transit)."""
+        `expect_sha` refuses an archive whose hash differs (corrupted in transit, or in a
+        registry server's store: a local source checks its own blob in `download`)."""
         try:
             size = tmp.stat().st_size
             if size > self.limits.max_total_bytes:
@@ -294,7 +299,9 @@ class LocalStore:
             sha = sha256_file(tmp)
             if expect_sha is not None and sha != expect_sha:
                 raise ReleaseError(f"downloaded archive has sha256:{sha[:12]}…, expected "
-                                   f"sha256:{expect_sha[:12]}…; it was corrupted in transit")
+                                   f"sha256:{expect_sha[:12]}…: corrupted in transit, or "
+                                   "damaged in the source registry's store (a download cannot "
+                                   "tell which)")
             manifest = read_release(tmp, self.limits)
             if check_namespace is not None:
                 check_namespace(manifest.namespace)
@@ -410,8 +417,19 @@ class LocalStore:
 
     def download(self, sha: str, dest: Path, *, max_bytes: int | None = None) -> Path:
         """Copy an archive to `dest` (interface parity with `RegistryClient`; `max_bytes` is
-        checked by `add_temp`, which reads the size before anything else)."""
-        shutil.copyfile(self.archive(sha), dest)
+        checked by `add_temp`, which reads the size before anything else). A stored blob that
+        no longer matches its recorded hash is a `ReleaseError` naming this store."""
+        record = self.get(sha)
+        digest = hashlib.sha256()
+        with open(self.archive(record.sha256), "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != record.sha256:
+            raise ReleaseError(
+                f"{record.ref} (sha256:{record.sha256[:12]}…): the source store {self.location} "
+                f"holds a damaged archive (it hashes to sha256:{digest.hexdigest()[:12]}…, not "
+                "its recorded hash); nothing was pulled; publish it there again")
         return dest
 
     def releases(self, pattern: str | None = None, *,
@@ -442,8 +460,12 @@ class LocalStore:
         return [latest[k] for k in sorted(latest)]
 
     def yank(self, ref: str, *, reason: str = "", token: str | None = None) -> ReleaseRecord:
-        """Hide a release from resolution; it stays pullable by exact hash."""
+        """Hide a release from resolution; it stays pullable by exact hash. Yanking a yanked
+        release again is a `ReleaseError` (its reason stays)."""
         record = self.resolve(ref)
+        if record.yanked:
+            raise ReleaseError(f"{record.ref} (sha256:{record.sha256[:12]}…) is already yanked "
+                               f"({record.yank_reason or 'no reason'})")
         with self._write() as conn:
             conn.execute("UPDATE releases SET yanked=1, yank_reason=? WHERE sha256=?",
                          (reason, record.sha256))
@@ -487,6 +509,18 @@ class LocalStore:
                        tasks=[TaskPassRate(task_index=r["task_index"], task_id=r["task_id"],
                                            runs=r["runs"], passes=r["passes"], avg=r["avg"],
                                            pass_at_k=r["pass_at_k"]) for r in rows])
+
+    def check_env(self, env_id: str) -> None:
+        """Raise `ReleaseNotFound` unless `env_id` has a release (yanked too) or a recorded
+        profile in this store."""
+        conn = self._conn()
+        for table in ("releases", "profiles"):
+            if conn.execute(f"SELECT 1 FROM {table} WHERE env_id=? LIMIT 1", (env_id,)).fetchone():
+                return
+        ids = [r[0] for r in conn.execute("SELECT DISTINCT env_id FROM releases UNION "
+                                          "SELECT DISTINCT env_id FROM profiles")]
+        raise ReleaseNotFound(f"no release or profile of {env_id} in {self.location}."
+                              f"{closest(env_id, ids)}")
 
     def profile_agents(self, env_id: str) -> list[str]:
         rows = self._conn().execute("SELECT DISTINCT agent FROM profiles WHERE env_id=? "

@@ -43,6 +43,8 @@ def test_bad_references_and_flags_are_one_line_errors(home: Path, make_env, tmp_
     missing = tmp_path / "no-such-store"
     cases = [
         (("yank", env_id), 1, "id@version or sha256:HASH"),  # a bare id yanked the newest
+        (("yank", f"{env_id}@"), 1, f"'{env_id}@': no version after '@'"),  # was "latest"
+        (("pull", f"{env_id}@"), 1, f"'{env_id}@': no version after '@'"),
         (("pull", "sha256:12ab"), 1, "8 to 64 hex digits"),  # was "Malformed environment id"
         (("pull", env_id, "--registry", str(missing)), 1, "no store there"),
         (("search", "echo", "--registry", str(missing)), 1, "no store there"),
@@ -73,3 +75,22 @@ def test_registry_serve_refuses_a_busy_port_in_one_line(home: Path, tmp_path: Pa
     assert out.returncode == 1 and "pick another --port" in out.stderr, out.stderr
     out = run_cli("registry", "serve", "--port", "99999", home=home, cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_profile_into_a_registry_checks_the_token_before_playing(server, home: Path,
+                                                                 tmp_path: Path) -> None:
+    """`corral profile --registry URL` without a token (or with one the registry refuses for the
+    env's namespace) fails before playing any episode; it played every episode, then got 401."""
+    from registry_helpers import CORRAL_TOKEN, OTHER_TOKEN
+
+    base = ("profile", "corral/arithmetic-v0", "-n", "3", "--registry", server.url)
+    cases = [(base, "--token: recording a profile in the registry"),
+             ((*base, "--token", OTHER_TOKEN), "--token: the token is not allowed")]
+    for args, text in cases:
+        out = run_cli(*args, home=home, cwd=tmp_path)
+        assert out.returncode == 1, (args, out.stderr)
+        assert text in out.stderr and "nothing was played" in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    ok = run_cli(*base, "--token", CORRAL_TOKEN, home=home, cwd=tmp_path)
+    assert ok.returncode == 0 and "over 3 tasks" in ok.stdout, ok.stderr
+    assert len(server.store.profile("corral/arithmetic-v0", "random").tasks) == 3

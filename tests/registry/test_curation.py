@@ -66,6 +66,18 @@ def test_minhash_estimates_jaccard() -> None:
     assert abs(estimate - jaccard(a, b)) < 0.1
 
 
+def test_operators_are_tokens_so_different_sums_are_not_duplicates() -> None:
+    """corral/arithmetic-v0 had 50,087 pairs such as "Compute 9 * 10" / "Compute 9 - 10" at
+    similarity 1.00: `\\w+` dropped the operator. Operators and punctuation are tokens now."""
+    times, minus = (shingles(f"Compute 9 {op} 10. Reply with the number only.") for op in "*-")
+    assert jaccard(times, minus) < 0.8
+    catalog = Catalog(entry_points=False)
+    catalog.register("ops/sums-v1", type("Ops", (cr.TextEnv,), {"tasks": cr.Dataset.from_list(
+        [{"prompt": f"Compute 9 {op} 10. Reply with the number only."} for op in "*-+*"])}))
+    pairs = find_near_duplicates(["ops/*"], threshold=0.8, catalog=catalog)
+    assert [(p.a.index, p.b.index, p.similarity) for p in pairs] == [(0, 3, 1.0)]
+
+
 def test_near_duplicates_within_and_across_envs() -> None:
     base = [f"Write a haiku about {w} in the style of a weather report for sailors at dawn"
             for w in ("rain", "snow", "fog", "wind", "hail", "frost")]

@@ -97,6 +97,25 @@ def test_client_has_the_local_store_interface(server, make_env, tmp_path: Path) 
     assert client.profile_agents(env_id) == ["random"]
 
 
+def test_profiles_of_an_unknown_env_are_404(server, make_env) -> None:
+    """`GET /api/profiles/{ns}/{name}` of an env with no release and no profile is a 404 like
+    the server's other lookups (it was 200 with an empty profile); a published env with no
+    profile yet is a 200 with an empty one. The client keeps `LocalStore`'s answer: empty."""
+    folder, env_id = make_env(3)
+    publish(folder, registry=server.url, token=TOKEN)
+    unknown = env_id.replace("echo", "ecko")
+    for path in (f"/api/profiles/{unknown}", f"/api/profiles/{unknown}/agents"):
+        response = httpx.get(server.url + path)
+        assert response.status_code == 404, (path, response.text)
+        assert response.json()["error"] == "ReleaseNotFound"
+        assert f"no release or profile of {unknown}" in response.json()["detail"]
+    known = httpx.get(f"{server.url}/api/profiles/{env_id}")
+    assert known.status_code == 200 and known.json()["tasks"] == []
+    assert httpx.get(f"{server.url}/api/profiles/{env_id}/agents").json() == []
+    client = RegistryClient(server.url)
+    assert client.profile(unknown).tasks == [] and client.profile_agents(unknown) == []
+
+
 def test_server_killed_mid_upload_shows_no_partial_release(make_env, tmp_path: Path) -> None:
     folder, env_id = make_env(2000)
     archive = build_release(folder, out_dir=tmp_path / "out").archive

@@ -9,7 +9,8 @@ import pytest
 from corral.agents import play
 from corral.registry import Catalog
 from corral.registry.build import build_release
-from corral.registry.errors import LockError, ReleaseNotFound, VersionConflict
+from corral.registry.errors import (LockError, ReleaseError, ReleaseNotFound,
+                                     VersionConflict)
 from corral.registry.install import install, installed_specs
 from corral.registry.lock import Lock, require_lock
 from corral.registry.store import LocalStore
@@ -57,6 +58,38 @@ def test_pull_into_a_clean_store_keeps_the_hash(make_env, tmp_path: Path) -> Non
     pulled = pull(f"sha256:{published.sha256}", source=source, dest=dest)
     assert pulled.sha256 == published.sha256 and pulled.yanked
     assert dest.archive(pulled.sha256).read_bytes() == source.archive(published.sha256).read_bytes()
+
+
+def test_pull_from_a_damaged_source_store_says_the_source_is_damaged(make_env,
+                                                                      tmp_path: Path) -> None:
+    """A source store whose blob no longer matches its recorded hash: the error names that
+    store (it said "corrupted in transit"), and nothing reaches the destination."""
+    source, dest = LocalStore(tmp_path / "source"), LocalStore(tmp_path / "dest")
+    folder, env_id = make_env(4)
+    published = publish(folder, registry=source).record
+    blob = source.archive(published.sha256)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with pytest.raises(ReleaseError, match="the source store .* holds a damaged archive") as err:
+        pull(env_id, source=source, dest=dest)
+    assert "transit" not in str(err.value) and str(source.home) in str(err.value)
+    assert dest.releases() == [] and list(dest.tmp.iterdir()) == []
+
+
+def test_yank_twice_and_an_empty_version_are_errors(make_env, tmp_path: Path) -> None:
+    """Yanking a yanked release again was a silent success; `id@` (nothing after the @) was
+    taken as the latest release."""
+    store = LocalStore(tmp_path / "store")
+    folder, env_id = make_env(4)
+    sha = publish(folder, registry=store).record.sha256
+    store.yank(f"sha256:{sha}", reason="first")
+    with pytest.raises(ReleaseError, match=r"already yanked \(first\)"):
+        store.yank(f"sha256:{sha}", reason="second")
+    assert store.get(sha).yank_reason == "first"
+    for call in (store.resolve, store.yank):
+        with pytest.raises(ReleaseError, match=f"'{env_id}@': no version after '@'"):
+            call(f"{env_id}@")
 
 
 async def test_install_makes_the_released_code_and_lock_enforces_it(make_env, home: Path,

@@ -94,3 +94,48 @@ def test_validate_exit_code_gates_ci(tmp_path: Path) -> None:
     bad = corral("-i", "gate.py", "validate", "gate/broken-v0", cwd=tmp_path)
     assert good.returncode == 0, good.stdout + good.stderr
     assert bad.returncode == 1 and "FAILED" in bad.stdout, bad.stdout + bad.stderr
+
+
+def test_run_exits_1_when_no_episode_could_be_played(tmp_path: Path) -> None:
+    """Every episode an infrastructure error (here the image is missing): the table still shows
+    each episode's note, then one `error:` line and exit 1 (it was exit 0)."""
+    (tmp_path / "noimage.py").write_text(textwrap.dedent('''
+        import corral as cr
+
+        @cr.environment("mine/noimage-v0", sandbox=cr.Terminal(image="corral/no-such-image:x"),
+                        tasks=[{"name": "a"}])
+        class NoImage(cr.TerminalEnv):
+            """Needs an image nobody built."""
+
+            def instruction(self, task):
+                return "Do nothing."
+
+            @cr.reward
+            async def done(self, sandbox, task) -> float:
+                return 1.0
+    '''))
+    out = corral("-i", "noimage.py", "run", "mine/noimage-v0", "-n", "2", "--agent", "noop",
+                 cwd=tmp_path)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert out.stdout.count("ImageNotFound") == 2, out.stdout
+    assert out.stderr.strip().startswith("error:") and len(out.stderr.strip().splitlines()) == 1
+    assert "no episode of mine/noimage-v0 could be played" in out.stderr, out.stderr
+
+
+def test_import_file_of_an_env_folder_keeps_its_relative_imports(tmp_path: Path) -> None:
+    """docs/registry.md: an env folder imports its own modules relatively. `-i folder/env.py`
+    imports env.py as a module of that folder (a corral.toml or an __init__.py marks it); it
+    failed with 'attempted relative import with no known parent package'."""
+    for marker in ("corral.toml", "__init__.py"):
+        folder = tmp_path / marker.replace(".", "_")
+        folder.mkdir()
+        (folder / marker).write_text('[[env]]\nid = "mine/rel-v0"\nentry_point = "env:Rel"\n'
+                                     if marker == "corral.toml" else "")
+        (folder / "helpers.py").write_text('WORDS = [{"word": "hi"}, {"word": "yo"}]\n')
+        (folder / "env.py").write_text(ECHO_ENV.replace("mine/echo-v0", "mine/rel-v0").replace(
+            'tasks=[{"word": "hi"}, {"word": "yo"}]', "tasks=WORDS").replace(
+            "import corral as cr", "import corral as cr\nfrom .helpers import WORDS"))
+        ran = corral("-i", f"{folder.name}/env.py", "run", "mine/rel-v0", "-n", "2",
+                     cwd=tmp_path)
+        assert ran.returncode == 0, (marker, ran.stderr)
+        assert "mean reward 1.000 over 2 episodes" in ran.stdout
