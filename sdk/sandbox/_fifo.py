@@ -40,7 +40,8 @@ MOUNT = "/run/corral"
 SHELLS = ("control", "agent")
 START = "start"  # the FIFO on which the host asks the main process for another shell
 
-_SHELL = f"(exec bash --noprofile --norc) <{MOUNT}/$s.in >{MOUNT}/$s.out 2>{MOUNT}/$s.err"
+_SHELL = (f"(exec bash --noprofile --norc 3<&-) <{MOUNT}/$s.in >{MOUNT}/$s.out "
+          f"2>{MOUNT}/$s.err")  # without the main process's descriptor 3 (START)
 # The container's main process. Each shell's redirections are opened before bash runs, so its
 # first output (or the error of a missing bash) proves all three are open. Then it reads shell
 # names from START (held open at both ends: no end-of-file) and starts one on each such FIFO

@@ -129,22 +129,25 @@ async def test_closed_defaults(sandbox):
     assert r.exit_code != 0
 
 
+def docker_execs(container_id: str, since: int) -> int:
+    """Docker execs created in the container since `since` (the daemon's events)."""
+    import docker
+
+    until = int(time.time()) + 1
+    return sum(1 for _ in docker.from_env().events(since=since, until=until, decode=True, filters={
+        "container": container_id, "event": "exec_create"}))
+
+
 async def test_docker_root_commands_reuse_the_control_shell(make_sandbox):
     """A prepared sandbox's shells are running before first use, started by the container
     itself (no Docker exec at all); root one-shot commands run in the sandbox's idle control
     shell; concurrent ones overflow to Docker execs; another user's command gets its own."""
-    import docker
-
     sb = await make_sandbox("docker")
     await sb.prepare()  # starts the agent's shell and the control shell, as the pool does
-
-    client = docker.from_env()
     since = int(time.time()) - 5  # before the sandbox made any exec (it is this test's own)
 
-    def exec_count() -> int:  # Docker execs created in this container so far (daemon events)
-        until = int(time.time()) + 1
-        return sum(1 for _ in client.events(since=since, until=until, decode=True, filters={
-            "container": sb.id, "event": "exec_create"}))
+    def exec_count() -> int:
+        return docker_execs(sb.id, since)
 
     before = exec_count()
     assert before == 0
@@ -183,17 +186,12 @@ async def test_docker_shells_through_fifos_and_their_fallback(make_sandbox, tmp_
     """The container's own shells talk through root-only FIFOs: a non-root agent's shell is a
     Docker exec as that user and cannot reach them; a shell that exits is replaced by an exec;
     the FIFO dir goes with the sandbox."""
-    import docker
-
     from corral.sandbox import _fifo
 
-    client = docker.from_env()
     since = int(time.time()) - 5
 
     def execs(sb) -> int:
-        until = int(time.time()) + 1
-        return sum(1 for _ in client.events(since=since, until=until, decode=True, filters={
-            "container": sb.id, "event": "exec_create"}))
+        return docker_execs(sb.id, since)
 
     sb = await make_sandbox("docker", user="nobody", workdir="/tmp")
     await sb.prepare()
@@ -242,19 +240,10 @@ async def test_docker_verifier_shell_after_the_kill_needs_no_exec(make_sandbox):
     """After `kill_agent_processes` the next root command runs in a shell the container's main
     process starts on new FIFOs (no Docker exec), even where the agent stopped that process;
     where the main process cannot be asked, a Docker exec stands in."""
-    import docker
-
     from corral.sandbox import _fifo
     from corral.verify import clean_exec
 
-    client = docker.from_env()
     since = int(time.time()) - 5
-
-    def execs(sb) -> int:
-        until = int(time.time()) + 1
-        return sum(1 for _ in client.events(since=since, until=until, decode=True, filters={
-            "container": sb.id, "event": "exec_create"}))
-
     for ask in (True, False):
         sb = await make_sandbox("docker")
         await sb.prepare()
@@ -263,9 +252,10 @@ async def test_docker_verifier_shell_after_the_kill_needs_no_exec(make_sandbox):
         if not ask:  # the main process's request pipe is gone
             (sb._io_dir / _fifo.START).unlink()
         await sb.kill_agent_processes()
-        r = await clean_exec(sb, "id -un; pgrep -x sleep || echo none", timeout=30)
+        r = await clean_exec(sb, "id -un; pgrep -x sleep || echo none; "
+                             "[ -e /proc/self/fd/3 ] && echo start-fifo-inherited", timeout=30)
         assert r.stdout == "root\nnone\n", r
-        assert execs(sb) == (0 if ask else 1), ask
+        assert docker_execs(sb.id, since) == (0 if ask else 1), ask
 
 
 def _readlink(path: str) -> str:
