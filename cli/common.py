@@ -93,9 +93,11 @@ def _import_file(path: Path) -> None:
 def env_folder_of(path: Path) -> Path | None:
     """The env folder a .py file belongs to: the nearest folder above it with a corral.toml,
     else the top of its chain of folders with an `__init__.py`; None for a plain script."""
+    from corral.registry.build import MANIFEST
+
     top = None
     for folder in path.parents:
-        if (folder / "corral.toml").is_file():
+        if (folder / MANIFEST).is_file():
             return folder
         if not (folder / "__init__.py").is_file():
             return top

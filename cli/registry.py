@@ -330,7 +330,7 @@ def verify(store_dir: Optional[Path] = typer.Option(None, "--store", help="The l
     from corral.registry.store import LocalStore
     from corral.registry.verify import verify_installs
 
-    if store_dir is not None and not (store_dir.expanduser() / "index.sqlite").is_file():
+    if store_dir is not None and not LocalStore.present(store_dir):
         fail(f"--store {store_dir}: no store there (no index.sqlite)")
     store = LocalStore(store_dir)
     try:

@@ -99,7 +99,7 @@ def install(ref: str, *, store: LocalStore | None = None, source: object | None 
 def installed_specs(home: Path | None = None) -> list[EnvSpec]:
     """Specs of the active installs in the store at `home` (the default store if None)."""
     home = home or default_home()
-    if not (home / "index.sqlite").exists():
+    if not LocalStore.present(home):
         return []
     specs = []
     try:

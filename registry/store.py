@@ -198,6 +198,13 @@ class Ref:
 class LocalStore:
     """Releases, installs and profiles in one folder; safe for threads and processes."""
 
+    INDEX = "index.sqlite"  # the folder's database: a folder without it holds no store
+
+    @classmethod
+    def present(cls, home: str | Path) -> bool:
+        """Whether a store exists at `home` (opening one there would create it)."""
+        return (Path(home).expanduser() / cls.INDEX).is_file()
+
     def __init__(self, home: str | Path | None = None, *, limits: Limits = DEFAULT_LIMITS) -> None:
         self.home = Path(home).expanduser() if home else default_home()
         self.limits = limits
@@ -233,7 +240,7 @@ class LocalStore:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.home / "index.sqlite", timeout=60, isolation_level=None)
+            conn = sqlite3.connect(self.home / self.INDEX, timeout=60, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.row_factory = sqlite3.Row

@@ -33,7 +33,7 @@ def open_store(registry: str | Path | Store | None = None, *, token: str | None 
     text = str(registry)
     if text.startswith(("http://", "https://")):
         return RegistryClient(text, token=token)
-    if existing and not (Path(text).expanduser() / "index.sqlite").is_file():
+    if existing and not LocalStore.present(text):
         raise ReleaseError(f"--registry {text}: no store there (no index.sqlite); give a "
                            "store folder or an http(s):// registry URL")
     return LocalStore(text)

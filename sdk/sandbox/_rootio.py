@@ -167,7 +167,7 @@ class RootDir:
             else:
                 os.unlink(name, dir_fd=parent)
         except FileNotFoundError:
-            pass
+            return  # nothing there to remove
         finally:
             os.close(parent)
 
