@@ -256,7 +256,7 @@ class BwrapSandbox(Sandbox):
         env.update(HOME=home if uid else "/root", USER=user, HOSTNAME="sandbox", **spec.env)
         cwd = spec.workdir
         if uid and cwd == "/root":
-            cwd = home
+            cwd = f"/home/{user}"  # as on Docker (docs/sandboxes.md), whatever passwd says
         name = f"{run_id}-{secrets.token_hex(4)}".replace("/", "_")
         sbdir = sandboxes_dir() / name
         for sub in ("upper", "work"):
@@ -270,6 +270,8 @@ class BwrapSandbox(Sandbox):
         sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, cgroup, base)
         try:
             await sandbox._start()
+            # a missing workdir is made, owned by the sandbox's root, as Docker makes it
+            await asyncio.to_thread(sandbox._root.makedirs, cwd)
             for path, content in spec.files.items():
                 await sandbox.write_file(path, content)
         except BaseException:

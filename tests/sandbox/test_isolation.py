@@ -22,6 +22,17 @@ async def test_non_root_user(make_sandbox, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_user_without_a_home_and_a_missing_workdir(make_sandbox, backend):
+    """`nobody`'s passwd home (/nonexistent) is not made; the default workdir becomes
+    /home/nobody, and any missing workdir is made, owned by root, as Docker makes it."""
+    sb = await make_sandbox(backend, user="nobody")
+    r = await sb.exec("id -un; pwd; stat -c %U .; echo $HOME")
+    assert r.stdout == "nobody\n/home/nobody\nroot\n/nonexistent\n", r
+    sb = await make_sandbox(backend, workdir="/srv/app/work")
+    assert (await sb.exec("pwd; touch here && echo ok")).stdout == "/srv/app/work\nok\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_fork_bomb_is_contained_then_killed(make_sandbox, backend):
     sb = await make_sandbox(backend, pids=64)
     t0 = time.monotonic()
