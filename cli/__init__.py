@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -55,6 +56,25 @@ def _root(
 def _register_all() -> None:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(app)
+    _reflow_help(app)
+
+
+def _reflow(text: str) -> str:
+    """A docstring's paragraphs as single lines (typer's rich mode keeps the source's line
+    breaks in them); paragraphs that are lists or indented keep theirs."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        p if any(line.startswith(("-", "*", " ")) for line in p.splitlines())
+        else " ".join(p.split("\n")) for p in paragraphs)
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    for command in group.registered_commands:
+        text = command.help or inspect.getdoc(command.callback)
+        if text:
+            command.help = _reflow(text)
+    for sub in group.registered_groups:
+        _reflow_help(sub.typer_instance)
 
 
 _register_all()

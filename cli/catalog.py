@@ -99,8 +99,10 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the first episode."),
         backend: str = typer.Option(None, "--backend",
                                     help=f"Sandbox backend: {backend_help()}.")) -> None:
-    """Run episodes with a scripted agent and print their rewards. Exits 1 when every episode
-    ended in an infrastructure error (the note column names it): nothing was played."""
+    """Run episodes with a scripted agent and print their rewards.
+
+    Exits 1 when every episode ended in an infrastructure error (the note column names it):
+    nothing was played."""
     import corral.registry as registry
 
     make_agent(agent)  # an unknown name fails here, with the closest known ones

@@ -211,8 +211,10 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
                                             help="Episodes (sandboxes) at once."),
             registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option()
             ) -> None:
-    """Measure pass rates per task with a scripted agent or a model (--model) and record them
-    in the store: the release's dataset card shows them, and difficulty bands use them."""
+    """Measure pass rates per task with a scripted agent or a model and record them.
+
+    They are recorded in `--registry`'s store: the release's dataset card shows them, and
+    difficulty bands use them."""
     from corral.registry.transfer import open_store
 
     if model is not None and agent is not None:

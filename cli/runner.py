@@ -129,9 +129,11 @@ def register(app: typer.Typer) -> None:
 
     @app.command("report")
     def report_cmd(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
-        """Write RUN_DIR/report.html: for a `corral train` run the training dashboard (reward,
-        loss, divergence, staleness, numerics, throughput, utilisation) above the rollout
-        report; for a `corral collect` run the rollout report (timeline, phases, batches)."""
+        """Write RUN_DIR/report.html for a `corral train` or `corral collect` run.
+
+        A train run gets the training dashboard (reward, loss, divergence, staleness,
+        numerics, throughput, utilisation) above the rollout report; a collect run the rollout
+        report (timeline, phases, batches)."""
         # the file names `corral.trainer.report` looks for; checked here so that reporting a
         # collect run never imports the trainer (and torch)
         if (run_dir / "train_config.json").exists() or (run_dir / "train.jsonl").exists():

@@ -51,8 +51,9 @@ def validate_command(
                                      "(corral.hacks); a hack scoring above the no-op fails."),
     hack: list[str] = typer.Option([], "--hack", help="Run only these hacks (repeatable)."),
 ) -> None:
-    """Run every task's oracle (must pass) and a no-op agent (must fail) in real sandboxes;
-    with --adversarial, also every hack agent (must not beat the no-op)."""
+    """Run every task's oracle (must pass) and a no-op agent (must fail) in real sandboxes.
+
+    With --adversarial, also every hack agent (must not beat the no-op)."""
     from corral.hacks import HACKS
     from corral.registry.validate import checked_count, validate
 

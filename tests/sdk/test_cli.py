@@ -139,3 +139,14 @@ def test_import_file_of_an_env_folder_keeps_its_relative_imports(tmp_path: Path)
                      cwd=tmp_path)
         assert ran.returncode == 0, (marker, ran.stderr)
         assert "mean reward 1.000 over 2 episodes" in ran.stdout
+
+
+def test_help_paragraphs_are_reflowed() -> None:
+    """A command's docstring wraps at the source's width; its help wraps at the terminal's, not
+    at both (typer's rich mode kept the source's breaks: "and\\n difficulty bands")."""
+    out = corral("profile", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "dataset card shows them, and difficulty bands use them." in out.stdout
+    listed = corral("--help")
+    line = next(row for row in listed.stdout.splitlines() if " run " in row)
+    assert line.rstrip(" │").endswith("print their rewards.")
