@@ -133,14 +133,10 @@ def yank(ref: str = typer.Argument(..., help="id@version or sha256:HASH."),
          registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option()
          ) -> None:
     """Hide a release from resolution (it stays pullable by exact hash)."""
+    from corral.registry.store import Ref
     from corral.registry.transfer import open_store
 
-    from corral.registry.store import Ref
-
-    parsed = Ref.parse(ref)
-    if parsed.sha is None and parsed.version is None:
-        fail(f"yank {ref}: name the release exactly, id@version or sha256:HASH (a bare id "
-             "would yank whichever version is newest)")
+    Ref.exact(ref)  # before the store is opened: a bare id is refused even without one
     store = open_store(registry, token=token, existing=registry is not None)
     record = store.yank(ref, reason=reason, token=token)
     console.print(f"yanked [bold]{record.ref}[/] sha256:{record.sha256}", highlight=False)

@@ -35,7 +35,7 @@ from corral.errors import CorralError, InvalidEnvId, RegistryError
 
 from .errors import (AuthError, LimitExceeded, MissingToken, ReleaseError, ReleaseNotFound,
                      VersionConflict)
-from .store import LocalStore, Profile
+from .store import LocalStore, Profile, Ref
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,9 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
 
     @app.post("/api/yank")
     def yank(request: Request, body: dict[str, str]) -> Any:
-        record = store.resolve(body.get("ref", ""))
+        ref = body.get("ref", "")
+        Ref.exact(ref)  # a bare id is refused before anything is resolved
+        record = store.resolve(ref)
         tokens.check(_bearer(request), record.manifest.namespace)
         return _dump(store.yank(f"sha256:{record.sha256}", reason=body.get("reason", "")))
 

@@ -194,6 +194,16 @@ class Ref:
             SemVer.parse(version)
         return cls(ref, env_id=env_id, version=version or None)
 
+    @classmethod
+    def exact(cls, ref: str) -> "Ref":
+        """`parse`, refusing a reference that means "the newest" (an id without a version):
+        what changes a release (yank) must name one."""
+        parsed = cls.parse(ref)
+        if parsed.sha is None and parsed.version is None:
+            raise ReleaseError(f"{ref}: name the release exactly, id@version or sha256:HASH "
+                               "(a bare id would mean whichever version is newest)")
+        return parsed
+
 
 class LocalStore:
     """Releases, installs and profiles in one folder; safe for threads and processes."""
@@ -467,8 +477,10 @@ class LocalStore:
         return [latest[k] for k in sorted(latest)]
 
     def yank(self, ref: str, *, reason: str = "", token: str | None = None) -> ReleaseRecord:
-        """Hide a release from resolution; it stays pullable by exact hash. Yanking a yanked
-        release again is a `ReleaseError` (its reason stays)."""
+        """Hide a release from resolution; it stays pullable by exact hash. `ref` names one
+        release (`id@version` or `sha256:HASH`; a bare id is a `ReleaseError`), and yanking a
+        yanked release again is one too (its reason stays)."""
+        Ref.exact(ref)
         record = self.resolve(ref)
         if record.yanked:
             raise ReleaseError(f"{record.ref} (sha256:{record.sha256[:12]}…) is already yanked "

@@ -14,7 +14,8 @@ import pytest
 
 from corral.registry.build import build_release
 from corral.registry.client import RegistryClient
-from corral.registry.errors import AuthError, LimitExceeded, ReleaseNotFound, VersionConflict
+from corral.registry.errors import (AuthError, LimitExceeded, ReleaseError, ReleaseNotFound,
+                                    VersionConflict)
 from corral.registry.release import Limits, collect_files, pack, read_release
 from corral.registry.store import LocalStore, Profile, TaskPassRate
 from corral.registry.transfer import publish, pull
@@ -48,9 +49,12 @@ def test_tokens_scope_publishing_to_a_namespace(server, make_env, tmp_path: Path
                          headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 409 and response.json()["error"] == "VersionConflict"
 
+    exact = f"{env_id}@{result.record.manifest.version}"
     with pytest.raises(AuthError):
-        client.yank(env_id, token=OTHER_TOKEN)
-    client.yank(env_id, reason="bad", token=TOKEN)
+        client.yank(exact, token=OTHER_TOKEN)
+    with pytest.raises(ReleaseError, match="name the release exactly"):
+        client.yank(env_id, token=TOKEN)  # a bare id would mean whichever is newest
+    client.yank(exact, reason="bad", token=TOKEN)
     with pytest.raises(ReleaseNotFound):
         client.resolve(env_id)
     assert client.get(result.record.sha256).yanked

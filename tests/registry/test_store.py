@@ -158,3 +158,14 @@ def test_env_class_in_the_folders_init(tmp_path: Path, home: Path) -> None:
     installed = install("acme/initenv-v1", store=store, catalog=catalog)
     env = catalog.make("acme/initenv-v1")
     assert type(env).__module__ == installed.module and len(env.tasks) == 3
+
+
+def test_yank_names_one_release(make_env, tmp_path: Path) -> None:
+    """A bare id would yank whichever release is newest at the time: refused, nothing yanked."""
+    store = LocalStore(tmp_path / "store")
+    folder, env_id = make_env(3)
+    record = publish(folder, registry=store).record
+    with pytest.raises(ReleaseError, match="name the release exactly"):
+        store.yank(env_id)
+    assert not store.get(record.sha256).yanked
+    assert store.yank(f"{env_id}@{record.manifest.version}").yanked
