@@ -105,7 +105,10 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
     nothing was played."""
     import corral.registry as registry
 
-    make_agent(agent)  # an unknown name fails here, with the closest known ones
+    try:  # an unknown name fails here, with the closest known ones
+        make_agent(agent)
+    except CorralError as exc:
+        fail(f"--agent {agent}: {exc}")
     check_backend_option(backend)
     overrides = {"backend": backend} if backend else {}
 

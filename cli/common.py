@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import os
@@ -130,13 +131,25 @@ def check_run_dir(path: str | Path, flag: str = "--run-dir") -> None:
         fail(f"{flag} {path}: not a directory (a file is there); choose another {flag}")
 
 
-def check_backend_option(name: str | None, kind: str | None = None) -> None:
-    """Exit with one line (naming the closest backends) unless `name` is unset, "auto" or a
-    backend of the table serving `kind`."""
+def check_listen(host: str, port: int) -> None:
+    """Exit with one line naming the flag at fault unless a server can listen on host:port."""
+    from corral.runner.policy.process import port_problem
+
+    problem = port_problem(host, port)
+    if problem is not None:
+        # a port in use or below 1024 is --port's fault; an unknown or foreign address --host's
+        flag = "--port" if problem.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+        fail(f"cannot listen on {host}:{port} ({problem.strerror or problem}); check {flag}")
+
+
+def check_backend_option(name: str | None, kind: str | None = None,
+                         flag: str = "--backend") -> None:
+    """Exit with one line naming `flag` (and the closest backends) unless `name` is unset,
+    "auto" or a backend of the table serving `kind`."""
     from corral.sandbox import check_backend
 
     if name is not None:
         try:
             check_backend(name, kind)
         except CorralError as exc:
-            fail(str(exc))
+            fail(f"{flag} {name}: {exc}")

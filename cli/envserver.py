@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import check_backend_option, console, fail
-from corral.runner.policy.process import port_problem
+from .common import check_backend_option, check_listen, console, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -44,9 +43,7 @@ def register(app: typer.Typer) -> None:
         if mcp is not None:
             _serve_mcp(mcp, env_ids, backend)
             return
-        problem = port_problem(host, port)
-        if problem:
-            fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
+        check_listen(host, port)
         if host not in LOOPBACK and not token:
             console.print(f"[yellow]warning:[/] serving on {host} without --token")
         console.print(f"serving {', '.join(env_ids)} on http://{host}:{port} "

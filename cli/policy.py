@@ -6,9 +6,7 @@ import typer
 
 from corral.errors import CorralError
 from corral.runner.policy.base import RELOAD_TOKEN_ENV
-from corral.runner.policy.process import port_problem
-
-from .common import fail
+from .common import check_listen, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -45,9 +43,7 @@ def register(app: typer.Typer) -> None:
             config.check_host(host)
         except ValueError as exc:
             fail(str(exc))
-        problem = port_problem(host, port)
-        if problem:
-            fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
+        check_listen(host, port)
         try:
             policy = LocalPolicy(model, device=device, max_batch=max_batch, threads=threads)
         except (CorralError, ValueError, RuntimeError) as exc:

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import console, fail
+from .common import check_listen, console, fail
 
 REGISTRY_HELP = "Local store path or registry URL (default: $CORRAL_REGISTRY or ~/.corral)."
 registry_app = typer.Typer(help="Run a registry server.", no_args_is_help=True)
@@ -306,16 +306,12 @@ def serve(registry: Optional[str] = typer.Option(None, "--registry", "-r",
     """Serve a store over HTTP: the API and the web catalog."""
     from corral.registry.server import Tokens, serve as serve_registry
 
-    from corral.runner.policy.process import port_problem
-
     specs = [*tokens, *filter(None, os.environ.get("CORRAL_REGISTRY_TOKENS", "").split(","))]
     parsed = Tokens.parse(specs)
     folder = Path(registry).expanduser() if registry else None
     if folder is not None and folder.exists() and not folder.is_dir():
         fail(f"--registry {registry}: not a directory (a file is there); give a store folder")
-    problem = port_problem(host, port)
-    if problem:
-        fail(f"cannot listen on {host}:{port} ({problem}); pick another --port")
+    check_listen(host, port)
     console.print(f"registry on http://{host}:{port} over {registry or '~/.corral'} "
                   f"({len(specs)} token(s))", highlight=False)
     serve_registry(registry, host=host, port=port, tokens=parsed)

@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
         """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
         from corral.runner import AssemblyConfig, EpisodeLimits
 
-        check_backend_option(sandbox_backend)
+        check_backend_option(sandbox_backend, flag="--sandbox-backend")
         check_run_dir(run_dir)
         model = make_policy(policy, tokenizer=tokenizer, device=device)
         limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens,

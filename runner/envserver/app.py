@@ -37,6 +37,7 @@ from corral.runner.envserver import ops
 from corral.runner.envserver.protocol import (
     AuthError,
     EnvInfo,
+    ErrorBody,
     FinishRequest,
     OpenSession,
     ProtocolError,
@@ -138,6 +139,18 @@ class EnvServer:
             return _error(ProtocolError(f"malformed request: {_brief(exc)}"))
 
         from fastapi.exceptions import RequestValidationError
+        from starlette.exceptions import HTTPException
+
+        @app.exception_handler(HTTPException)
+        async def _no_route(request: Request, exc: HTTPException) -> ORJSONResponse:
+            # an unknown path (an OpenEnv endpoint of an env not served here) or method: the
+            # protocol's error body, not Starlette's {"detail": ...}
+            served = ", ".join(manager.env_ids)
+            hint = f" (served envs: {served})" if exc.status_code == 404 else ""
+            body = ErrorBody(kind="protocol", type="HTTPException",
+                             message=f"{exc.detail}: {request.method} {request.url.path}{hint}")
+            return ORJSONResponse({"error": body.model_dump()}, status_code=exc.status_code,
+                                  headers=getattr(exc, "headers", None))
 
         @app.exception_handler(RequestValidationError)
         async def _invalid_body(request: Request, exc: RequestValidationError
@@ -168,8 +181,10 @@ class EnvServer:
             return while_connected(request, manager, session, op)
 
         @app.post("/v1/sessions/{session_id}/reset", response_model=ops.ResetResult)
-        async def reset(session_id: str, body: ResetRequest, request: Request) -> Any:
-            return await on(session_id, lambda env: ops.reset(env, body), request)
+        async def reset(session_id: str, request: Request, body: ResetRequest | None = None
+                        ) -> Any:  # no body: the empty request (every field is optional)
+            req = body or ResetRequest()
+            return await on(session_id, lambda env: ops.reset(env, req), request)
 
         @app.post("/v1/sessions/{session_id}/step", response_model=ops.StepResult)
         async def step(session_id: str, body: StepRequest, request: Request) -> Any:
@@ -180,8 +195,10 @@ class EnvServer:
             return await on(session_id, lambda env: ops.call_tool(env, body), request)
 
         @app.post("/v1/sessions/{session_id}/finish")
-        async def finish(session_id: str, body: FinishRequest, request: Request) -> Any:
-            return await on(session_id, lambda env: ops.finish(env, body), request)
+        async def finish(session_id: str, request: Request, body: FinishRequest | None = None
+                         ) -> Any:
+            req = body or FinishRequest()
+            return await on(session_id, lambda env: ops.finish(env, req), request)
 
         @app.get("/v1/sessions/{session_id}")
         async def state(session_id: str) -> Any:

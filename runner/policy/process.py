@@ -40,14 +40,15 @@ GUARD_START_S = 30.0  # for the guard to report the server's pid (it takes milli
 _ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)|error):? (.+)")
 
 
-def port_problem(host: str, port: int) -> str | None:
-    """None when `host:port` can be bound, else why not ("Address already in use")."""
+def port_problem(host: str, port: int) -> OSError | None:
+    """None when `host:port` can be bound, else why not (its `errno` and `strerror`:
+    EADDRINUSE "Address already in use"; a `socket.gaierror` for a name that does not resolve)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
-            return exc.strerror or str(exc)
+            return exc
     return None
 
 

@@ -199,7 +199,8 @@ class VLLMEngine:
         for port in ports:
             problem = port_problem(self.host, port)
             if problem:
-                raise EngineError(f"cannot start vLLM on {self.host}:{port}: {problem}; pick "
+                raise EngineError(f"cannot start vLLM on {self.host}:{port}: "
+                                  f"{problem.strerror or problem}; pick "
                                   "another --port or stop what listens there")
         return ports
 

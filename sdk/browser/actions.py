@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import re
 from typing import Any, Mapping
+from urllib.parse import urljoin
 
 from playwright.async_api import Error as PlaywrightError
 
@@ -144,6 +145,8 @@ async def scroll(sb: BrowserSandbox, dx: float, dy: float) -> str:
 
 
 async def goto(sb: BrowserSandbox, url: str) -> str:
+    if "://" not in url and not url.startswith(("about:", "data:", "blob:")):
+        url = urljoin(sb.page.url, url)  # a path (`/cart`), as a link's href is read
     if not sb.allows(url):
         allowed = ", ".join(sorted(sb.allowed)) or "none"
         sb.blocked.append(url)

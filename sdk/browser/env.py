@@ -59,7 +59,9 @@ log = logging.getLogger(__name__)
 
 class Ref(str):
     """An element named by role and accessible name, for oracles; resolved to a bid from the
-    latest observation when the action is played. It is a `str` so actions stay JSON-able."""
+    latest observation when the action is played. It is a `str` so actions stay JSON-able:
+    its text, `@role:name` (`*` for any role), is read back as the Ref where a bid is expected
+    (an oracle's actions sent over the env server's protocol)."""
 
     role: str | None
     name: str | None
@@ -68,6 +70,17 @@ class Ref(str):
         obj = super().__new__(cls, f"@{role or '*'}:{name or ''}")
         obj.role, obj.name = role, name
         return obj
+
+    @classmethod
+    def of(cls, value: Any) -> "Ref | None":
+        """`value` as a Ref: a Ref, or a Ref's text (`@button:Submit`); else None (a bid is
+        never `@...`)."""
+        if isinstance(value, Ref):
+            return value
+        if isinstance(value, str) and value.startswith("@") and ":" in value:
+            role, _, name = value[1:].partition(":")
+            return cls(None if role == "*" else role or None, name or None)
+        return None
 
 
 class BrowserEnv(Env):
@@ -227,7 +240,8 @@ class BrowserEnv(Env):
         return [self._resolve_refs(c) if isinstance(c, ToolCall) else c for c in calls], text
 
     def _resolve_refs(self, call: ToolCall) -> ToolCall:
-        refs = {k: v for k, v in call.arguments.items() if isinstance(v, Ref)}
+        refs = {k: ref for k, v in call.arguments.items()
+                if (k == "bid" or isinstance(v, Ref)) and (ref := Ref.of(v))}
         if not refs:
             return call
         sandbox = self.episode.sandbox if self.episode else None

@@ -100,6 +100,15 @@ async def test_bids_stay_unique_across_pages_and_old_ones_are_stale(awkward: Any
     assert back.startswith("went back") and "Awkward page" in awkward.last_observation.text
 
 
+async def test_goto_a_path_opens_it_on_the_task_site(awkward: Any) -> None:
+    """docs/browser.md: absolute paths (`/cart`) work; `goto("/two")` was blocked as "origin
+    :// is not allowed"."""
+    out = await act(awkward, "goto", url="/two")
+    assert "Last action error" not in out and "Second page" in out, out
+    sandbox: BrowserSandbox = awkward.episode.sandbox
+    assert sandbox.page.url == sandbox.sites[0].origin + "/two"
+
+
 async def test_go_back_on_the_start_page_has_no_previous_page(awkward: Any) -> None:
     # the warm page waited on the task server's blank page: that entry is not the episode's
     out = await act(awkward, "go_back")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import corral as cr
+from corral.agents import play
 from corral.browser import BrowserPool, BrowserSandbox, html_page, task_server
 from corral.sandbox.browser.chromium import CHROMIUM, HEADLESS_SHELL
 
@@ -45,3 +46,13 @@ async def test_a_warm_context_starts_clean_after_an_episode(pool: BrowserPool) -
         assert await second.context.cookies() == []
     finally:
         await second.close()
+
+
+async def test_a_host_pool_reaches_the_task_sites_by_default() -> None:
+    """`BrowserPool()` without `warm_url` (as docs/browser.md shows it) waits on the host task
+    server's blank page; before, its contexts could not reach the task sites at all."""
+    async with BrowserPool(warm_contexts=1) as own:
+        assert own.warm_url == task_server().blank_url
+        oracle = await play(cr.make("corral/web-click-button-v0", pool=own, sandbox=SPEC),
+                            "oracle", seed=0)
+    assert oracle.reward == 1.0, oracle

@@ -67,6 +67,33 @@ def test_http_bad_input(text_server: Served) -> None:
     assert text_server.manager.sessions == {}
 
 
+def test_http_operations_without_a_body(text_server: Served) -> None:
+    """docs/serving.md lists `.../finish` with no body, and every field of `reset` is optional:
+    a bodiless POST is the empty request (it was 400 "body: Field required")."""
+    with httpx.Client(base_url=text_server.url, headers=AUTH) as http:
+        sid = http.post("/v1/sessions", json={"env_id": TEXT}).json()["session_id"]
+        reset = http.post(f"/v1/sessions/{sid}/reset")
+        assert reset.status_code == 200 and reset.json()["episode"]["turn"] == 0, reset.text
+        finish = http.post(f"/v1/sessions/{sid}/finish")
+        assert finish.status_code == 200 and finish.json()["episode"]["done"], finish.text
+        assert http.post("/v1/sessions").status_code == 400  # env_id is required
+        http.delete(f"/v1/sessions/{sid}")
+    assert text_server.manager.sessions == {}
+
+
+def test_unknown_paths_answer_the_error_body(text_server: Served) -> None:
+    """docs/serving.md: errors are `{"error": {"kind", "type", "message"}}`, 404 for an unknown
+    env: the OpenEnv endpoint of an env not served here answered `{"detail": "Not Found"}`."""
+    with httpx.Client(base_url=text_server.url, headers=AUTH) as http:
+        for method, path, status in (("POST", "/openenv/corral/countdown-v0/reset", 404),
+                                     ("GET", "/v1/nowhere", 404), ("GET", "/v1/sessions", 405)):
+            answer = http.request(method, path, json={})
+            assert answer.status_code == status, (path, answer.text)
+            error = answer.json()["error"]
+            assert error["kind"] == "protocol" and path in error["message"], error
+        assert TEXT in http.post("/openenv/corral/countdown-v0/reset", json={}).text
+
+
 async def _ask(ws: object, message: bytes | str) -> dict:
     await ws.send(message)  # type: ignore[attr-defined]
     return orjson.loads(await ws.recv())  # type: ignore[attr-defined]

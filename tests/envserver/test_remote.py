@@ -213,3 +213,14 @@ async def test_collection_survives_a_server_killed_mid_run(base_image: str) -> N
     assert owned_by(doomed_run)  # SIGKILL: no shutdown ran; a new server on the port reaps
     reap_run(doomed_run)
     assert owned_by(doomed_run) == []
+
+
+async def test_validate_accepts_a_remote_browser_env() -> None:
+    """docs/serving.md: `validate(cr.remote(url, id, oracle=True))`. A browser oracle names
+    elements with `Ref(role, name)`, which crosses the wire as its text: the server resolves
+    it as it does a `Ref` (the oracle scored 0 remote, 1 in process)."""
+    with served(["corral/web-click-button-v0"], max_sessions=4) as server:
+        report = await validate(cr.remote(server.url, "corral/web-click-button-v0",
+                                          oracle=True), limit=2, concurrency=2)
+    assert report.oracle_pass_rate == 1.0 and report.noop_pass_rate == 0.0, report
+    assert report.ok

@@ -39,7 +39,7 @@ def test_busy_port_is_one_line_and_exit_1(tiny_path: Path) -> None:
         sock.listen()
         port = sock.getsockname()[1]
         result = CliRunner().invoke(make_app(), ["serve-policy", str(tiny_path), "--port", str(port)])
-    assert result.exit_code == 1 and "pick another --port" in result.output
+    assert result.exit_code == 1 and "check --port" in result.output
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch + transformers: 15-80 s on a busy machine

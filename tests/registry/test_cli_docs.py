@@ -72,7 +72,7 @@ def test_registry_serve_refuses_a_busy_port_in_one_line(home: Path, tmp_path: Pa
         port = busy.getsockname()[1]
         out = run_cli("registry", "serve", "--registry", str(tmp_path / "srv"), "--port",
                       str(port), home=home, cwd=tmp_path)
-    assert out.returncode == 1 and "pick another --port" in out.stderr, out.stderr
+    assert out.returncode == 1 and "check --port" in out.stderr, out.stderr
     out = run_cli("registry", "serve", "--port", "99999", home=home, cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
 

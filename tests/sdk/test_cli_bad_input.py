@@ -107,3 +107,19 @@ def test_validate_json_into_a_folder_fails_before_running(tmp_path: Path) -> Non
                            str(tmp_path)), 1)
     assert line.startswith(f"error: --json {tmp_path}: a directory"), line
     assert not (tmp_path / "validation").exists()
+
+
+def test_unknown_agent_and_backend_name_their_flag() -> None:
+    """README: the error line names the flag at fault (`--agent`, `--backend`), not only the
+    value; `serve-env` blames `--host` for a host it cannot resolve (it said "pick another
+    --port")."""
+    line = one_line(corral("run", "corral/arithmetic-v0", "--agent", "genius"), 1)
+    assert line.startswith("error: --agent genius: unknown agent 'genius'"), line
+    for command in (["run", "corral/arithmetic-v0", "-n", "1"],
+                    ["validate", "corral/arithmetic-v0", "--limit", "1"],
+                    ["serve-env", "corral/arithmetic-v0"]):
+        line = one_line(corral(*command, "--backend", "bwrp"), 1)
+        assert line.startswith("error: --backend bwrp: no sandbox backend is named 'bwrp'"), line
+    line = one_line(corral("serve-env", "corral/arithmetic-v0", "--host", "nosuch.invalid",
+                           "--port", "8799"), 1)
+    assert line.endswith("check --host"), line

@@ -18,7 +18,6 @@ from ..spec import Browser, SandboxSpec
 from .container import ContainerLauncher
 from .pool import BrowserPool, HostLauncher
 from .sandbox import BrowserSandbox
-from .site import task_server
 
 
 class BrowserConfig(BackendConfig):
@@ -45,8 +44,7 @@ class BrowserBackend(Backend):
         if spec.mode == "container":
             return BrowserPool(ContainerLauncher(spec.image, run_id=self.run_id), size=size,
                                warm_contexts=warm_contexts)
-        return BrowserPool(HostLauncher(), size=size, warm_contexts=warm_contexts,
-                           warm_url=task_server().blank_url)
+        return BrowserPool(HostLauncher(), size=size, warm_contexts=warm_contexts)
 
     async def pool_for(self, spec: Browser) -> BrowserPool:
         """The warm pool serving `spec`'s mode (and image), made on first use."""

@@ -34,7 +34,7 @@ from ...errors import BrowserError
 from .chromium import CHROMIUM, LAUNCH_ARGS, sandboxed_launch
 from .egress import nowhere_proxy
 from .observe import POPUP_JS
-from .site import SITE_HEADER
+from .site import SITE_HEADER, task_server
 
 log = logging.getLogger(__name__)
 
@@ -165,11 +165,12 @@ class BrowserPool:
     """Warm browsers on one event loop. Use `lease = await pool.acquire(viewport)`, then
     `await lease.release()`; `await pool.close()` at the end.
 
-    `warm_url` is where warm pages wait (the host task server's blank page). `site_origin`
+    `warm_url` is where warm pages wait: on the host (the default launcher) the host task
+    server's blank page unless given; a container launcher's pool leaves it unset. `site_origin`
     (default: the origin of `warm_url`) is the host task server's origin: its requests go
     straight to that server, which serves a context nothing but its own site (by the token the
     context sends), instead of pausing in the Python route handler; every other request still
-    goes through the episode's origin policy. Containerized pools leave both unset."""
+    goes through the episode's origin policy."""
 
     def __init__(self, launcher: Launcher | None = None, *, size: int = 1,
                  warm_contexts: int = 2, warm_url: str | None = None,
@@ -177,6 +178,8 @@ class BrowserPool:
         self.launcher = launcher or HostLauncher()
         self.size = max(1, size)
         self.warm_contexts = max(0, warm_contexts)
+        if warm_url is None and isinstance(self.launcher, HostLauncher):
+            warm_url = task_server().blank_url  # without it the pool cannot reach the task sites
         self.warm_url = warm_url
         if site_origin is None and warm_url:
             parts = urlsplit(warm_url)
