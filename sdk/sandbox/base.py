@@ -10,7 +10,9 @@ in `backends.py` names them. Everything is async: a backend never blocks the eve
 from __future__ import annotations
 
 import abc
+import errno
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
@@ -172,16 +174,25 @@ class Sandbox(abc.ABC):
         """Read a file from inside the sandbox; raises FileNotFoundError if missing."""
 
     async def upload(self, local: str | Path, remote: str) -> None:
-        """Copy a local file or directory tree into the sandbox."""
+        """Copy a local file or directory tree into the sandbox. In a tree, a link to a file
+        of the tree is copied as that file; a link that leads out of the tree is refused
+        (PermissionError, before anything is copied): a task folder must not carry the host's
+        files into a sandbox."""
         local = Path(local)
-        if local.is_dir():
-            for item in sorted(local.rglob("*")):
-                if item.is_file():
-                    rel = item.relative_to(local).as_posix()
-                    await self.write_file(f"{remote.rstrip('/')}/{rel}", item.read_bytes(),
-                                          item.stat().st_mode & 0o777)
-        else:
+        if not local.is_dir():
             await self.write_file(remote, local.read_bytes(), local.stat().st_mode & 0o777)
+            return
+        inside = local.resolve()
+        items = sorted(local.rglob("*"))
+        for item in items:
+            if item.is_symlink() and not item.resolve().is_relative_to(inside):
+                raise PermissionError(errno.EPERM, f"a link out of the uploaded folder "
+                                      f"{local} (to {os.readlink(item)})", str(item))
+        for item in items:
+            if item.is_file():
+                rel = item.relative_to(local).as_posix()
+                await self.write_file(f"{remote.rstrip('/')}/{rel}", item.read_bytes(),
+                                      item.stat().st_mode & 0o777)
 
     async def download(self, remote: str, local: str | Path) -> None:
         """Copy a file out of the sandbox."""

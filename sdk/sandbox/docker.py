@@ -80,6 +80,7 @@ T = TypeVar("T")
 # work); bigger ones go through the daemon's archive API. Under load every daemon call queues
 # behind container starts and removals: put_archive took 90 ms and more per file.
 INLINE_WRITE_LIMIT = 256 * 1024
+_NOT_REGULAR = 86  # the inline write's exit status for a path that is not a regular file
 
 # Docker SDK calls block; they get their own threads. asyncio's default pool (cores + 4 threads)
 # is shared with everything else, and under load container starts, removals and file copies
@@ -483,25 +484,37 @@ class DockerSandbox(Sandbox):
 
     # --- files ----------------------------------------------------------------------------
     async def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
-        """Create or replace `path` (missing parents are created), owned by root. Where the
-        container's root is reachable from here (`_host_root`) the host writes it directly;
-        otherwise, or where that refuses (a read-only mount, procfs, a FIFO), the control
-        shell or the daemon's archive API does."""
+        """Create or replace the regular file `path` (missing parents are created), owned by
+        root. Where the container's root is reachable from here (`_host_root`) the host writes
+        it directly, refusing what bwrap refuses (a directory, a FIFO, procfs: OSError);
+        otherwise the control shell or the daemon's archive API does, after the same check
+        that an existing `path` is a regular file."""
         raw = data.encode() if isinstance(data, str) else data
         path = "/" + path.lstrip("/")
-        if self._root is not None and not self._closed:
-            try:
-                return await asyncio.to_thread(self._root.write, path, raw, mode)
-            except OSError as exc:
-                log.debug("host-side write of %s refused (%s); writing from inside", path, exc)
+        self._check_open()
+        if self._root is not None:
+            return await asyncio.to_thread(self._root.write, path, raw, mode)
         if len(raw) <= INLINE_WRITE_LIMIT and await self._write_inline(path, raw, mode):
             return
+        await self._check_regular(path)  # the archive API would replace a directory
         await _blocking(self.host.call,
                         lambda c: c.api.put_archive(self.id, "/", _tar({path: raw}, mode)))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxDied(f"sandbox {self.id[:12]} is closed")
+
+    async def _check_regular(self, path: str) -> None:
+        """OSError unless `path` is missing or a regular file (a link to one is fine)."""
+        file = shlex.quote(path)
+        result = await self._control_session().run(f"[ ! -e {file} ] || [ -f {file} ]")
+        if not result.ok:
+            raise OSError(errno.EINVAL, "not a regular file", path)
 
     async def _write_inline(self, path: str, raw: bytes, mode: int) -> bool:
         """Write through the control shell; False when that did not work (no `base64` in the
         image, a path the shell cannot create): the archive API then does it or says why.
+        OSError where `path` exists and is not a regular file (`>` would block on a FIFO).
 
         The usual case (no NUL byte, the parent exists, a new file of mode 644) starts no
         process: bash's own `printf` writes the bytes. Each process started in a busy
@@ -512,11 +525,15 @@ class DockerSandbox(Sandbox):
         else:
             body = f"printf %s {ansi_c_quote(raw)} > {file}"
         # an existing file keeps its old mode through `>`, a new one gets 644 (umask 022)
-        command = (f"umask 022; {{ [ -d {parent} ] || mkdir -p -- {parent}; }} && "
+        # (a subshell's `exit` sets the status without ending the control shell)
+        command = (f"if [ -e {file} ] && [ ! -f {file} ]; then (exit {_NOT_REGULAR}); else "
+                   f"umask 022; {{ [ -d {parent} ] || mkdir -p -- {parent}; }} && "
                    f"{{ [ -e {file} ] && __corral_chmod=1 || __corral_chmod="
                    f"{int(mode != 0o644)}; }} && {body} && "
-                   f"{{ [ $__corral_chmod = 0 ] || chmod {mode:o} -- {file}; }}")
+                   f"{{ [ $__corral_chmod = 0 ] || chmod {mode:o} -- {file}; }}; fi")
         result = await self._control_session().run(command)
+        if result.exit_code == _NOT_REGULAR:
+            raise OSError(errno.EINVAL, "not a regular file", path)
         if not result.ok:
             log.debug("inline write of %s failed (%s); using the archive API", path,
                       result.output.strip()[:200])
@@ -524,17 +541,13 @@ class DockerSandbox(Sandbox):
 
     async def read_file(self, path: str) -> bytes:
         """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open().
-        Read from the host where the container's root is reachable (`_host_root`), else (or
-        for what that refuses: procfs, a FIFO) through the daemon's archive API."""
+        Read from the host where the container's root is reachable (`_host_root`), refusing
+        what bwrap refuses (procfs, a FIFO: OSError), else through the daemon's archive API."""
         import docker
 
-        if self._root is not None and not self._closed:
-            try:
-                return await asyncio.to_thread(self._root.read, path)
-            except (FileNotFoundError, IsADirectoryError):
-                raise
-            except OSError as exc:
-                log.debug("host-side read of %s refused (%s); asking the daemon", path, exc)
+        self._check_open()
+        if self._root is not None:
+            return await asyncio.to_thread(self._root.read, path)
 
         def fetch(where: str) -> bytes:
             for _ in range(_MAX_LINK_HOPS):

@@ -7,8 +7,10 @@ import os
 import time
 
 import pytest
+from pydantic import ValidationError
 
 from corral.sandbox.base import TRUNCATION_MARKER
+from corral.sandbox.spec import Terminal
 
 
 async def test_exec_exit_code_and_streams(sandbox):
@@ -96,6 +98,63 @@ async def test_files_roundtrip(sandbox, tmp_path):
     assert (tmp_path / "out.bin").read_bytes() == bytes(range(256))
 
 
+async def test_write_file_refuses_what_is_not_a_regular_file(sandbox):
+    """A FIFO or a folder where a file is to be written: OSError at once, the folder intact.
+    (Docker's fallback through the control shell blocked on the FIFO for good, jamming the
+    sandbox, and the archive API replaced the folder, contents and all.)"""
+    await sandbox.exec("mkdir -p /w/d && echo keep > /w/d/inner && mkfifo /w/fifo")
+    for path in ("/w/fifo", "/w/d"):
+        with pytest.raises(OSError):
+            await asyncio.wait_for(sandbox.write_file(path, "x"), 15)
+    r = await sandbox.exec("cat /w/d/inner; echo ok", timeout=10)
+    assert r.stdout == "keep\nok\n"
+
+
+async def test_a_tree_upload_keeps_the_hosts_files_out(sandbox, tmp_path):
+    """A link to a file of the tree is copied as that file; one out of the tree (a task
+    folder's `evil -> /etc/shadow`) is refused before anything is copied."""
+    tree = tmp_path / "task"
+    tree.mkdir()
+    (tree / "run.sh").write_text("echo run\n")
+    (tree / "alias.sh").symlink_to("run.sh")
+    await sandbox.upload(tree, "/work/task")
+    assert await sandbox.read_file("/work/task/alias.sh") == b"echo run\n"
+    secret = tmp_path / "secret"
+    secret.write_text("host only\n")
+    (tree / "evil").symlink_to(secret)
+    with pytest.raises(PermissionError, match="a link out of the uploaded folder"):
+        await sandbox.upload(tree, "/work/again")
+    assert (await sandbox.exec("ls /work/again")).exit_code != 0
+
+
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+async def test_a_closed_sandbox_says_so(make_sandbox, tmp_path, backend):
+    """File calls on a closed sandbox raise SandboxDied (Docker's said FileNotFoundError)."""
+    from corral.errors import SandboxDied
+
+    sb = await make_sandbox(backend)
+    await sb.write_file("/work/f", "x")
+    await sb.close()
+    for call in (sb.read_file("/etc/hostname"), sb.write_file("/work/g", "y"),
+                 sb.download("/work/f", tmp_path / "f"), sb.upload(__file__, "/work/h")):
+        with pytest.raises(SandboxDied):
+            await call
+
+
+async def test_docker_files_without_the_host_root_refuse_the_same(make_sandbox):
+    """A Docker daemon whose containers' roots this host cannot open (a remote one) writes
+    through the control shell or the archive API: the same refusals, nothing replaced."""
+    sb = await make_sandbox("docker")
+    sb._root = None  # what a remote daemon's sandbox has: the daemon path, real otherwise
+    await sb.exec("mkdir -p /w/d && echo keep > /w/d/inner && mkfifo /w/fifo")
+    for path, size in (("/w/fifo", 1), ("/w/d", 1), ("/w/d", 300 * 1024)):  # inline, archive
+        with pytest.raises(OSError, match="not a regular file"):
+            await asyncio.wait_for(sb.write_file(path, "x" * size), 15)
+    await sb.write_file("/w/big", "y" * 300 * 1024)
+    assert len(await sb.read_file("/w/big")) == 300 * 1024
+    assert (await sb.exec("cat /w/d/inner", timeout=10)).stdout == "keep\n"
+
+
 async def test_written_bytes_and_modes_are_exact(sandbox):
     tricky = bytes(range(1, 256)) + b"'\\$(x)`y`\n%s%%\\x41"  # every byte but NUL, quoting traps
     await sandbox.write_file("/work/tricky.bin", tricky)
@@ -127,6 +186,22 @@ async def test_closed_defaults(sandbox):
     assert bounding & (1 << 21) == 0  # CAP_SYS_ADMIN is not in the bounding set
     r = await sandbox.exec("mount -t tmpfs none /mnt")
     assert r.exit_code != 0
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("memory", "0", "below the minimum of 6m"),  # docker reads 0 as no limit at all
+    ("memory", "5m", "below the minimum of 6m"),
+    ("cpus", float("inf"), "finite number"),
+    ("cpus", float("nan"), "finite number"),
+    ("disk", "xyz", "not a size"),
+    ("workdir", "rel/dir", "not an absolute path"),
+    ("user", "", "at least 1 character"),
+])
+def test_specs_that_would_open_or_break_a_sandbox_are_refused(field: str, value: object,
+                                                              message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Terminal(**{field: value})
+    assert Terminal(memory="6m", disk="10g", workdir="/srv", user="agent").memory == "6m"
 
 
 def docker_execs(container_id: str, since: int) -> int:
