@@ -125,10 +125,12 @@ def backend_help(kind: str | None = None) -> str:
 
 
 def check_run_dir(path: str | Path, flag: str = "--run-dir") -> None:
-    """Exit with one line when `path` exists and is not a folder (it would fail at mkdir)."""
+    """Exit with one line when `path`, or the nearest folder above it that exists, is not a
+    folder (making it would fail at mkdir)."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        fail(f"{flag} {path}: not a directory (a file is there); choose another {flag}")
+    found = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not found.is_dir():
+        fail(f"{flag} {path}: not a directory ({found} is a file); choose another {flag}")
 
 
 def check_listen(host: str, port: int) -> None:
@@ -140,6 +142,18 @@ def check_listen(host: str, port: int) -> None:
         # a port in use or below 1024 is --port's fault; an unknown or foreign address --host's
         flag = "--port" if problem.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
         fail(f"cannot listen on {host}:{port} ({problem.strerror or problem}); check {flag}")
+
+
+def check_device_option(device: str | None) -> None:
+    """Exit with one line naming --device unless it is unset or a device torch can use here:
+    2 for a name that is not a device, 1 for a device this machine lacks."""
+    if device is None:
+        return
+    from corral.runner.policy.models import NOT_A_DEVICE, device_problem
+
+    problem = device_problem(device)
+    if problem:
+        fail(f"--device {device}: {problem}", code=2 if problem == NOT_A_DEVICE else 1)
 
 
 def check_backend_option(name: str | None, kind: str | None = None,

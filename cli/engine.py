@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # vLLM's manager loads when a command needs it
     from corral.runner.policy.vllm import VLLMEngine
 
 ENGINES = ("vllm",)
+MAX_LORA_RANK = 512  # the largest rank vLLM 0.32 serves (`LORA_RANKS` in runner/policy/vllm.py)
 
 
 def check_engine(name: str, choices: tuple[str, ...] = ENGINES) -> None:
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
         log_dir: Path = typer.Option(None, "--log-dir", help="Where the server logs go."),
         enable_lora: bool = typer.Option(False, "--enable-lora",
                                          help="Accept LoRA adapters (adapter-only publish)."),
-        max_lora_rank: int = typer.Option(16, "--max-lora-rank", min=1,
+        max_lora_rank: int = typer.Option(16, "--max-lora-rank", min=1, max=MAX_LORA_RANK,
                                           help="Largest adapter rank to accept (--enable-lora)."),
     ) -> None:
         """Start ENGINE replicas of MODEL and keep them until Ctrl-C or SIGTERM."""

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import check_run_dir, console
+from .common import check_device_option, check_run_dir, console, fail
 
 
 def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: str) -> Table:
@@ -131,7 +131,8 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option(None, help="torch device for a local model."),
         max_tokens: int = typer.Option(128, min=1, help="Tokens per generation."),
         max_turns: int = typer.Option(None, min=1, help="Override the envs' max turns."),
-        temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature."),
+        temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature: 0 (greedy) "
+                                          "or 0.01 to 100."),
         sandbox_capacity: int = typer.Option(8, min=1, help="Most sandboxes alive at once."),
         inference_concurrency: int = typer.Option(32, min=1, help="Most generate calls at once."),
         seed: int = typer.Option(0, help="Seed of the samples (same seed resumes)."),
@@ -156,6 +157,17 @@ def register(app: typer.Typer) -> None:
         if not env_ids:
             raise CorralError("corral eval needs env ids (or --reverify RUN_DIR, or --compare "
                               "RUN_A RUN_B)")
+        from corral.runner.policy.sampling import check_temperature
+        from corral.splits import SPLIT_NAMES
+
+        if split not in SPLIT_NAMES:
+            fail(f"--split {split}: choose one of {', '.join(SPLIT_NAMES)}", code=2)
+
+        try:  # every request would be refused (an infra error per sample): a usage error
+            check_temperature(temperature)
+        except ValueError as exc:
+            fail(f"--temperature {temperature:g}: {exc}", code=2)
+        check_device_option(device)
         from corral.runner import EpisodeLimits
         from corral.runner.evaluate import aevaluate
 

@@ -6,7 +6,7 @@ import typer
 
 from corral.errors import CorralError
 from corral.runner.policy.base import RELOAD_TOKEN_ENV
-from .common import check_listen, fail
+from .common import check_device_option, check_listen, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +43,11 @@ def register(app: typer.Typer) -> None:
             config.check_host(host)
         except ValueError as exc:
             fail(str(exc))
+        check_device_option(device)
+        from uvicorn.config import LOG_LEVELS
+
+        if log_level.lower() not in LOG_LEVELS:
+            fail(f"--log-level {log_level}: choose one of {', '.join(LOG_LEVELS)}", code=2)
         check_listen(host, port)
         try:
             policy = LocalPolicy(model, device=device, max_batch=max_batch, threads=threads)

@@ -13,7 +13,8 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import backend_help, check_backend_option, check_run_dir, console
+from .common import (backend_help, check_backend_option, check_device_option, check_run_dir,
+                     console, fail)
 
 
 def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
@@ -53,7 +54,8 @@ async def _collect(env_ids: list[str], policy: Any, n: int, group: int, run_dir:
                             f"{sum(rewards) / len(rewards):.3f} · sandboxes "
                             f"{pool.get('starts', 0)} started/{pool.get('reuses', 0)} reused · "
                             f"policy v{policy.version}")
-                    progress.update(bar, advance=1, info=info)
+                    # whole groups run, so the last one's samples beyond n finish too: count to n
+                    progress.update(bar, completed=min(n, len(rewards)), info=info)
 
                 runner.add_listener(update)
                 trajectories = await runner.collect(n, group=group)
@@ -96,13 +98,14 @@ def register(app: typer.Typer) -> None:
         inference_concurrency: int = typer.Option(32, min=1, help="Most generate calls at once."),
         max_turns: int = typer.Option(None, min=1, help="Override the envs' max turns."),
         max_tokens: int = typer.Option(128, min=1, help="Tokens per generation."),
-        temperature: float = typer.Option(1.0, min=0.0, help="Sampling temperature."),
+        temperature: float = typer.Option(1.0, min=0.0, max=100.0, help="Sampling temperature: "
+                                          "0 (greedy) or 0.01 to 100."),
         retries: int = typer.Option(None, min=0, help="Retries of infrastructure failures, with "
                                                       "backoff (default: AssemblyConfig's, 3)."),
         sandbox_backend: str = typer.Option("auto", help=f"{backend_help()} (preferred for the "
                                             "kinds of sandbox it opens)."),
-        episode_deadline: float = typer.Option(None, help="Seconds per episode."),
-        turn_deadline: float = typer.Option(None, help="Seconds per turn."),
+        episode_deadline: float = typer.Option(None, min=0.0, help="Seconds per episode."),
+        turn_deadline: float = typer.Option(None, min=0.0, help="Seconds per turn."),
         device: str = typer.Option(None, help="torch device for a local policy."),
         report: bool = typer.Option(True, help="Write report.html at the end."),
     ) -> None:
@@ -111,10 +114,14 @@ def register(app: typer.Typer) -> None:
 
         check_backend_option(sandbox_backend, flag="--sandbox-backend")
         check_run_dir(run_dir)
+        try:  # what the flags' ranges let through (a deadline of 0, temperature 0.001)
+            limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens,
+                                   temperature=temperature, episode_deadline=episode_deadline,
+                                   turn_deadline=turn_deadline)
+        except ValueError as exc:
+            fail(str(exc), code=2)
+        check_device_option(device)
         model = make_policy(policy, tokenizer=tokenizer, device=device)
-        limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens,
-                               temperature=temperature, episode_deadline=episode_deadline,
-                               turn_deadline=turn_deadline)
         kwargs = dict(seed=seed, sandbox_capacity=sandbox_capacity,
                       inference_concurrency=inference_concurrency, limits=limits,
                       assembly=AssemblyConfig(**({} if retries is None else {"retries": retries})),

@@ -71,7 +71,7 @@ def hosts_command(
             up = row["state"] == "up"
             console.print(
                 f"{row['url']:<{width}}  {row['state']:<5}  "
-                f"{row['capacity'] if configs else '-':>8}  "
+                f"{row['capacity'] or '-':>8}  "
                 f"{row['in_use'] if up else '-':>6}  {len(row['images']):>6}  "
                 f"{format(row['creates_per_second'], '.2f') if up else '-':>9}  "
                 f"{row['rate_limit'] or '-':>7}" + ("" if up else f"  ({row['reason']})"),
@@ -92,15 +92,16 @@ def image_base(tag: str = typer.Option("corral/base:bookworm", help="tag to crea
 def image_build(
     env_id: Optional[str] = typer.Argument(None, help="build the image(s) of this environment"),
     dockerfile: Optional[Path] = typer.Option(None, "--dockerfile", help="or: a Dockerfile"),
-    context: Optional[Path] = typer.Option(None, help="build context (default: the "
-                                           "Dockerfile's folder)"),
+    context: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                           help="build context (default: the Dockerfile's "
+                                           "folder)"),
     name: Optional[str] = typer.Option(None, help="image name part (with --dockerfile)"),
 ) -> None:
     """Build an env's image (or a Dockerfile's), tagged by content hash; never rebuilds."""
     from corral.sandbox.images import build_image
 
     if (env_id is None) == (dockerfile is None):
-        fail("give an environment id or --dockerfile PATH (one of them)")
+        fail("give an environment id or --dockerfile PATH (one of them)", code=2)
     try:
         with console.status(f"building {env_id or dockerfile}") as status:
             def show(line: str) -> None:

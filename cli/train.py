@@ -22,11 +22,10 @@ import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from corral.errors import CorralError
 from corral.suggest import closest
 
 from .common import check_run_dir, console, fail
-from .trainflags import field_values, generated_options, kebab
+from .trainflags import FlagError, field_values, generated_options, kebab
 
 # Fields whose flag is not the field's name in kebab case (errors and help name these).
 FLAGS = {"envs": "--env", "batch_size": "--batch", "time_budget_s": "--time-budget",
@@ -54,7 +53,7 @@ def parse_mix(text: str) -> dict[str, float]:
         try:
             mix[name.strip()] = float(weight) if sep else 1.0
         except ValueError:
-            raise CorralError(f"--mix: weight {weight!r} of {name!r} is not a number; "
+            raise FlagError(f"--mix: weight {weight!r} of {name!r} is not a number; "
                               "write ID=WEIGHT,ID=WEIGHT") from None
     return mix
 
@@ -69,7 +68,7 @@ def parse_band(text: str) -> tuple[float, float] | None:
             raise ValueError(text)
         return float(lo), float(hi)
     except ValueError:
-        raise CorralError(f"--difficulty {text!r}: write LO:HI, the pass rates to keep, e.g. "
+        raise FlagError(f"--difficulty {text!r}: write LO:HI, the pass rates to keep, e.g. "
                           "0.05:0.95") from None
 
 
@@ -81,15 +80,15 @@ def parse_slice(where: list[str], length: list[str], env_ids: list[str],
 
     if not where and not length:
         if test_fraction is not None or scan is not None:
-            raise CorralError("--test-fraction and --scan shape a task slice; give --where or "
+            raise FlagError("--test-fraction and --scan shape a task slice; give --where or "
                               "--length too")
         return None
     for option, text in [("--where", w) for w in where] + [("--length", n) for n in length]:
         name, sep, value = text.partition("=")
         if not sep or not name.strip():
-            raise CorralError(f"{option} {text!r}: write FIELD=VALUE")
+            raise FlagError(f"{option} {text!r}: write FIELD=VALUE")
         if option == "--length" and not value.strip().isdigit():
-            raise CorralError(f"--length {text!r}: the length must be a whole number")
+            raise FlagError(f"--length {text!r}: the length must be a whole number")
     items = [*where, *(f"len({n.partition('=')[0].strip()})={n.partition('=')[2]}"
                        for n in length)]
     extra = {k: v for k, v in (("test_fraction", test_fraction), ("scan", scan))
@@ -98,7 +97,7 @@ def parse_slice(where: list[str], length: list[str], env_ids: list[str],
         return TaskSlice.from_items(items, env_ids, **extra)
     except ValidationError as exc:
         fail("; ".join(f"{kebab(str(e['loc'][0]))}: {e['msg']}" if e["loc"] else e["msg"]
-                       for e in exc.errors()))
+                       for e in exc.errors()), code=2)
 
 
 def run_training(config: Any, *, resume: bool) -> Any:
@@ -196,7 +195,7 @@ def train_command(
     log_to: list[str] = typer.Option(
         [], "--log-to", help="Also send step metrics to tensorboard (event files in "
         "RUN_DIR/tb) or wandb (an offline run in RUN_DIR/wandb); repeatable; needs "
-        "pip install 'corral[log]'."),
+        "pip install 'corral\\[log]'."),  # escaped: rich markup eats "[log]"
     resume: bool = typer.Option(False, "--resume", help="Continue from RUN_DIR/checkpoint."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the run's "
                                       "TrainConfig as JSON and exit (nothing runs)."),
@@ -218,18 +217,23 @@ def train_command(
     fields["lora"] = [*(fields.get("lora") or []),  # --lora-rank/--lora-alpha: --lora KEY=VALUE
                       *([f"rank={lora_rank}"] if lora_rank is not None else []),
                       *([f"alpha={lora_alpha}"] if lora_alpha is not None else [])]
-    written = _written_fields(env, mix, where, length, test_fraction, scan,
-                              keep_zero_variance, difficulty)
+    # A flag value of the wrong form or out of range is a usage error: exit 2 (README)
     try:
-        config = TrainConfig(**written, **own, **field_values(TrainConfig, fields, FLAGS))
+        written = _written_fields(env, mix, where, length, test_fraction, scan,
+                                  keep_zero_variance, difficulty)
+        values = field_values(TrainConfig, fields, FLAGS)
+    except FlagError as exc:
+        fail(str(exc), code=2)
+    try:
+        config = TrainConfig(**written, **own, **values)
     except ValidationError as exc:
-        fail(_errors(exc, TrainConfig))
+        fail(_errors(exc, TrainConfig), code=2)
     try:
         config.step_config()  # --trainer KEY=VALUE items are StepConfig fields: check them now
     except ValidationError as exc:
         from corral.trainer import StepConfig
 
-        fail(_errors(exc, StepConfig, "--trainer"))
+        fail(_errors(exc, StepConfig, "--trainer"), code=2)
     if print_config:
         print(config.model_dump_json(indent=2, exclude={"tasks": {"predicate"}}))
         return

@@ -30,6 +30,11 @@ from corral.errors import CorralError
 SCALARS = (int, float, str, bool, Path)
 
 
+class FlagError(CorralError):
+    """A flag value of the wrong form: a usage error (`corral train` exits 2, as typer does
+    for a value of the wrong type or out of range)."""
+
+
 def kebab(name: str) -> str:
     """`sft_lr` -> `--sft-lr`."""
     return "--" + name.replace("_", "-")
@@ -58,7 +63,7 @@ def parse_items(flag: str, items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise CorralError(f"{flag} {item!r}: write KEY=VALUE")
+            raise FlagError(f"{flag} {item!r}: write KEY=VALUE")
         try:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:

@@ -25,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from corral.errors import AgentError, EpisodeTruncated, InfraError
 from corral.runner.policy import ChatTranscript, Generation, GenerationRequest, Policy
+from corral.runner.policy.sampling import check_max_tokens, check_temperature, check_top_p
 from corral.runner.pool import span_sink
 from corral.runner.trajectory import Span, Status, Trajectory
 from corral.toolcalls import parse_openai_tool_calls
@@ -72,6 +74,22 @@ class EpisodeLimits:
     episode_deadline: float | None = None
     verify_deadline: float = 120.0
     max_context: int | None = None  # prompt + generation tokens; default: the policy's limit
+
+    def __post_init__(self) -> None:
+        """A ValueError naming the field out of range: 0 tokens, a negative or NaN deadline
+        would end or refuse every episode of the run."""
+        check_max_tokens(self.max_tokens)
+        check_temperature(self.temperature)
+        check_top_p(self.top_p)
+        for name in ("max_turns", "max_context"):
+            value = getattr(self, name)
+            if value is not None and not value >= 1:
+                raise ValueError(f"{name} must be at least 1 (or None), got {value!r}")
+        for name in ("turn_deadline", "episode_deadline", "verify_deadline"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:  # NaN fails both
+                raise ValueError(f"{name} must be a finite number of seconds above 0, got "
+                                 f"{value!r}")
 
 
 class _Deadline(Exception):

@@ -193,8 +193,9 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
     name = model if isinstance(model, str) else type(model).__name__
     plan = {"model": name, "samples": samples, "seed": seed, "envs": env_plan}
     _check_plan(root, plan)
-    root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(root / PLAN, plan)
+    # the model loads before the plan is written: a bad --model leaves the run dir as it was
+    policy = load_policy(model, tokenizer=tokenizer, device=device)
+    owned = not isinstance(model, Policy)
     # One factory per env over its chosen tasks; group g runs task g mod (its env's tasks),
     # interleaving envs so a partial run covers every env.
     factories, order = [], []
@@ -205,10 +206,10 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
         for env_index, entry in enumerate(env_plan.values()):
             if task_index < len(entry["tasks"]):
                 order.append((env_index, task_index))
-    policy = load_policy(model, tokenizer=tokenizer, device=device)
-    owned = not isinstance(model, Policy)
     started = time.perf_counter()
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(root / PLAN, plan)
         if owned:
             await policy.__aenter__()
         async with _PlannedRunner(factories, policy, order=order, run_dir=root, seed=seed,

@@ -55,6 +55,7 @@ from corral.runner.pool import SandboxPool
 from corral.fileio import write_json_atomic
 from corral.runner.store import METRICS, TrajectoryStore
 from corral.runner.trajectory import Batch, Status, Trajectory
+from corral.sandbox import check_backend
 from corral.sandbox.base import BackendConfig
 from corral.sandbox.reaper import reap_run
 
@@ -133,6 +134,8 @@ class Runner:
             raise ValueError("sandbox_capacity and inference_concurrency must be at least 1")
         if warm_spares is not None and warm_spares < 0:
             raise ValueError(f"warm_spares must be 0 or more, got {warm_spares}")
+        if isinstance(sandbox_backend, str):  # a typo answered now, with the closest names
+            check_backend(sandbox_backend)
         self.env_entries = list(envs)
         self.policy = policy
         self.sandbox_capacity = sandbox_capacity

@@ -105,8 +105,10 @@ def make_agent(name: str) -> Agent:
     hack = name.removeprefix("hack:")
     if name.startswith("hack:") and hack in HACKS:
         return HACKS[hack].agent()
+    # the closest names only: all twenty-odd hacks would bury them
     raise AgentError(f"unknown agent {name!r}.{closest(name, agent_names())} Known: "
-                     f"{', '.join(AGENTS)}, hack:NAME (NAME: {', '.join(HACKS)})")
+                     f"{', '.join(AGENTS)}, hack:NAME (NAME: one of the {len(HACKS)} hacks "
+                     "of corral.hacks.HACKS)")
 
 
 async def play(env: Env, agent: Agent | str, *, seed: int | None = None,

@@ -94,8 +94,10 @@ class TrainConfig(BaseModel):
         None, ge=1, description="generate calls at once (default: batch_size); the local "
         "rollout engine decodes them in one batch")
     max_tokens: int = Field(32, ge=1, description="tokens per generation")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature (the trainer "
-                               "scores at the same one)")
+    # the rollout engines refuse a temperature outside [0.01, 100]
+    # (corral.runner.policy.sampling): every episode would fail
+    temperature: float = Field(1.0, ge=0.01, le=100.0, description="sampling temperature, "
+                               "0.01 to 100 (the trainer scores at the same one)")
     sft_steps: int = Field(0, ge=0, description="supervised warm-up steps on oracle solutions")
     sft_examples: int = Field(64, ge=1, description="oracle episodes for the warm-up")
     sft_lr: float | None = Field(None, gt=0, description="warm-up lr (default: lr)")

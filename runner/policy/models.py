@@ -77,6 +77,26 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+NOT_A_DEVICE = "not a torch device (cpu, cuda, cuda:N, mps, ...)"
+
+
+def device_problem(device: str) -> str | None:
+    """Why torch cannot place a model on `device` here (None: it can): `NOT_A_DEVICE`, or a
+    CUDA device on a machine where torch sees none (or fewer)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        return NOT_A_DEVICE
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return "torch sees no CUDA GPU on this machine"
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return f"torch sees {torch.cuda.device_count()} CUDA GPU(s) here"
+    return None
+
+
 def default_dtype(device: str | None = None) -> "torch.dtype":
     """bf16 on CUDA, fp32 on CPU (CPU bf16 matmuls are slow and lose precision)."""
     import torch
@@ -208,6 +228,9 @@ def load_model(model: str | os.PathLike[str], device: str | None = None,
 
     path = resolve_model_path(model)
     device = device or default_device()
+    problem = device_problem(device)
+    if problem:
+        raise ModelError(f"device {device!r}: {problem}")
     dtype = dtype or default_dtype(device)
     try:
         config = AutoConfig.from_pretrained(path)

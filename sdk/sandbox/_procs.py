@@ -81,6 +81,20 @@ def idle_snapshot(pid: int) -> frozenset[int]:
     return frozenset(keep)
 
 
+def kill_tree(root: int, keep: frozenset[int], everything: bool,
+              sandbox_pids: Callable[[], Iterable[int]]) -> int:
+    """`kill_below` while `root` lives. Where it exited already and `everything` is asked
+    for, what its process group left behind (background jobs, reparented away from it but
+    still in its group), looked for among `sandbox_pids()` so nothing outside the sandbox is
+    touched. Returns how many signals were sent."""
+    if not everything or _stat(root) is not None:
+        return kill_below(root, keep, everything)
+    left = [pid for pid in sandbox_pids() if (_stat(pid) or (0, 0))[1] == root]
+    for pid in left:
+        _signal(os.kill, pid)
+    return len(left)
+
+
 def kill_below(root: int, keep: frozenset[int] = frozenset(), everything: bool = False) -> int:
     """SIGKILL the process groups under `root` (a shell or the exec wrapper), not `root` itself.
 
@@ -117,8 +131,8 @@ def kill_below(root: int, keep: frozenset[int] = frozenset(), everything: bool =
             hit += 1
         if not hit:
             break
-    if everything:
-        _signal(os.kill, root)
+    if everything:  # a root that leads its group takes the group: members its tree lost too
+        _signal(os.killpg if info[1] == root else os.kill, root)
     return len(done_pids) + len(done_groups) + int(everything)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
@@ -330,3 +331,6 @@ class StreamProcess(Process):
             log.debug("killing a sandbox process: %s", exc)
         finally:
             await self._transport.close()
+            self._eof = True
+            with contextlib.suppress(asyncio.QueueFull):  # wakes a read waiting for a frame
+                self._transport.frames.put_nowait((0, b""))

@@ -107,7 +107,8 @@ class Process(abc.ABC):
 
     @abc.abstractmethod
     async def read(self) -> bytes:
-        """The next chunk of the process's stdout; b"" once stdout ended (it exited)."""
+        """The next chunk of the process's stdout; b"" once stdout ended (it exited) or the
+        process was closed (a read waiting then returns b"" too)."""
 
     @abc.abstractmethod
     async def close(self) -> None:

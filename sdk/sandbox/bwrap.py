@@ -60,8 +60,8 @@ from .image_backend import ImageBackend
 from ._rootio import RootDir
 from ._rootio import supported as openat2_supported
 from ._seccomp import program_file
-from .images import cache_dir, cached_rootfs, export_rootfs, rootfs_config
-from .spec import Terminal
+from .images import cache_dir, cached_rootfs, export_rootfs, passwd_entry, rootfs_config
+from .spec import Terminal, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,6 @@ _MOUNT = ('for f in $5; do echo $$ > "$f" || exit 125; done; '
 # sandbox's unprivileged host uid, which must be able to walk to it (~ is 0700 for root)
 MOUNT_ROOT = Path("/run/corral-bwrap")
 _JOIN_CGROUPS = 'for f in $1; do echo $$ > "$f" || exit 125; done; shift; exec "$@"'
-_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 def mount_point(name: str) -> Path:
@@ -88,20 +87,8 @@ def sandboxes_dir() -> Path:
     return cache_dir() / "bwrap"
 
 
-def parse_bytes(size: str) -> int:
-    """'512m' -> bytes."""
-    s = size.lower().rstrip("b")
-    return int(float(s[:-1]) * _UNITS[s[-1]]) if s[-1] in _UNITS else int(s)
-
-
 def _passwd(rootfs: Path, user: str) -> tuple[int, int, str]:
-    if user.isdigit():
-        return int(user), int(user), "/"
-    for line in (rootfs / "etc" / "passwd").read_text().splitlines():
-        parts = line.split(":")
-        if len(parts) >= 6 and parts[0] == user:
-            return int(parts[2]), int(parts[3]), parts[5]
-    raise SandboxError(f"user {user!r} does not exist in the image; add it in the Dockerfile")
+    return passwd_entry((rootfs / "etc" / "passwd").read_text(), user)
 
 
 class Cgroup:
@@ -109,7 +96,7 @@ class Cgroup:
 
     def __init__(self, name: str, spec: Terminal) -> None:
         self.dirs: list[Path] = []
-        mem, cpu = parse_bytes(spec.memory), spec.cpus
+        mem, cpu = parse_size(spec.memory), spec.cpus
         if (CGROUP_ROOT / "cgroup.controllers").exists():  # v2
             d = CGROUP_ROOT / "corral" / name
             d.mkdir(parents=True)
@@ -365,7 +352,7 @@ class BwrapSandbox(Sandbox):
         if uid:
             drop += [f"--reuid={uid}", f"--regid={gid}", "--init-groups"]
         limits = [] if self.cgroup else [
-            "prlimit", f"--nproc={self.spec.pids}", f"--as={parse_bytes(self.spec.memory)}", "--"]
+            "prlimit", f"--nproc={self.spec.pids}", f"--as={parse_size(self.spec.memory)}", "--"]
         joined = ["-n"] if self.spec.network_mode == "none" else []
         seccomp = program_file().open()
         # a throwaway bwrap (no namespaces of its own but a mount namespace) loads the seccomp
@@ -386,8 +373,9 @@ class BwrapSandbox(Sandbox):
 
     async def _kill(self, transport: Transport, keep: frozenset[int], everything: bool) -> None:
         pid = await transport.host_pid()
-        if pid is not None:
-            await asyncio.to_thread(_procs.kill_below, pid, keep, everything)
+        if pid is None:
+            return
+        await asyncio.to_thread(_procs.kill_tree, pid, keep, everything, self._inside)
 
     async def exec(self, cmd: str | list[str], timeout: float | None = None,
                    env: Mapping[str, str] | None = None, cwd: str | None = None,

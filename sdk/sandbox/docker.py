@@ -70,7 +70,7 @@ from .image_backend import ImageBackend
 from .fleet import (DockerFleet, DockerHost, DockerHostConfig, configured_hosts, default_host,
                     parse_hosts, reason, ssh_command)
 from .images import (LABEL_MANAGED, cache_dir, daemon_unreachable, docker_available,
-                     image_tag, missing_image)
+                     image_tag, missing_image, passwd_entry)
 from .spec import Terminal
 
 log = logging.getLogger(__name__)
@@ -204,9 +204,15 @@ class DockerTransport(Transport):
     async def host_pid(self) -> int | None:
         if not self.host.local:
             return None  # a pid on another machine: nothing here may signal it
-        if self._pid is None:
+        for _ in range(50):  # just after the start the daemon may not know the pid yet
+            if self._pid is not None:
+                break
             info = await _blocking(self.host.call, lambda c: c.api.exec_inspect(self.exec_id))
             self._pid = info.get("Pid") or None
+            if self._pid is None and not info.get("Running"):
+                break  # ended before it was seen: nothing to signal
+            if self._pid is None:
+                await asyncio.sleep(0.01)
         return self._pid
 
     async def close(self) -> None:
@@ -320,6 +326,9 @@ class DockerSandbox(Sandbox):
             sandbox._cgroup_seen = _procs.container_pids(sandbox.id) is not None
             if sandbox._cgroup_seen:
                 sandbox._root = await _blocking(_host_root, sandbox.id)
+            if not _is_root(agent):  # as on bwrap: refused now, not at every command
+                passwd_entry((await sandbox.read_file("/etc/passwd")).decode(errors="replace"),
+                             agent)
         except BaseException:
             await sandbox.close()
             raise
@@ -363,9 +372,10 @@ class DockerSandbox(Sandbox):
             await self._kill_marked(marker, everything)
             return
         pid = await transport.host_pid()
-        if pid is None or not Path(f"/proc/{pid}").exists():
-            return  # the process is gone already
-        await _blocking(_procs.kill_below, pid, keep, everything)
+        if pid is None:
+            return
+        await _blocking(_procs.kill_tree, pid, keep, everything,
+                        lambda: _procs.container_pids(self.id) or [])
 
     async def _kill_marked(self, marker: str, everything: bool) -> None:
         """SIGKILL, inside the container, the processes of the exec marked `marker` (all, or
@@ -399,6 +409,7 @@ class DockerSandbox(Sandbox):
                             cwd: str | None = None, user: str | None = None) -> Process:
         """See `Sandbox.start_process`."""
         transport = await self._spawn(list(argv), env=env, cwd=cwd, user=user, stdin=True)
+        await transport.host_pid()  # asked while it runs: close() needs it after it exited
         return StreamProcess(transport, self._kill)
 
     async def _exec_in_control(self, argv: list[str], timeout: float,

@@ -387,7 +387,8 @@ def survey(host: DockerHost, window: float = 60.0) -> dict[str, Any]:
     containers running (`in_use`), its images (tags), and the managed containers created per
     second over the last `window` seconds (from the daemon's events, so every process's
     creates count). Blocks; a host that does not answer reports `state: down`."""
-    row: dict[str, Any] = {"url": host.url, "capacity": host.capacity,
+    # the implicit daemon has no capacity of its own: the runner's sandbox_capacity bounds it
+    row: dict[str, Any] = {"url": host.url, "capacity": None if host.implicit else host.capacity,
                            "rate_limit": host.config.creates_per_second}
     if not host.check():
         return {**row, "state": "down", "reason": host.reason, "in_use": None, "images": [],

@@ -52,6 +52,19 @@ _client: Any = None
 _client_lock = threading.Lock()
 
 
+def passwd_entry(passwd: str, user: str) -> tuple[int, int, str]:
+    """(uid, gid, home) of `user` (a name, or `name:group`) in an image's /etc/passwd text; a
+    numeric uid stands for itself. SandboxError when the image has no such user."""
+    name = user.split(":", 1)[0]
+    if name.isdigit():
+        return int(name), int(name), "/"
+    for line in passwd.splitlines():
+        parts = line.split(":")
+        if len(parts) >= 6 and parts[0] == name:
+            return int(parts[2]), int(parts[3]), parts[5]
+    raise SandboxError(f"user {name!r} does not exist in the image; add it in the Dockerfile")
+
+
 def docker_client() -> Any:
     """The process-wide docker SDK client (raises SandboxUnavailable when no daemon answers).
     `wait_for_daemon` replaces it when its daemon went away."""
@@ -269,6 +282,8 @@ def image_tag(dockerfile: str | Path, context: str | Path | None = None,
     Dockerfile is an ImageBuildError naming it."""
     if not Path(dockerfile).is_file():
         raise ImageBuildError(f"{dockerfile}: no such Dockerfile")
+    if context is not None and not Path(context).is_dir():  # docker would build it empty
+        raise ImageBuildError(f"{context}: no such folder for the build context")
     dockerfile = Path(dockerfile).resolve()
     context = Path(context).resolve() if context else dockerfile.parent
     base = name or (context.name if context.name != "environment" else context.parent.name)
@@ -300,19 +315,24 @@ def build_image(dockerfile: str | Path, context: str | Path | None = None,
             raise ImageBuildError(f"{path}: FROM {base} is not present locally (no registry is "
                                   f"reachable); build it first with `{build_hint(base)}`")
         stages.add(base)
+    import docker
+
     step, error = "", ""
     api = docker_client().api
-    stream = api.build(path=str(ctx), dockerfile=str(path), tag=tag, rm=True, forcerm=True,
-                       pull=False, decode=True, labels={LABEL_MANAGED: "1"})
-    for chunk in stream:
-        line = chunk.get("stream", "")
-        if line.startswith("Step "):
-            step = line.strip()
-        if line and on_line:
-            on_line(line.rstrip("\n"))
-        if "error" in chunk:
-            error = chunk["error"].strip()
-            break
+    try:
+        stream = api.build(path=str(ctx), dockerfile=str(path), tag=tag, rm=True, forcerm=True,
+                           pull=False, decode=True, labels={LABEL_MANAGED: "1"})
+        for chunk in stream:
+            line = chunk.get("stream", "")
+            if line.startswith("Step "):
+                step = line.strip()
+            if line and on_line:
+                on_line(line.rstrip("\n"))
+            if "error" in chunk:
+                error = chunk["error"].strip()
+                break
+    except docker.errors.APIError as exc:  # refused before any step (a parse error, its line)
+        error = exc.explanation or str(exc)
     if error:
         where = f" at {step}" if step else ""
         raise ImageBuildError(f"{path}: build failed{where}: {error}")

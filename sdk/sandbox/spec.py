@@ -16,7 +16,18 @@ from .base import SandboxSpec
 
 __all__ = ["Browser", "SandboxSpec", "Terminal"]
 
-_MEMORY = re.compile(r"^\d+(\.\d+)?[kmgKMG]?[bB]?$")
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmgKMG]?)[bB]?$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+# Docker refuses less and reads 0 as no limit at all; bwrap's sandbox does not start on less
+_MIN_MEMORY = 6 << 20
+
+
+def parse_size(value: str, field: str = "size") -> int:
+    """'512m' -> bytes, as Docker reads a size; a ValueError naming `field` otherwise."""
+    match = _SIZE.match(value)
+    if not match:
+        raise ValueError(f"{field} {value!r} is not a size like '512m' or '2g'")
+    return int(float(match[1]) * _UNITS[match[2].lower()])
 
 
 class Terminal(SandboxSpec):
@@ -29,12 +40,12 @@ class Terminal(SandboxSpec):
     kind: Literal["terminal"] = "terminal"
     image: str = "corral/base:bookworm"
     dockerfile: str | None = None
-    cpus: float = Field(1.0, gt=0)
+    cpus: float = Field(1.0, gt=0, allow_inf_nan=False)
     memory: str = "1g"
     pids: int = Field(256, gt=0)
     disk: str | None = None
     network: bool | Literal["none", "host-loopback", "bridge"] = False
-    user: str | None = None
+    user: str | None = Field(None, min_length=1)
     workdir: str = "/root"
     files: dict[str, str] = Field(default_factory=dict, description="path -> content at start")
     command_timeout: float = Field(30.0, gt=0)
@@ -49,8 +60,22 @@ class Terminal(SandboxSpec):
     @field_validator("memory")
     @classmethod
     def _memory(cls, value: str) -> str:
-        if not _MEMORY.match(value):
-            raise ValueError(f"memory {value!r} is not a size like '512m' or '2g'")
+        if parse_size(value, "memory") < _MIN_MEMORY:
+            raise ValueError(f"memory {value!r} is below the minimum of 6m")
+        return value
+
+    @field_validator("disk")
+    @classmethod
+    def _disk(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value, "disk")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"workdir {value!r} is not an absolute path")
         return value
 
     @property

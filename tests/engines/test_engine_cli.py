@@ -43,6 +43,19 @@ def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def test_a_lora_rank_vllm_cannot_serve_names_the_flag() -> None:
+    """`engine start --max-lora-rank 1000` said "pick a smaller --lora-rank", a flag this
+    command does not have; out of range, it is a usage error naming its own flag."""
+    from corral.cli.engine import MAX_LORA_RANK
+    from corral.runner.policy.vllm import LORA_RANKS
+
+    assert MAX_LORA_RANK == LORA_RANKS[-1]
+    result = _corral("engine", "start", "vllm", "tiny", "--enable-lora", "--max-lora-rank",
+                     "1000", env={"COLUMNS": "200"})
+    assert result.returncode == 2
+    assert "'--max-lora-rank'" in _one_error_line(result)
+
+
 def test_port_in_use(tiny_dir: Path, vllm_interpreter: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -62,6 +62,10 @@ def test_eval_of_an_env_without_eval_split_is_an_explicit_choice(tmp_path) -> No
     assert out.returncode == 1
     assert "declares no eval split" in out.stderr and "--split all" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    out = corral("-i", str(env_file), "eval", "mine/plain-v0", "-n", "2", "--split", "al",
+                 "--run-dir", str(tmp_path / "run"))  # said "unknown split 'al'", exit 1
+    assert out.returncode == 2 and out.stderr.strip() == ("error: --split al: choose one of "
+                                                          "eval, train, all"), out.stderr
     out = corral("-i", str(env_file), "eval", "mine/plain-v0", "-n", "2", "--split", "all",
                  "--run-dir", str(tmp_path / "run"), "--max-tokens", "4", "--json")
     assert out.returncode == 0, out.stderr
@@ -69,8 +73,8 @@ def test_eval_of_an_env_without_eval_split_is_an_explicit_choice(tmp_path) -> No
 
 def test_train_errors_name_the_cli_flag_and_resume_needs_a_run(tmp_path) -> None:
     out = corral("train", "--env", "corral/word-sort-v0", "--lr", "-1",
-                 "--run-dir", str(tmp_path / "a"))
-    assert out.returncode == 1 and "--lr: Input should be greater than 0" in out.stderr
+                 "--run-dir", str(tmp_path / "a"))  # out of range: a usage error (README)
+    assert out.returncode == 2 and "--lr: Input should be greater than 0" in out.stderr
     out = corral("train", "--env", "corral/word-sort-v0", "--resume",
                  "--run-dir", str(tmp_path / "empty"))
     assert out.returncode == 1 and "holds no training run" in out.stderr
@@ -99,3 +103,60 @@ def test_a_model_url_where_no_server_answers_is_one_line_exit_1(tmp_path) -> Non
     assert out.returncode == 1
     assert f"--model http://127.0.0.1:{port}: no server answers there" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # nothing was written for a model that is not there
+
+
+def test_a_bad_model_leaves_an_earlier_evaluation_as_it_was(tmp_path) -> None:
+    """A mistyped --model fails before the run directory is touched: the plan of the
+    evaluation already there (its model, which --compare shows) is not overwritten."""
+    import json
+
+    from corral.runner.evaluate import plan_eval
+
+    run = tmp_path / "run"
+    run.mkdir()
+    plan = json.dumps({"model": "runs/a/checkpoint", "samples": 2, "seed": 0,
+                       "envs": plan_eval(["corral/word-sort-v0"], 2, "all")}, default=str)
+    (run / "eval_plan.json").write_text(plan)
+    out = corral("eval", "corral/word-sort-v0", "--model", str(tmp_path / "typo"), "-n", "2",
+                 "--run-dir", str(tmp_path / "new"))
+    assert out.returncode == 1 and "typo" in out.stderr, out.stderr
+    assert not (tmp_path / "new").exists()
+    from corral.errors import CorralError
+
+    with pytest.raises(CorralError, match="neither 'tiny', a model directory"):
+        cr.evaluate("corral/word-sort-v0", model=str(tmp_path / "typo"), tasks=2, samples=2,
+                    run_dir=run, split="all")
+    assert (run / "eval_plan.json").read_text() == plan
+
+
+@pytest.mark.parametrize("temperature", ["0.001", "1000"])
+def test_a_temperature_the_policy_refuses_is_a_usage_error(tmp_path, temperature) -> None:
+    """docs/policies.md: 0 (greedy) or [0.01, 100]. Outside it every request was refused and
+    `corral eval` exited 0 with each sample an infrastructure error (counted as "sandbox")."""
+    out = corral("eval", "corral/word-sort-v0", "--temperature", temperature, "-n", "2",
+                 "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr.strip().startswith(f"error: --temperature {float(temperature):g}: "
+                                         "temperature must be 0 (greedy) or in [0.01, 100]")
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
+    from corral.runner import EpisodeLimits
+
+    with pytest.raises(ValueError, match="temperature"):  # cr.evaluate's and profile's limits
+        EpisodeLimits(temperature=float(temperature))
+    assert not (tmp_path / "py").exists()
+    out = corral("train", "-e", "corral/word-sort-v0", "--temperature", temperature,
+                 "--print-config")
+    assert out.returncode == 2 and "--temperature: Input should be" in out.stderr, out.stderr
+
+
+def test_a_bad_device_names_the_flag_before_anything_runs(tmp_path) -> None:
+    """It was `RuntimeError: Expected one of cpu, cuda, ... device type at start of device
+    string: gpu0 (set CORRAL_DEBUG=1 for the traceback)`."""
+    out = corral("eval", "corral/word-sort-v0", "--device", "gpu0", "-n", "2",
+                 "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == ("error: --device gpu0: not a torch device (cpu, cuda, cuda:N, "
+                                  "mps, ...)")
+    assert not (tmp_path / "run").exists()

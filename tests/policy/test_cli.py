@@ -42,6 +42,36 @@ def test_busy_port_is_one_line_and_exit_1(tiny_path: Path) -> None:
     assert result.exit_code == 1 and "check --port" in result.output
 
 
+@pytest.mark.parametrize("argv, code, expected", [
+    (["--device", "gpu0"], 2, "error: --device gpu0: not a torch device"),
+    (["--log-level", "loud"], 2, "error: --log-level loud: choose one of critical, error"),
+])
+def test_bad_device_and_log_level_name_their_flag(tiny_path: Path, argv: list[str], code: int,
+                                                  expected: str) -> None:
+    """They were torch's "Expected one of cpu, cuda, ... device type" and `KeyError: 'loud'`,
+    after the model had loaded."""
+    result = CliRunner().invoke(make_app(), ["serve-policy", str(tiny_path), *argv],
+                                terminal_width=200)
+    assert result.exit_code == code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+def test_device_problem() -> None:
+    """`load_model` and the CLI's `--device` check share it: a name torch rejects, or CUDA
+    where torch sees none."""
+    import torch
+
+    from corral.runner.policy.models import device_problem
+
+    assert device_problem("cpu") is None
+    assert device_problem("gpu0").startswith("not a torch device")
+    if not torch.cuda.is_available():
+        assert device_problem("cuda") == "torch sees no CUDA GPU on this machine"
+    else:
+        assert device_problem(f"cuda:{torch.cuda.device_count()}").startswith("torch sees")
+
+
 @pytest.mark.slow  # a fresh interpreter imports torch + transformers: 15-80 s on a busy machine
 def test_serve_policy_serves_until_stopped(tiny_path: Path) -> None:
     with socket.socket() as sock:

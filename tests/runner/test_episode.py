@@ -6,6 +6,8 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 import corral as cr
 from corral.errors import AgentError, PolicyError
 from corral.runner import (AssemblyConfig, EpisodeLimits, Runner, SandboxPool, ScriptedPolicy,
@@ -145,6 +147,20 @@ async def test_turn_deadline_truncates_and_still_verifies(opener: DirOpener) -> 
     assert sorted(t.reward for t in trajs) in ([0.0, 1.0], [1.0, 1.0], [0.0, 0.0])
     assert {t.reward for t in trajs if t.metadata["seed"] % 2 == 0} <= {1.0}
     assert all("verify" in t.phase_seconds() for t in trajs)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("episode_deadline", -5, "episode_deadline must be a finite number of seconds above 0"),
+    ("turn_deadline", float("nan"), "turn_deadline must be a finite number"),
+    ("max_tokens", 0, "max_tokens must be an integer in"),
+    ("temperature", -1, "temperature must be 0"),
+    ("top_p", 2, "top_p must be in"),
+    ("max_turns", 0, "max_turns must be at least 1"),
+])
+def test_limits_that_would_cut_every_episode_are_refused(field: str, value: Any,
+                                                         message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EpisodeLimits(**{field: value})
 
 
 async def test_infra_failures_are_retried_with_a_fresh_sandbox(opener: DirOpener) -> None:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +91,15 @@ def test_cli_collect_with_the_tiny_model_then_report(tmp_path: Path) -> None:
     bad = cli.invoke(app, ["report", str(tmp_path / "nothing")])
     assert bad.exit_code != 0 and isinstance(bad.exception, CorralError)
     assert "not a run directory" in str(bad.exception)
+
+
+@pytest.mark.slow  # loads torch and the tiny model
+def test_cli_collect_progress_counts_to_n_when_the_group_is_larger(tmp_path: Path) -> None:
+    """--n 2 with the default --group 4 runs a whole group of 4; the bar read 4/2."""
+    result = subprocess.run(
+        [sys.executable, "-m", "corral.cli", "collect", "corral/arithmetic-v0", "--n", "2",
+         "--max-tokens", "8", "--run-dir", str(tmp_path / "run"), "--no-report"],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    counts = re.findall(r"(\d+)/2 ", result.stdout)
+    assert counts and max(map(int, counts)) == 2, result.stdout

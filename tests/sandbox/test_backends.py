@@ -20,6 +20,7 @@ import pytest
 import corral as cr
 from corral.agents import play
 from corral.errors import UnknownBackend
+from corral.runner import Runner, ScriptedPolicy
 from corral.runner.pool import SandboxPool
 from corral.sandbox import (Backend, BackendConfig, BackendRow, ExecResult, Sandbox, Shell,
                             backend_names, check_backend, open_sandbox, register_backend,
@@ -191,6 +192,8 @@ async def test_unknown_backend_names_get_a_did_you_mean() -> None:
         await open_sandbox(Terminal(), "dokcer")
     with pytest.raises(ValueError, match="Did you mean 'bwrap'"):
         Terminal(backend="bwrapp")
+    with pytest.raises(UnknownBackend, match="Did you mean 'docker'"):  # docs: in Python too
+        Runner(["corral/arithmetic-v0"], ScriptedPolicy(lambda call: ""), sandbox_backend="dockr")
     with pytest.raises(UnknownBackend, match="does not open terminal sandboxes.*docker, bwrap"):
         check_backend("browser", "terminal")
     with pytest.raises(UnknownBackend, match="does not open browser sandboxes"):

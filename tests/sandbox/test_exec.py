@@ -155,6 +155,25 @@ async def test_docker_files_without_the_host_root_refuse_the_same(make_sandbox):
     assert (await sb.exec("cat /w/d/inner", timeout=10)).stdout == "keep\n"
 
 
+async def test_a_started_process_talks_exits_and_closes(sandbox):
+    """`start_process`: stdin to stdout, stderr kept apart, b"" once it exited; after close()
+    its whole tree is gone and a read returns b"" (a read waiting then hung for good)."""
+    proc = await sandbox.start_process(["sh", "-c", "echo ready >&2; exec cat"])
+    await proc.write(b"ping\n")
+    assert await asyncio.wait_for(proc.read(), 10) == b"ping\n"
+    assert "ready" in proc.stderr_tail
+    waiting = asyncio.ensure_future(proc.read())
+    await asyncio.sleep(0.1)
+    await proc.close()
+    assert await asyncio.wait_for(waiting, 5) == b""
+    assert await asyncio.wait_for(proc.read(), 5) == b""
+    done = await sandbox.start_process(["sh", "-c", "echo out; sleep 300 & exit 4"])
+    assert await asyncio.wait_for(done.read(), 10) == b"out\n"
+    await done.close()
+    r = await sandbox.exec("ps -eo args | grep -cx -e cat -e 'sleep 300'", timeout=10)
+    assert r.stdout.strip() == "0", r
+
+
 async def test_written_bytes_and_modes_are_exact(sandbox):
     tricky = bytes(range(1, 256)) + b"'\\$(x)`y`\n%s%%\\x41"  # every byte but NUL, quoting traps
     await sandbox.write_file("/work/tricky.bin", tricky)

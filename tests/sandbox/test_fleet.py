@@ -255,6 +255,15 @@ def test_cli_hosts_shows_the_fleet(extra_dockerds, tmp_path: Path) -> None:
     assert down.exit_code == 1  # no host answers: a failing status for scripts
 
 
+def test_cli_hosts_local_daemon_has_no_capacity(dockerd, monkeypatch) -> None:
+    """Without hosts the local daemon's only bound is the runner's sandbox_capacity: `-` in
+    the table and null in the JSON (which said 1073741824)."""
+    monkeypatch.delenv("CORRAL_DOCKER_HOSTS", raising=False)
+    out = CliRunner().invoke(app, ["sandbox", "hosts", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["capacity"] is None
+
+
 async def test_collection_survives_a_host_killed_mid_run(extra_dockerds, base_image: str,
                                                          tmp_path: Path) -> None:
     from corral.runner import AssemblyConfig, Runner

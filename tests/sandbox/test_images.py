@@ -75,6 +75,21 @@ def test_broken_dockerfile_names_file_and_step(base_image, tmp_path):
     assert result.exit_code == 1 and str(df) in result.output
 
 
+def test_unparsable_dockerfile_and_missing_context_are_build_errors(base_image, tmp_path):
+    """docs/sandboxes.md: an ImageBuildError naming the file and the line (it was docker's
+    APIError); a context that is not a folder is refused, not built as an empty one."""
+    df = tmp_path / "Dockerfile"
+    df.write_text(f"FROM {base_image}\nCOPPY x y\n")
+    with pytest.raises(ImageBuildError, match="line 2: unknown instruction: COPPY") as err:
+        build_image(df)
+    assert str(df) in str(err.value)
+    with pytest.raises(ImageBuildError, match="no such folder for the build context"):
+        build_image(df, tmp_path / "nothing")
+    result = CliRunner().invoke(_app(), ["image", "build", "--dockerfile", str(df), "--context",
+                                         str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "'--context'" in result.output, result.output
+
+
 def test_missing_from_image_names_the_command(dockerd, tmp_path):
     df = tmp_path / "Dockerfile"
     df.write_text("FROM corral/env-nothing-here:000000000000\n")

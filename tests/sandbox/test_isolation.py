@@ -33,6 +33,15 @@ async def test_a_user_without_a_home_and_a_missing_workdir(make_sandbox, backend
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_user_the_image_lacks_is_refused_at_start(make_sandbox, backend):
+    """Docker opened the sandbox and then failed every command ("unable to find user")."""
+    from corral.errors import SandboxError
+
+    with pytest.raises(SandboxError, match="user 'nosuchuser' does not exist in the image"):
+        await make_sandbox(backend, user="nosuchuser")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_fork_bomb_is_contained_then_killed(make_sandbox, backend):
     sb = await make_sandbox(backend, pids=64)
     t0 = time.monotonic()

@@ -102,6 +102,23 @@ def test_out_of_range_flags_are_usage_errors(tmp_path: Path) -> None:
     assert "'--limit'" in line, line
 
 
+def test_collect_limits_and_run_dir_are_checked_before_the_model_loads(tmp_path: Path) -> None:
+    """A limit that would truncate every episode is a usage error naming its flag (or its
+    field, past the flag's range); a run dir under a file names --run-dir."""
+    run = ["collect", "corral/arithmetic-v0", "--n", "1", "--run-dir", str(tmp_path / "run")]
+    line = one_line(corral(*run, "--episode-deadline", "-5"), 2)
+    assert "'--episode-deadline'" in line, line
+    line = one_line(corral(*run, "--turn-deadline", "nan"), 2)
+    assert "'--turn-deadline'" in line, line
+    line = one_line(corral(*run, "--episode-deadline", "0"), 2)
+    assert "episode_deadline must be a finite number of seconds above 0" in line, line
+    (tmp_path / "file").write_text("")
+    line = one_line(corral("collect", "corral/arithmetic-v0", "--run-dir",
+                           str(tmp_path / "file" / "run")), 1)
+    assert line.startswith(f"error: --run-dir {tmp_path / 'file' / 'run'}: not a directory"), line
+    assert not (tmp_path / "run").exists()
+
+
 def test_validate_json_into_a_folder_fails_before_running(tmp_path: Path) -> None:
     line = one_line(corral("validate", "corral/arithmetic-v0", "--limit", "1", "--json",
                            str(tmp_path)), 1)
@@ -115,6 +132,8 @@ def test_unknown_agent_and_backend_name_their_flag() -> None:
     --port")."""
     line = one_line(corral("run", "corral/arithmetic-v0", "--agent", "genius"), 1)
     assert line.startswith("error: --agent genius: unknown agent 'genius'"), line
+    line = one_line(corral("run", "corral/arithmetic-v0", "--agent", "hack:conftst"), 1)
+    assert "Did you mean 'hack:conftest'" in line and "pth-file" not in line, line  # not all
     for command in (["run", "corral/arithmetic-v0", "-n", "1"],
                     ["validate", "corral/arithmetic-v0", "--limit", "1"],
                     ["serve-env", "corral/arithmetic-v0"]):

@@ -77,4 +77,4 @@ def test_image_build_for_a_dockerfile_env(cli: CliRunner, tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     assert result.output.strip().startswith("corral/env-wc-task:")
     result = cli.invoke(app, ["image", "build"])
-    assert result.exit_code == 1 and "give an environment id or --dockerfile" in result.output
+    assert result.exit_code == 2 and "give an environment id or --dockerfile" in result.output

@@ -124,12 +124,28 @@ def test_each_flag_reaches_its_field(name: str):
 ])
 def test_errors_name_the_flag(argv: list[str], expected: str):
     result = CliRunner().invoke(app, ["train", "-e", ENV, *argv, "--print-config"])
-    assert result.exit_code != 0
+    # a flag value of the wrong form or out of range is a usage error: exit 2 (README)
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
     # a CorralError reaches `corral.cli.main`, which prints it as the one line
     error = " ".join((result.output + (str(result.exception) if isinstance(
         result.exception, CorralError) else "")).split())  # rich wraps at the test's width
     assert expected in error, error
     assert "Traceback" not in error and "batch_size" not in error
+
+
+def test_help_keeps_the_extra_to_install_for_log_to():
+    """`--log-to` needs `pip install 'corral[log]'` (docs/training.md); rich markup ate the
+    "[log]" and the help said `pip install 'corral'`."""
+    result = CliRunner().invoke(app, ["train", "--help"], terminal_width=200)
+    assert "pip install 'corral[log]'" in " ".join(result.output.replace("│", " ").split())
+
+
+def test_a_field_no_task_has_is_an_error_not_a_usage_error():
+    """`--where` naming a field the env's tasks lack is judged against the env, like an
+    unknown env id: exit 1 (a value of the wrong form is exit 2, above)."""
+    result = CliRunner().invoke(app, ["train", "-e", ENV, "--where", "nn=3", "--print-config"])
+    assert result.exit_code == 1
+    assert "--where: tasks have no field 'nn'" in str(result.exception)
 
 
 def test_a_file_as_run_dir_is_a_one_line_error(tmp_path):

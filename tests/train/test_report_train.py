@@ -147,6 +147,6 @@ def test_missing_sink_package_is_a_one_line_error_naming_the_flag(tmp_path, monk
     assert not (tmp_path / "run" / "train.jsonl").exists()
     unknown = CliRunner().invoke(app, ["train", "-e", "traintest/digits-v0", "--log-to",
                                        "mlflow", "--run-dir", str(tmp_path / "b")])
-    assert unknown.exit_code == 1
+    assert unknown.exit_code == 2  # a flag value out of its choices: a usage error
     assert "--log-to mlflow:" in unknown.output  # the bad item, not its list index
     assert "Input should be 'tensorboard' or 'wandb'" in unknown.output

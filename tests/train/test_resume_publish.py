@@ -64,13 +64,14 @@ def test_cli_errors_are_one_line(tmp_path):
                           "--run-dir", str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 1 and "doesn't exist" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
-    for option, expected in [(["--where", "operation"], "write FIELD=VALUE"),
-                             (["--length", "words=three"], "must be a whole number"),
-                             (["--where", "operation=nothing-like-this"], "pass the task slice")]:
+    for option, code, expected in [(["--where", "operation"], 2, "write FIELD=VALUE"),
+                                   (["--length", "words=three"], 2, "must be a whole number"),
+                                   (["--where", "operation=nothing-like-this"], 1,
+                                    "pass the task slice")]:
         bad = subprocess.run([sys.executable, "-m", "corral.cli", "train", "-e",
                               "corral/word-sort-v0", *option, "--run-dir", str(tmp_path)],
                              capture_output=True, text=True)
-        assert bad.returncode == 1 and expected in bad.stderr, bad.stderr
+        assert bad.returncode == code and expected in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
 
 
