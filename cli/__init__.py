@@ -10,6 +10,7 @@ import os
 import sys
 
 import typer
+from rich.markup import escape
 
 from corral.errors import CorralError
 
@@ -69,10 +70,16 @@ def _reflow(text: str) -> str:
 
 
 def _reflow_help(group: typer.Typer) -> None:
+    """Reflow every command's help, and escape what rich would read as markup in it and in its
+    options' help ("pip install 'corral[mcp]'" lost its "[mcp]")."""
     for command in group.registered_commands:
         text = command.help or inspect.getdoc(command.callback)
         if text:
-            command.help = _reflow(text)
+            command.help = escape(_reflow(text))
+        for param in inspect.signature(command.callback).parameters.values():
+            info = param.default
+            if isinstance(info, typer.models.ParameterInfo) and info.help:
+                info.help = escape(info.help)
     for sub in group.registered_groups:
         _reflow_help(sub.typer_instance)
 

@@ -195,7 +195,7 @@ def train_command(
     log_to: list[str] = typer.Option(
         [], "--log-to", help="Also send step metrics to tensorboard (event files in "
         "RUN_DIR/tb) or wandb (an offline run in RUN_DIR/wandb); repeatable; needs "
-        "pip install 'corral\\[log]'."),  # escaped: rich markup eats "[log]"
+        "pip install 'corral[log]'."),
     resume: bool = typer.Option(False, "--resume", help="Continue from RUN_DIR/checkpoint."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the run's "
                                       "TrainConfig as JSON and exit (nothing runs)."),

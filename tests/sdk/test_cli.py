@@ -150,3 +150,5 @@ def test_help_paragraphs_are_reflowed() -> None:
     listed = corral("--help")
     line = next(row for row in listed.stdout.splitlines() if " run " in row)
     assert line.rstrip(" │").endswith("print their rewards.")
+    # an extra to install is text, not rich markup (it read "Needs corral.")
+    assert "corral[mcp]" in corral("serve-env", "--help").stdout
