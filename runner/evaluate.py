@@ -161,6 +161,9 @@ def _check_plan(run_dir: Path, plan: dict[str, Any]) -> None:
     if not path.exists():
         return
     old = json.loads(path.read_text(encoding="utf-8"))
+    if old.get("model", plan["model"]) != plan["model"]:  # its samples would mix two models
+        raise CorralError(f"{run_dir} holds an evaluation of model {old['model']}, not "
+                          f"{plan['model']}; choose another --run-dir")
     same = (old.get("samples") == plan["samples"]
             and {k: v["task_ids"] for k, v in old["envs"].items()}
             == {k: v["task_ids"] for k, v in plan["envs"].items()})

@@ -112,7 +112,13 @@ class EnvSpec:
         return self.entry_point
 
     def make(self, **overrides: Any) -> Any:
-        return self.load()(**{**self.kwargs, **overrides})
+        """An instance of the entry point with the spec's kwargs (`overrides` replace them). An
+        env class registered by id alone (no `@cr.environment`) learns its id here: errors and
+        logs name it."""
+        env = self.load()(**{**self.kwargs, **overrides})
+        if getattr(env, "env_id", "") is None:
+            env.env_id = self.id
+        return env
 
 
 class Catalog:

@@ -429,6 +429,7 @@ async def train(config: TrainConfig, *, resume: bool = False,
 async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None,
                  stack: AsyncExitStack) -> TrainResult:
     from corral.runner import AssemblyConfig, Runner, load_model
+    from corral.runner.policy.models import resolve_model_path
 
     started = time.perf_counter()
     if config.torch_threads:
@@ -459,6 +460,9 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
                                                                 ).exists():
         raise CorralError(f"--resume: {run_dir} holds no training run to continue; drop "
                           "--resume to start one there")
+    # a --model that is not there fails before RUN_DIR is touched (a resumed run's
+    # train_config.json would be overwritten)
+    await asyncio.to_thread(resolve_model_path, config.model)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / TRAIN_CONFIG, config.model_dump(mode="json"))
     refresher = ReportRefresher(run_dir)  # report.html every few steps, in a thread

@@ -61,6 +61,9 @@ def test_eval_scores_the_eval_split_and_resumes(run: Path, env_file: Path) -> No
     other = corral("-i", str(env_file), "eval", "mine/parity-v0", "-n", "8", "-k", "3",
                    "--run-dir", str(run))
     assert other.returncode == 1 and "another -k" in other.stderr
+    other = corral("-i", str(env_file), "eval", "mine/parity-v0", "-n", "8", "-k", "2",
+                   "--model", str(run / "another-model"), "--run-dir", str(run))
+    assert other.returncode == 1 and "holds an evaluation of model tiny" in other.stderr
 
 
 def test_reverify_reports_exactly_the_tasks_whose_scores_changed(run: Path, tmp_path: Path

@@ -133,3 +133,17 @@ def test_default_catalog_functions() -> None:
     assert "corral/arithmetic-v0" in cr.registry.default_catalog
     env = cr.make("corral/arithmetic")
     assert env.env_id == "corral/arithmetic-v0" and env.kind == "text"
+
+
+def test_a_plain_env_class_learns_its_id(catalog: Catalog) -> None:
+    """`register(id, SomeEnv)` without `@cr.environment`: its instances said env_id None."""
+
+    class Plain(cr.Env):
+        tasks = cr.Dataset.from_list([{"n": 1}])
+
+        def instruction(self, task: cr.Task) -> str:
+            return "say one"
+
+    catalog.register("acme/plain-v1", Plain)
+    assert catalog.make("acme/plain-v1").env_id == "acme/plain-v1"
+    assert Plain.env_id is None  # the class is not changed: another id may register it too

@@ -73,6 +73,14 @@ def test_cli_errors_are_one_line(tmp_path):
                              capture_output=True, text=True)
         assert bad.returncode == code and expected in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
+    # a missing --model fails before RUN_DIR is touched (with --resume it overwrote the run's
+    # train_config.json)
+    run = tmp_path / "run"
+    bad = subprocess.run([sys.executable, "-m", "corral.cli", "train", "-e",
+                          "corral/word-sort-v0", "--model", str(tmp_path / "no-model"),
+                          "--run-dir", str(run)], capture_output=True, text=True)
+    assert bad.returncode == 1 and "does not exist" in bad.stderr, bad.stderr
+    assert not run.exists()
 
 
 async def test_publish_to_serve_policy(tmp_path):
