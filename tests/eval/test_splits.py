@@ -107,15 +107,16 @@ def test_a_model_url_where_no_server_answers_is_one_line_exit_1(tmp_path) -> Non
 
 
 def test_a_bad_model_leaves_an_earlier_evaluation_as_it_was(tmp_path) -> None:
-    """A mistyped --model fails before the run directory is touched: the plan of the
-    evaluation already there (its model, which --compare shows) is not overwritten."""
+    """A --model that does not load fails before the run directory is touched, and another
+    model than the one evaluated there is refused: the plan of the evaluation already there
+    (its model, which --compare shows) is not overwritten."""
     import json
 
     from corral.runner.evaluate import plan_eval
 
     run = tmp_path / "run"
     run.mkdir()
-    plan = json.dumps({"model": "runs/a/checkpoint", "samples": 2, "seed": 0,
+    plan = json.dumps({"model": str(tmp_path / "runs/a/checkpoint"), "samples": 2, "seed": 0,
                        "envs": plan_eval(["corral/word-sort-v0"], 2, "all")}, default=str)
     (run / "eval_plan.json").write_text(plan)
     out = corral("eval", "corral/word-sort-v0", "--model", str(tmp_path / "typo"), "-n", "2",
@@ -125,6 +126,9 @@ def test_a_bad_model_leaves_an_earlier_evaluation_as_it_was(tmp_path) -> None:
     from corral.errors import CorralError
 
     with pytest.raises(CorralError, match="neither 'tiny', a model directory"):
+        cr.evaluate("corral/word-sort-v0", model=str(tmp_path / "runs/a/checkpoint"), tasks=2,
+                    samples=2, run_dir=run, split="all")
+    with pytest.raises(CorralError, match="holds an evaluation of model .*runs/a/checkpoint"):
         cr.evaluate("corral/word-sort-v0", model=str(tmp_path / "typo"), tasks=2, samples=2,
                     run_dir=run, split="all")
     assert (run / "eval_plan.json").read_text() == plan
