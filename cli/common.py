@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -142,6 +142,22 @@ def check_listen(host: str, port: int) -> None:
         # a port in use or below 1024 is --port's fault; an unknown or foreign address --host's
         flag = "--port" if problem.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
         fail(f"cannot listen on {host}:{port} ({problem.strerror or problem}); check {flag}")
+
+
+def episode_limits(**values: Any) -> Any:
+    """`EpisodeLimits(**values)` from a command's flags (each named as its field in kebab
+    case); a value out of range exits 2 with one line naming its flag."""
+    from corral.runner import EpisodeLimits
+
+    try:
+        return EpisodeLimits(**values)
+    except ValueError as exc:  # its checks name the field first: "temperature must be ..."
+        field = next((k for k in values if str(exc).startswith(k)), None)
+        if field is None:
+            fail(str(exc), code=2)
+        value = values[field]
+        shown = f"{value:g}" if isinstance(value, float) else value
+        fail(f"--{field.replace('_', '-')} {shown}: {exc}", code=2)
 
 
 def check_device_option(device: str | None) -> None:

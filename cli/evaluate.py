@@ -14,7 +14,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import check_device_option, check_run_dir, console, fail
+from .common import check_device_option, check_run_dir, console, episode_limits, fail
 
 
 def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: str) -> Table:
@@ -157,23 +157,17 @@ def register(app: typer.Typer) -> None:
         if not env_ids:
             raise CorralError("corral eval needs env ids (or --reverify RUN_DIR, or --compare "
                               "RUN_A RUN_B)")
-        from corral.runner.policy.sampling import check_temperature
         from corral.splits import SPLIT_NAMES
 
         if split not in SPLIT_NAMES:
             fail(f"--split {split}: choose one of {', '.join(SPLIT_NAMES)}", code=2)
-
-        try:  # every request would be refused (an infra error per sample): a usage error
-            check_temperature(temperature)
-        except ValueError as exc:
-            fail(f"--temperature {temperature:g}: {exc}", code=2)
+        # a temperature every request would refuse is a usage error, before anything runs
+        limits = episode_limits(max_tokens=max_tokens, max_turns=max_turns,
+                                temperature=temperature)
         check_device_option(device)
-        from corral.runner import EpisodeLimits
         from corral.runner.evaluate import aevaluate
 
         check_run_dir(run_dir)
-        limits = EpisodeLimits(max_tokens=max_tokens, max_turns=max_turns,
-                               temperature=temperature)
         columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True, disable=as_json) as progress:

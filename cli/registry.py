@@ -17,7 +17,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import check_listen, console, fail
+from .common import check_listen, console, episode_limits, fail
 
 REGISTRY_HELP = "Local store path or registry URL (default: $CORRAL_REGISTRY or ~/.corral)."
 registry_app = typer.Typer(help="Run a registry server.", no_args_is_help=True)
@@ -215,11 +215,13 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
 
     if model is not None and agent is not None:
         fail("--agent and --model: profile under one of them")
+    # flag values checked before the store is opened (opening a new path makes a store there)
+    limits = episode_limits(max_tokens=max_tokens, temperature=temperature)
     store = open_store(registry, token=token)
     _check_can_record(store, env_id, token)
     if model is not None:
-        result = _profile_model(env_id, model, n, samples, split, name, tokenizer, max_tokens,
-                                temperature, run_dir, concurrency, store, token)
+        result = _profile_model(env_id, model, n, samples, split, name, tokenizer, limits,
+                                run_dir, concurrency, store, token)
     else:
         from corral.registry.curation import profile_env
 
@@ -256,13 +258,12 @@ def _check_can_record(store: Any, env_id: str, token: Optional[str]) -> None:
 
 
 def _profile_model(env_id: str, model: str, n: int, samples: int, split: str,
-                   name: Optional[str], tokenizer: Optional[str], max_tokens: int,
-                   temperature: float, run_dir: Optional[Path], concurrency: int, store: Any,
+                   name: Optional[str], tokenizer: Optional[str], limits: Any,
+                   run_dir: Optional[Path], concurrency: int, store: Any,
                    token: Optional[str]) -> Any:
     """`corral profile --model`: evaluate through the Runner (`aprofile_model`), with a bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from corral.runner import EpisodeLimits
     from corral.runner.evalprofile import aprofile_model
 
     columns = (TextColumn(f"[bold]profile {env_id}"), BarColumn(), MofNCompleteColumn())
@@ -271,7 +272,7 @@ def _profile_model(env_id: str, model: str, n: int, samples: int, split: str,
         profile, _ = asyncio.run(aprofile_model(
             env_id, model, tasks=n or 1_000_000, samples=samples, split=split, name=name,
             store=store, token=token, run_dir=run_dir, tokenizer=tokenizer,
-            limits=EpisodeLimits(max_tokens=max_tokens, temperature=temperature),
+            limits=limits,
             sandbox_capacity=concurrency, report=False,
             listener=lambda _t: progress.update(bar, advance=1)))
     return profile

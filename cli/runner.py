@@ -14,7 +14,7 @@ from rich.table import Table
 from corral.errors import CorralError
 
 from .common import (backend_help, check_backend_option, check_device_option, check_run_dir,
-                     console, fail)
+                     console, episode_limits)
 
 
 def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
@@ -110,16 +110,14 @@ def register(app: typer.Typer) -> None:
         report: bool = typer.Option(True, help="Write report.html at the end."),
     ) -> None:
         """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
-        from corral.runner import AssemblyConfig, EpisodeLimits
+        from corral.runner import AssemblyConfig
 
         check_backend_option(sandbox_backend, flag="--sandbox-backend")
         check_run_dir(run_dir)
-        try:  # what the flags' ranges let through (a deadline of 0, temperature 0.001)
-            limits = EpisodeLimits(max_turns=max_turns, max_tokens=max_tokens,
-                                   temperature=temperature, episode_deadline=episode_deadline,
-                                   turn_deadline=turn_deadline)
-        except ValueError as exc:
-            fail(str(exc), code=2)
+        # what the flags' ranges let through (a deadline of 0, temperature 0.001)
+        limits = episode_limits(max_turns=max_turns, max_tokens=max_tokens,
+                                temperature=temperature, episode_deadline=episode_deadline,
+                                turn_deadline=turn_deadline)
         check_device_option(device)
         model = make_policy(policy, tokenizer=tokenizer, device=device)
         kwargs = dict(seed=seed, sandbox_capacity=sandbox_capacity,

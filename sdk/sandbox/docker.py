@@ -209,9 +209,9 @@ class DockerTransport(Transport):
                 break
             info = await _blocking(self.host.call, lambda c: c.api.exec_inspect(self.exec_id))
             self._pid = info.get("Pid") or None
-            if self._pid is None and not info.get("Running"):
-                break  # ended before it was seen: nothing to signal
             if self._pid is None:
+                if not info.get("Running"):
+                    break  # ended before it was seen: nothing to signal
                 await asyncio.sleep(0.01)
         return self._pid
 

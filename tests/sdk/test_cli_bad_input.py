@@ -142,3 +142,13 @@ def test_unknown_agent_and_backend_name_their_flag() -> None:
     line = one_line(corral("serve-env", "corral/arithmetic-v0", "--host", "nosuch.invalid",
                            "--port", "8799"), 1)
     assert line.endswith("check --host"), line
+
+
+def test_profile_checks_its_limits_before_the_store_is_made(tmp_path: Path) -> None:
+    """`corral profile --model --temperature 0.001`: a usage error naming the flag, and the
+    new `--registry` folder is not made (it was, then the run failed with exit 1)."""
+    store = tmp_path / "store"
+    line = one_line(corral("profile", "corral/arithmetic-v0", "--model", "tiny",
+                           "--temperature", "0.001", "--registry", str(store)), 2)
+    assert line.startswith("error: --temperature 0.001: temperature must be"), line
+    assert not store.exists()
