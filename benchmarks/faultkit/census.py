@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.runner.store import TRAJECTORIES, load_run
-from corral.sandbox.bwrap import CGROUP_ROOT, sandboxes_dir
+from corral.sandbox.bwrap import CGROUP_ROOT, OWNER_SUFFIX, sandboxes_dir
 
 MARKER = "CORRAL_FAULT_RUN"  # set in a collector's environment; its children inherit it
 
@@ -53,9 +53,10 @@ def run_containers(run_id: str) -> list[str]:
 
 
 def bwrap_leftovers(run_id: str) -> list[Path]:
-    """bwrap sandbox dirs and cgroups of `run_id`."""
+    """bwrap sandbox dirs, owner records and cgroups of `run_id`."""
     prefix = run_id.replace("/", "_") + "-"
     found = [d for d in sandboxes_dir().glob(f"{prefix}*") if d.is_dir()]
+    found += sandboxes_dir().glob(f".{prefix}*{OWNER_SUFFIX}")
     for parent in [CGROUP_ROOT / "corral", *CGROUP_ROOT.glob("*/corral")]:
         found += [c for c in parent.glob(f"{prefix}*") if c.is_dir()]
     return found

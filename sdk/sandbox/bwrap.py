@@ -87,6 +87,16 @@ def sandboxes_dir() -> Path:
     return cache_dir() / "bwrap"
 
 
+OWNER_SUFFIX = ".owner"
+
+
+def owner_record(sandbox_dir: Path) -> Path:
+    """Who made a sandbox dir: a hidden file beside it (JSON: pid, run, env, created), written
+    before the dir is made and removed after it is gone. A process killed at any point (while
+    it makes or removes the dir) so leaves nothing the reaper cannot attribute."""
+    return sandbox_dir.with_name(f".{sandbox_dir.name}{OWNER_SUFFIX}")
+
+
 def _passwd(rootfs: Path, user: str) -> tuple[int, int, str]:
     return passwd_entry((rootfs / "etc" / "passwd").read_text(), user)
 
@@ -246,16 +256,18 @@ class BwrapSandbox(Sandbox):
             cwd = f"/home/{user}"  # as on Docker (docs/sandboxes.md), whatever passwd says
         name = f"{run_id}-{secrets.token_hex(4)}".replace("/", "_")
         sbdir = sandboxes_dir() / name
-        for sub in ("upper", "work"):
-            (sbdir / sub).mkdir(parents=True)
-        # the upper dir is the sandbox's "/": its root user owns it, as the image's root owns /
-        os.chown(sbdir / "upper", base, base)
-        (sbdir / "upper").chmod(0o755)  # not the export's: its top dir is a 0700 temp dir
-        (sbdir / "owner.json").write_text(json.dumps(
+        sbdir.parent.mkdir(parents=True, exist_ok=True)
+        owner_record(sbdir).write_text(json.dumps(
             {"pid": os.getpid(), "run": run_id, "env": env_id, "created": time.time()}))
-        cgroup = Cgroup(name, spec) if Cgroup.available() else None
-        sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, cgroup, base)
+        sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, None, base)
         try:
+            for sub in ("upper", "work"):
+                (sbdir / sub).mkdir(parents=True)
+            # the upper dir is the sandbox's "/": its root user owns it, as the image's root
+            # owns /; not the export's mode: its top dir is a 0700 temp dir
+            os.chown(sbdir / "upper", base, base)
+            (sbdir / "upper").chmod(0o755)
+            sandbox.cgroup = Cgroup(name, spec) if Cgroup.available() else None
             await sandbox._start()
             # a missing workdir is made, owned by the sandbox's root, as Docker makes it
             await asyncio.to_thread(sandbox._root.makedirs, cwd)
@@ -473,6 +485,8 @@ class BwrapSandbox(Sandbox):
             await asyncio.to_thread(_wait_empty, self.cgroup)
             self.cgroup.remove()
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
+        if not self.dir.exists():  # else the record stays: the reaper ends what we could not
+            owner_record(self.dir).unlink(missing_ok=True)
         if self.mnt is not None:  # empty on the host: the overlay lived in the sandbox's mount ns
             with contextlib.suppress(OSError):
                 self.mnt.rmdir()

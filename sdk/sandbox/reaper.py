@@ -7,7 +7,7 @@ container, live or not. CLI: `corral sandbox gc [--run RUN] [--all]`.
 
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
 sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
-dirs by their owner.json, and their cgroups), sparing those of a live process that shares the
+dirs by their owner record, and their cgroups), sparing those of a live process that shares the
 run id.
 
 Containers are collected on every Docker host: the local daemon (`DOCKER_HOST`, else the local
@@ -31,14 +31,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import SandboxError
-from .bwrap import CGROUP_ROOT, MOUNT_ROOT, sandboxes_dir
+from .bwrap import CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, owner_record, sandboxes_dir
 from .base import BackendConfig
 from .docker import LABEL_OWNER, LABEL_RUN, DockerConfig, io_root
 from .fleet import (DockerHost, DockerHostConfig, configured_hosts, default_host, shared_host,
                     unreachable)
 from .images import LABEL_MANAGED
 
-OWNERLESS_GRACE_S = 60.0  # a sandbox dir without owner.json younger than this is being made
+# a bwrap dir without an owner record (made by an older version) or a record not yet written
+# in full, younger than this, is spared: it may be being made
+OWNERLESS_GRACE_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +147,9 @@ def _gc_io_dirs(kept: set[str]) -> None:
 
 def gc_bwrap(run: str | None = None, orphans_only: bool = False,
              mine: bool = False) -> tuple[int, int]:
-    """Remove bwrap sandbox dirs whose owner process died (or of `run`; with `orphans_only`
-    those of `run` whose owner died), and the cgroups of sandboxes without a live dir (killing
-    what still runs in them)."""
+    """Remove bwrap sandbox dirs (and owner records) whose owner process died (or of `run`;
+    with `orphans_only` those of `run` whose owner died), and the cgroups of sandboxes without
+    a live owner (killing what still runs in them)."""
     dirs = cgroups = 0
     root = sandboxes_dir()
     prefix = None if run is None else run.replace("/", "_") + "-"  # as bwrap names them
@@ -155,9 +157,9 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
     for cg in [c for p in parents if p.is_dir() for c in p.iterdir() if c.is_dir()]:
         if prefix is not None and not cg.name.startswith(prefix):
             continue
-        # decided per cgroup, now: a sandbox created meanwhile has its dir (made before its
-        # cgroup) and a sandbox closing drops its cgroup before its dir
-        if (root / cg.name).is_dir() and not _stale(root / cg.name, run, orphans_only, mine):
+        # decided per cgroup, now: a sandbox created meanwhile has its owner record (made
+        # before its cgroup) and a sandbox closing drops its cgroup before its record
+        if _known(root / cg.name) and not _stale(root / cg.name, run, orphans_only, mine):
             continue
         try:
             pids = (cg / "cgroup.procs").read_text().split()
@@ -177,26 +179,48 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
         except OSError as exc:
             log.warning("cgroup %s still has processes: %s", cg, exc)
     # Dirs after cgroups: an orphan's processes are dead by now, so nothing still writes into
-    # (or holds) the dir being removed.
-    for d in sorted(root.iterdir()) if root.is_dir() else []:
+    # (or holds) the dir being removed. Its record goes last, so a gc killed mid-way leaves the
+    # rest attributable to the next one.
+    for d in _sandbox_dirs(root):
         if _stale(d, run, orphans_only, mine):
+            existed = d.exists()
             shutil.rmtree(d, ignore_errors=True)
             for mnt in MOUNT_ROOT.glob(f"{d.name}-*"):  # its overlay's (empty) mount point
                 with contextlib.suppress(OSError):
                     mnt.rmdir()
-            dirs += not d.exists()
+            if not d.exists():
+                owner_record(d).unlink(missing_ok=True)
+                dirs += existed
     return dirs, cgroups
+
+
+def _sandbox_dirs(root: Path) -> list[Path]:
+    """Every bwrap sandbox under `root`, by its dir or its owner record (a process killed
+    before making its dir, or after removing it, leaves the record alone)."""
+    names = set()
+    for entry in root.iterdir() if root.is_dir() else []:
+        if entry.name.startswith(".") and entry.name.endswith(OWNER_SUFFIX):
+            names.add(entry.name[1:-len(OWNER_SUFFIX)])
+        elif entry.is_dir():
+            names.add(entry.name)
+    return [root / name for name in sorted(names)]
+
+
+def _known(sandbox_dir: Path) -> bool:
+    return sandbox_dir.is_dir() or owner_record(sandbox_dir).exists()
 
 
 def _stale(sandbox_dir: Path, run: str | None, orphans_only: bool = False,
            mine: bool = False) -> bool:
-    """Whether a bwrap sandbox dir belongs to `run` (given; and to an owner that died, with
+    """Whether a bwrap sandbox belongs to `run` (given; and to an owner that died, with
     `orphans_only`) or to an owner that died."""
+    record = owner_record(sandbox_dir)
     try:
-        owner = json.loads((sandbox_dir / "owner.json").read_text())
-    except (OSError, ValueError):
-        # no owner yet: a sandbox being created writes it just after making its dir
+        owner = json.loads(record.read_text())
+    except FileNotFoundError:  # a dir made by an older version, which wrote no record
         return _age(sandbox_dir) > OWNERLESS_GRACE_S
+    except (OSError, ValueError):  # being written now, or its writer died mid-write
+        return _age(record) > OWNERLESS_GRACE_S
     dead = not (owner.get("pid") and _pid_alive(int(owner["pid"])))
     dead = dead or (mine and owner.get("pid") == os.getpid())
     if run is not None:

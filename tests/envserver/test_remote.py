@@ -157,13 +157,13 @@ async def test_collection_survives_a_server_killed_mid_run(base_image: str) -> N
     """A terminal-env collection over two servers, one SIGKILLed while every episode is mid-way
     in its sandbox: each work item ends exactly once, none as an infra error; the live server
     closes every sandbox it opened; the dead one's are orphans its successor reaps."""
-    from corral.sandbox.bwrap import sandboxes_dir
+    from corral.sandbox.bwrap import owner_record, sandboxes_dir
     from corral.sandbox.reaper import reap_run
 
     def owned_by(run: str) -> list[str]:
         return [d.name for d in sandboxes_dir().glob("*")
-                if (d / "owner.json").is_file()
-                and json.loads((d / "owner.json").read_text()).get("run") == run]
+                if owner_record(d).is_file()
+                and json.loads(owner_record(d).read_text()).get("run") == run]
 
     hold = asyncio.Event()
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import typer
@@ -176,3 +179,66 @@ async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id
         await live.close()
         await live_bwrap.close()
         shutil.rmtree(being_made, ignore_errors=True)
+
+
+@pytest.mark.bwrap
+async def test_a_process_killed_while_removing_its_bwrap_sandbox_leaves_it_reapable(base_image,
+                                                                                  run_id):
+    """SIGKILL lands while `close` is deleting the sandbox dir: what is left (part of the dir,
+    its owner record) is still attributed to the dead owner, so the run's reap removes it."""
+    from corral.sandbox.bwrap import owner_record
+    from corral.sandbox.reaper import reap_run
+
+    killed_run, files = f"{run_id}-killed", 30000
+    script = ("import asyncio\nfrom corral.sandbox import open_sandbox\n"
+              "from corral.sandbox.spec import Terminal\n"
+              "async def main():\n"
+              f"    sb = await open_sandbox(Terminal(image={base_image!r}), 'bwrap', "
+              f"run_id={killed_run!r})\n"
+              f"    await sb.exec('mkdir /many && cd /many && seq {files} | xargs touch')\n"
+              "    print(sb.dir, flush=True)\n"
+              "    await sb.close()\n"
+              "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        sbdir = Path(proc.stdout.readline().strip())  # type: ignore[union-attr]
+        many = sbdir / "upper" / "many"
+        deadline = time.monotonic() + 60
+        while True:  # kill once the removal has begun on the many files
+            assert proc.poll() is None, "the close ended before the kill"
+            assert time.monotonic() < deadline, "the close did not start in 60 s"
+            with contextlib.suppress(FileNotFoundError):
+                if len(os.listdir(many)) < files:
+                    break
+        proc.kill()
+        proc.wait()
+        assert sbdir.is_dir(), "the kill must land while the dir is being removed"
+        report = reap_run(killed_run)
+        assert report.bwrap_dirs == 1
+        assert not sbdir.exists() and not owner_record(sbdir).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.bwrap
+def test_owner_records_without_dirs_go_once_their_owner_is_gone(run_id):
+    """A process killed just before making its sandbox dir (or just after removing it) leaves
+    only its owner record: reaped like a dir; a record still being written is spared."""
+    from corral.sandbox.bwrap import owner_record, sandboxes_dir
+    from corral.sandbox.reaper import gc_bwrap
+
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout
+    run = f"{run_id}-records"
+    sandboxes_dir().mkdir(parents=True, exist_ok=True)
+    orphan = owner_record(sandboxes_dir() / f"{run}-orphan")
+    orphan.write_text(json.dumps({"pid": int(dead), "run": run}))
+    being_written = owner_record(sandboxes_dir() / f"{run}-being-written")
+    being_written.write_text("")
+    try:
+        assert gc_bwrap(run, orphans_only=True) == (0, 0)
+        assert not orphan.exists() and being_written.exists()
+    finally:
+        being_written.unlink(missing_ok=True)
+        orphan.unlink(missing_ok=True)
