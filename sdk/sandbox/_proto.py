@@ -46,11 +46,16 @@ EXEC_WRAPPER = (
     "printf '\\036\\037CORRAL:%s:\\036' \"$t\" >&2"
 )
 
-# Shell prologue: job control so every command is its own process group; a marker function.
+# Shell prologue: job control so every command is its own process group; a marker function;
+# an EXIT trap that ends the running command's record with its code and `SHELL_EXITED` (a
+# command that runs `exit N` ends the shell: its code is N, and the next command starts a new
+# shell).
+SHELL_EXITED = b"exited"
 SHELL_INIT = (
     "set -m 2>/dev/null; set +o histexpand 2>/dev/null; "
     "__corral_end() { printf '\\036\\037CORRAL:%s:%s\\036' \"$1\" \"$2\"; "
     "printf '\\036\\037CORRAL:%s:\\036' \"$1\" >&2; }; "
+    "trap '__corral_end \"$__corral_token\" \"$?:" + SHELL_EXITED.decode() + "\"' EXIT; "
     "cd {cwd} 2>/dev/null; __corral_end ready $$\n"
 )
 
@@ -164,9 +169,14 @@ class _Collector:
 
     def exit_code(self) -> int | None:
         try:
-            return int(self.out.payload) if self.out.payload is not None else None
+            return int(self.out.payload.split(b":")[0]) if self.out.payload is not None else None
         except ValueError:
             return None
+
+    @property
+    def shell_exited(self) -> bool:
+        """Whether the record was ended by the shell's EXIT trap (the command ran `exit`)."""
+        return self.out.payload is not None and self.out.payload.endswith(b":" + SHELL_EXITED)
 
     def result(self, started: float, timed_out: bool) -> ExecResult:
         stdout, t1 = self.out.text()
@@ -264,7 +274,8 @@ class ShellSession(Shell):
         async with self._lock:
             transport = await self._running()
             token = secrets.token_hex(8)
-            line = f"eval {ansi_c_quote(command)} </dev/null; __corral_end {token} $?\n"
+            line = (f"__corral_token={token}; eval {ansi_c_quote(command)} </dev/null; "
+                    f"__corral_end {token} $?\n")
             started = time.monotonic()
             pid = await transport.host_pid()
             # the shell is idle: what runs under it now (itself, background jobs) a timeout spares
@@ -276,7 +287,7 @@ class ShellSession(Shell):
                 timed_out = await _await_result(collector, transport, timeout, self._kill, keep)
             except (ConnectionError, BrokenPipeError):
                 collector.eof, timed_out = True, False
-            if not collector.done or collector.eof:
+            if not collector.done or collector.eof or collector.shell_exited:
                 # the shell exited (`exit`) or is stuck: a fresh one starts on the next command
                 await self._drop()
             return collector.result(started, timed_out)

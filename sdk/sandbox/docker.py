@@ -408,7 +408,11 @@ class DockerSandbox(Sandbox):
     async def start_process(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                             cwd: str | None = None, user: str | None = None) -> Process:
         """See `Sandbox.start_process`."""
-        transport = await self._spawn(list(argv), env=env, cwd=cwd, user=user, stdin=True)
+        # through `sh -c 'exec "$@"'` (the same pid once it runs): a program that cannot start
+        # is sh's one line on stderr and exit 127, as on bwrap, not the runtime's error text
+        # on stdout, where a protocol client would read it as the server's first message
+        transport = await self._spawn(["sh", "-c", 'exec "$@"', "sh", *argv], env=env, cwd=cwd,
+                                      user=user, stdin=True)
         await transport.host_pid()  # asked while it runs: close() needs it after it exited
         return StreamProcess(transport, self._kill)
 

@@ -78,10 +78,15 @@ async def test_shell_stuck_in_builtin_loop_is_replaced(sandbox):
     assert (await sh.run("echo back")).stdout == "back\n"
 
 
-async def test_shell_exit_restarts_session(sandbox):
+async def test_shell_exit_reports_its_code_and_restarts_session(sandbox):
     sh = await sandbox.shell()
-    await sh.run("exit 4")
-    assert (await sh.run("echo again")).stdout == "again\n"
+    assert (await sh.run("export KEPT=1; echo $$")).ok
+    r = await sh.run("echo bye; exit 4")
+    assert (r.exit_code, r.stdout) == (4, "bye\n")
+    # a subshell's exit is not the shell's
+    assert (await sh.run("(exit 5); echo $?")).stdout == "5\n"
+    r = await sh.run("echo again; echo ${KEPT:-fresh}")
+    assert r.stdout == "again\nfresh\n"  # the next command runs in a fresh shell
 
 
 async def test_files_roundtrip(sandbox, tmp_path):
@@ -172,6 +177,13 @@ async def test_a_started_process_talks_exits_and_closes(sandbox):
     await done.close()
     r = await sandbox.exec("ps -eo args | grep -cx -e cat -e 'sleep 300'", timeout=10)
     assert r.stdout.strip() == "0", r
+
+
+async def test_a_process_that_cannot_start_says_why_on_stderr(sandbox):
+    proc = await sandbox.start_process(["/no/such-server", "--stdio"])
+    assert await asyncio.wait_for(proc.read(), 10) == b""  # nothing on stdout: it never ran
+    assert "/no/such-server" in proc.stderr_tail
+    await proc.close()
 
 
 async def test_written_bytes_and_modes_are_exact(sandbox):
