@@ -26,7 +26,7 @@ def image(tag: str = typer.Option("corral/chromium:bookworm", help="tag to creat
 
 @browser_app.command("observe")
 def observe(env_id: str = typer.Argument(..., help="a browser environment id"),
-            seed: int = typer.Option(0, help="task seed"),
+            seed: int = typer.Option(0, min=0, help="task seed"),
             container: bool = typer.Option(False, help="run Chromium in a container")) -> None:
     """Reset a browser env and print the first observation (instruction, tabs, tree)."""
     import corral as cr

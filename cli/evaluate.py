@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
                                           "or 0.01 to 100."),
         sandbox_capacity: int = typer.Option(8, min=1, help="Most sandboxes alive at once."),
         inference_concurrency: int = typer.Option(32, min=1, help="Most generate calls at once."),
-        seed: int = typer.Option(0, help="Seed of the samples (same seed resumes)."),
+        seed: int = typer.Option(0, min=0, help="Seed of the samples (same seed resumes)."),
         where: list[str] = typer.Option([], help="Keep tasks whose field matches: NAME=VALUE "
                                         "(typed like the field; a,b = any of) or len(NAME)=N; "
                                         "repeatable."),

@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         n: int = typer.Option(16, "--n", min=1, help="Trajectories to collect."),
         group: int = typer.Option(4, min=1, help="Samples per task (GRPO group size)."),
         run_dir: Path = typer.Option(..., help="Run directory (created, or resumed)."),
-        seed: int = typer.Option(0, help="Seed for task sampling (same seed resumes)."),
+        seed: int = typer.Option(0, min=0, help="Seed for task sampling (same seed resumes)."),
         sandbox_capacity: int = typer.Option(8, min=1, help="Most sandboxes alive at once."),
         inference_concurrency: int = typer.Option(32, min=1, help="Most generate calls at once."),
         max_turns: int = typer.Option(None, min=1, help="Override the envs' max turns."),

@@ -201,6 +201,11 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     the env's verify phase provably scores it 0 (`provably_closed`). Verdicts are those of
     playing every hack; skipped ones are listed with the reason (`HackCheck.skipped`).
     `play_all` plays every hack on every task all the same (an audit of those proofs).
+
+    A served env (`cr.remote(url, id)`) plays each episode in a session of its server, which
+    refuses sessions beyond its `--max-sessions` as busy: such an env is validated with at
+    most as many episodes at once as its servers have free slots when validation starts
+    (`session_slots`, from `/v1/info`), one at a time on a server with `--max-sessions 1`.
     """
     from corral.catalog import make as make_env
 
@@ -230,6 +235,9 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         chosen = []
 
     concurrency = concurrency or default_concurrency()
+    slots = getattr(probe, "session_slots", None)  # a served env (`cr.remote`)
+    if slots is not None:  # each episode holds a server session: no more than are free
+        concurrency = min(concurrency, max(1, await slots() or 1))
     gate = asyncio.Semaphore(max(1, concurrency))
     results: dict[tuple[int, str], EpisodeCheck] = {}
     caps: dict[str, Any] = {"lock": asyncio.Lock()}

@@ -109,6 +109,16 @@ def checkpoint_parts(path: Path) -> tuple[Path, Path] | None:
     return None
 
 
+def model_key(model: str) -> str:
+    """What tells two `--model` values apart: a local model folder by its resolved path (so
+    `m`, `./m` and `/abs/m` are one model, and a trainer checkpoint is its `model/` folder);
+    any other name (`tiny`, URLs, a served model's name) as given."""
+    if model == "tiny" or model.startswith(("http://", "https://")) or not Path(model).exists():
+        return model
+    parts = checkpoint_parts(Path(model))
+    return str((parts[0] if parts else Path(model)).resolve())
+
+
 def _family(task: Any, family_field: str | None) -> str:
     fields = task.fields() if hasattr(task, "fields") else {}
     name = family_field or next((f for f in FAMILY_FIELDS if f in fields), None)
@@ -161,7 +171,9 @@ def _check_plan(run_dir: Path, plan: dict[str, Any]) -> None:
     if not path.exists():
         return
     old = json.loads(path.read_text(encoding="utf-8"))
-    if old.get("model", plan["model"]) != plan["model"]:  # its samples would mix two models
+    # a plan written before `model_key` existed holds the name only: resolve it from here
+    old_key = old.get("model_key") or model_key(old.get("model", plan["model"]))
+    if old_key != plan["model_key"]:  # its samples would mix two models
         raise CorralError(f"{run_dir} holds an evaluation of model {old['model']}, not "
                           f"{plan['model']}; choose another --run-dir")
     same = (old.get("samples") == plan["samples"]
@@ -194,7 +206,9 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
     env_plan = await asyncio.to_thread(plan_eval, list(envs), tasks, split, family_field,
                                        where)
     name = model if isinstance(model, str) else type(model).__name__
-    plan = {"model": name, "samples": samples, "seed": seed, "envs": env_plan}
+    key = model_key(model) if isinstance(model, str) else name
+    plan = {"model": name, "model_key": key, "samples": samples, "seed": seed,
+            "envs": env_plan}
     _check_plan(root, plan)
     # the model loads before the plan is written: a bad --model leaves the run dir as it was
     policy = load_policy(model, tokenizer=tokenizer, device=device)

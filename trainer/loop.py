@@ -86,7 +86,8 @@ class TrainConfig(BaseModel):
     async_level: int = Field(1, ge=0, description="batches collected ahead of the trainer")
     run_dir: Path = Field(Path("runs/train"), description="output directory: trajectories, "
                           "step logs, checkpoints, report.html")
-    seed: int = Field(0, description="seed of the task draws and samples")
+    # numpy's generators refuse a negative seed: refused here, before anything runs
+    seed: int = Field(0, ge=0, description="seed of the task draws and samples (>= 0)")
     checkpoint_every: int = Field(5, ge=1, description="checkpoint every k "
                                   "steps")
     sandbox_capacity: int = Field(4, ge=1, description="most sandboxes alive at once")
@@ -114,7 +115,10 @@ class TrainConfig(BaseModel):
                                         "can be resumed)")
     filter_zero_variance: bool = Field(True, description="drop groups with equal rewards in "
                                        "the runner (False: the trainer logs them as skips)")
-    torch_threads: int | None = Field(1, description="torch CPU threads (1 suits tiny models)")
+    # torch.set_num_threads refuses a count below 1 mid-run (and `train` would skip a 0
+    # silently): refused here; None leaves torch's own setting
+    torch_threads: int | None = Field(1, ge=1, description="torch CPU threads, >= 1 (1 suits "
+                                      "tiny models)")
     log_to: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="also send step metrics to TensorBoard event files "
         "(RUN_DIR/tb) and/or an offline W&B run (RUN_DIR/wandb); corral.trainer.sinks")

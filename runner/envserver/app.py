@@ -6,8 +6,9 @@ HTTP (`/docs` lists them): `POST /v1/sessions` opens a session, `POST
 description), `GET /health`. An operation is tied to its request: a client that disconnects
 before the answer has its session closed (the operation cancelled, the sandbox closed).
 Errors are `{"error": {kind, type, message}}` with a status per kind (protocol.HTTP_STATUS):
-404 unknown env or session, 403 another connection's session, 409 an agent error (a step
-after the episode ended), 429 busy, 502 infrastructure.
+400 a malformed request (a body that is not JSON, a field missing or of the wrong type, a
+task_index out of range), 404 unknown env or session, 403 another connection's session, 409
+an agent error (a step after the episode ended), 429 busy, 502 infrastructure.
 
 WebSocket (`/v1/ws`): one connection carries one session at a time: `{"op": "open",
 "env_id": ...}`, then `reset`, `step`, `tool`, `finish`, `state`, `close` (a later `open`
@@ -155,6 +156,10 @@ class EnvServer:
         @app.exception_handler(RequestValidationError)
         async def _invalid_body(request: Request, exc: RequestValidationError
                                 ) -> ORJSONResponse:
+            problem = _not_json(exc)
+            if problem:
+                return _error(ProtocolError(f"malformed request: {request.method} "
+                                            f"{request.url.path}: {problem}"))
             return _error(ProtocolError(f"malformed request: {_brief(exc)}"))
 
         @app.get("/health")
@@ -243,6 +248,21 @@ def _opened(session: Session) -> SessionOpened:
     env = session.env
     return SessionOpened(session_id=session.id, env_id=session.env_id,
                          tools=env.tool_schemas(), max_turns=int(env.max_turns))
+
+
+def _not_json(exc: Any) -> str | None:
+    """Why a request's body could not be read as JSON, or None (it was: a field is wrong)."""
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            return f"the body is not valid JSON ({err.get('ctx', {}).get('error')})"
+    body = exc.body
+    if isinstance(body, bytes):  # FastAPI reads a body as JSON only under a JSON Content-Type
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError as err:
+            return f"the body is not valid JSON ({err})"
+        return "the body was not sent as JSON: add the header 'Content-Type: application/json'"
+    return None
 
 
 def _brief(exc: Any) -> str:

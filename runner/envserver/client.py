@@ -25,7 +25,7 @@ from corral.env import Action, Env, Episode
 from corral.errors import AgentError, AuthoringError
 from corral.runner.envserver.connection import Connection, get_json
 from corral.runner.envserver.fleet import ServerPool
-from corral.runner.envserver.protocol import EnvInfo, EpisodeState
+from corral.runner.envserver.protocol import EnvInfo, EpisodeState, ProtocolError
 from corral.types import Task, ToolCall
 
 
@@ -64,6 +64,12 @@ class RemoteEnv(Env):
         """The server this instance's session is on (None before the first reset)."""
         return self._conn.url if self._conn is not None else None
 
+    async def session_slots(self) -> int | None:
+        """How many instances of this env can hold a server session at once now: the free
+        slots of its servers (`--max-sessions` less the sessions open), None when no server
+        answers. `validate` runs no more episodes at once, which a full server would refuse."""
+        return await self.servers.free_slots()
+
     # --- session -------------------------------------------------------------------------------
     async def _session(self) -> Connection:
         if self._conn is None:
@@ -75,7 +81,9 @@ class RemoteEnv(Env):
         try:
             return await conn.request(op, **fields)
         except Exception as exc:
-            if not isinstance(exc, AgentError):  # the session may be gone: open anew next time
+            # the session may be gone: open anew next time (not after the agent's mistake or a
+            # request the server refused as malformed, which leave it as it was)
+            if not isinstance(exc, (AgentError, ProtocolError)):
                 await self._drop()
             raise
 

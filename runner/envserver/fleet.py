@@ -104,6 +104,16 @@ class ServerPool:
             self._http = (loop, httpx.AsyncClient(timeout=5.0))
         return self._http[1]
 
+    async def free_slots(self) -> int | None:
+        """Session slots free now on the live servers (`free` of each one's `/v1/info`,
+        summed); None when none answers."""
+        client = self._client()
+        answers = await asyncio.gather(
+            *(aget_json(client, u, "/v1/info", self.tokens[u]) for u in self._alive()),
+            return_exceptions=True)
+        free = [int(info["free"]) for info in answers if not isinstance(info, BaseException)]
+        return sum(free) if free else None
+
     async def open_session(self, env_id: str, timeout: float = 600.0) -> Connection:
         """A connection holding a new session of `env_id` on the best server."""
         deadline = time.monotonic() + self.wait

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 
 from corral.errors import AgentError, AuthoringError, CorralError, InfraError, UnknownTool
 from corral.runner.envserver import ops
-from corral.runner.envserver.protocol import ResetRequest
+from corral.runner.envserver.protocol import ProtocolError, ResetRequest
 from corral.suggest import closest
 from corral.types import ToolCall
 
@@ -109,6 +109,8 @@ class EpisodeTools:
                 problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                      for e in exc.errors())
                 return f"Error: invalid arguments for {name}: {problems}", None, True
+            except ProtocolError as exc:  # corral_reset's task_index out of range
+                return f"Error: invalid arguments for {name}: {exc}", None, True
             except InfraError as exc:  # the sandbox or a tool server failed: not the agent's
                 return f"Error (infrastructure, not your fault): {exc}", None, True
 

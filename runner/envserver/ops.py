@@ -13,6 +13,7 @@ from corral.runner.envserver.protocol import (
     EnvInfo,
     EpisodeState,
     FinishRequest,
+    ProtocolError,
     ResetRequest,
     ResetResult,
     StepRequest,
@@ -65,10 +66,13 @@ def _solution(env: Any) -> list[Any]:
 
 
 async def reset(env: Any, request: ResetRequest) -> ResetResult:
+    """Start an episode; a `task_index` outside the env's tasks is a `ProtocolError`."""
     options = {"task_index": request.task_index} if request.task_index is not None else None
-    if request.task_index is not None and request.task_index >= len(env.tasks):
-        raise AgentError(f"task_index {request.task_index} is out of range: {env.env_id} has "
-                         f"{len(env.tasks)} tasks")
+    size = len(env.tasks)
+    if request.task_index is not None and not 0 <= request.task_index < size:
+        # a malformed request (HTTP 400), not the agent's mistake
+        raise ProtocolError(f"task_index {request.task_index} is out of range: {env.env_id} "
+                            f"has {size} tasks, so task_index must be 0 to {size - 1}")
     if request.split is not None:
         options = {"task": split_task(env, request.split, request.task_index or 0)}
     if request.max_turns is not None:

@@ -35,7 +35,9 @@ class ResetRequest(_Strict):
     """Start an episode: task `task_index`, or one drawn from `seed`."""
 
     seed: int | None = None
-    task_index: int | None = Field(None, ge=0)
+    # no `ge=0` here: ops.reset checks the range, whose end only the env knows, in one message
+    task_index: int | None = Field(None, description="the task to start, 0 to the env's "
+                                   "number of tasks - 1 (default: one drawn from seed)")
     split: Literal["train", "eval"] | None = Field(
         None, description="read task_index in this split of the env's tasks (the first task "
         "of the split at or after it): a trainer's rollouts never get an eval task")
@@ -145,7 +147,8 @@ HTTP_STATUS: dict[str, int] = {"protocol": 400, "auth": 401, "session": 404, "re
 
 
 class ProtocolError(cerrors.CorralError, ValueError):
-    """A malformed request: bad JSON, unknown op, missing or mistyped fields."""
+    """A malformed request: bad JSON, unknown op, missing or mistyped fields, a task_index
+    out of range."""
 
 
 class SessionError(cerrors.CorralError, LookupError):

@@ -36,11 +36,12 @@ async def test_an_mcp_client_plays_an_episode_and_reads_its_reward() -> None:
         early = await client.call_tool("add", {"a": 1, "b": 2})
         assert early.is_error and "call corral_reset first" in text(early)
 
-        out_of_range = await client.call_tool("corral_reset", {"task_index": 7})
-        assert out_of_range.is_error and "task_index 7 is out of range" in text(out_of_range)
-        negative = await client.call_tool("corral_reset", {"task_index": -1})
-        assert negative.is_error and "invalid arguments for corral_reset: task_index" in \
-            text(negative)
+        # bad arguments, as on HTTP (400): named, with the valid range
+        for index in (7, -1):
+            bad_index = await client.call_tool("corral_reset", {"task_index": index})
+            assert bad_index.is_error, text(bad_index)
+            assert f"invalid arguments for corral_reset: task_index {index} is out of range" \
+                in text(bad_index) and "task_index must be 0 to 1" in text(bad_index)
         started = await client.call_tool("corral_reset", {"task_index": 0})
         assert not started.is_error and "What is 17 + 25?" in text(started)
         assert started.structured_content["max_turns"] == 4

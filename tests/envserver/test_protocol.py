@@ -62,9 +62,87 @@ def test_http_bad_input(text_server: Served) -> None:
         after = http.post(f"/v1/sessions/{sid}/step", json={"action": "2"})
         assert after.status_code == 409 and "episode is over" in after.json()["error"]["message"]
         out_of_range = http.post(f"/v1/sessions/{sid}/reset", json={"task_index": 10**9})
-        assert out_of_range.status_code == 409 and "out of range" in out_of_range.text
+        assert out_of_range.status_code == 400 and "out of range" in out_of_range.text
         http.delete(f"/v1/sessions/{sid}")
     assert text_server.manager.sessions == {}
+
+
+def test_a_bad_task_index_or_seed_is_malformed_on_both_protocols(text_server: Served) -> None:
+    """docs/serving.md: "400 malformed, ... 409 agent error". A reset's task_index out of range
+    (either end) was 409, an agent error; it is a malformed request that names the range."""
+    size = httpx.get(f"{text_server.url}/v1/envs/{TEXT}", headers=AUTH).json()["num_tasks"]
+    valid = f"task_index must be 0 to {size - 1}"
+    with httpx.Client(base_url=text_server.url, headers=AUTH) as http:
+        sid = http.post("/v1/sessions", json={"env_id": TEXT}).json()["session_id"]
+        for body, needle in (({"task_index": size}, valid), ({"task_index": -1}, valid),
+                             ({"task_index": 10**9, "split": "train"}, valid),
+                             ({"seed": "zero"}, "seed"), ({"seed": [1]}, "seed"),
+                             ({"seed": 1.5}, "seed")):
+            answer = http.post(f"/v1/sessions/{sid}/reset", json=body)
+            error = answer.json()["error"]
+            assert answer.status_code == 400, (body, answer.text)
+            assert (error["kind"], error["type"]) == ("protocol", "ProtocolError"), error
+            assert needle in error["message"], (body, error)
+        # the session is as it was: the next (good) reset works
+        ok = http.post(f"/v1/sessions/{sid}/reset", json={"task_index": size - 1})
+        assert ok.status_code == 200, ok.text
+        http.delete(f"/v1/sessions/{sid}")
+    assert text_server.manager.sessions == {}
+
+
+async def test_a_bad_task_index_over_the_websocket(text_server: Served) -> None:
+    """The same answer over `/v1/ws` as over HTTP: kind "protocol", type "ProtocolError"."""
+    size = httpx.get(f"{text_server.url}/v1/envs/{TEXT}", headers=AUTH).json()["num_tasks"]
+    ws_url = text_server.url.replace("http", "ws") + "/v1/ws"
+    async with connect(ws_url, additional_headers=AUTH) as ws:
+        assert (await _ask(ws, orjson.dumps({"op": "open", "env_id": TEXT})))["ok"]
+        for index in (size, -1):
+            reply = await _ask(ws, orjson.dumps({"op": "reset", "task_index": index}))
+            assert not reply["ok"], reply
+            error = reply["error"]
+            assert (error["kind"], error["type"]) == ("protocol", "ProtocolError"), error
+            assert f"task_index must be 0 to {size - 1}" in error["message"], error
+        reply = await _ask(ws, orjson.dumps({"op": "reset", "seed": "zero"}))
+        assert reply["error"]["kind"] == "protocol" and "seed" in reply["error"]["message"]
+        assert (await _ask(ws, orjson.dumps({"op": "reset", "task_index": 0})))["ok"]
+        assert (await _ask(ws, b'{"op": "close"}'))["ok"]
+    assert text_server.manager.sessions == {}
+
+
+def test_a_body_that_is_not_json_says_so(text_server: Served) -> None:
+    """`curl -d 'not json'` to /v1/sessions or a session's reset/step: a 400 in the documented
+    error shape whose message says the body is not valid JSON, and where it was sent (it was
+    "body: Input should be a valid dictionary ..." or "0: JSON decode error")."""
+    with httpx.Client(base_url=text_server.url, headers=AUTH) as http:
+        sid = http.post("/v1/sessions", json={"env_id": TEXT}).json()["session_id"]
+        for path in ("/v1/sessions", f"/v1/sessions/{sid}/reset", f"/v1/sessions/{sid}/step"):
+            for content_type in ("application/x-www-form-urlencoded",  # what curl -d sends
+                                 "application/json", None):
+                headers = {"Content-Type": content_type} if content_type else {}
+                answer = http.post(path, content=b"not json", headers=headers)
+                assert answer.status_code == 400, (path, content_type, answer.text)
+                error = answer.json()["error"]
+                assert {"kind", "type", "message"} <= set(error), error
+                assert (error["kind"], error["type"]) == ("protocol", "ProtocolError"), error
+                assert "the body is not valid JSON" in error["message"], error
+                assert f"POST {path}" in error["message"], error
+        # JSON sent without saying so: the message says what to add
+        unlabelled = http.post("/v1/sessions", content=orjson.dumps({"env_id": TEXT}),
+                               headers={"Content-Type": "text/plain"})
+        assert unlabelled.status_code == 400
+        assert "Content-Type: application/json" in unlabelled.json()["error"]["message"]
+        http.delete(f"/v1/sessions/{sid}")
+    assert text_server.manager.sessions == {}
+
+
+async def test_a_websocket_text_message_that_is_not_json(text_server: Served) -> None:
+    ws_url = text_server.url.replace("http", "ws") + "/v1/ws"
+    async with connect(ws_url, additional_headers=AUTH) as ws:
+        reply = await _ask(ws, "not json")  # a text frame (bytes go as a binary frame)
+        assert not reply["ok"] and reply["error"]["kind"] == "protocol", reply
+        assert reply["error"]["type"] == "ProtocolError" and "not JSON" in \
+            reply["error"]["message"], reply
+        assert (await _ask(ws, '{"op": "info"}'))["ok"]  # the connection goes on
 
 
 def test_http_operations_without_a_body(text_server: Served) -> None:

@@ -17,6 +17,7 @@ from corral.errors import AgentError, EnvServerError, InfraError, UnknownEnv
 from corral.registry.validate import validate
 from corral.runner import Runner
 from corral.runner.assembly import AssemblyConfig
+from corral.runner.envserver.protocol import ProtocolError
 from corral.runner.policy import ScriptedPolicy
 from corral.runner.trajectory import Status
 
@@ -54,11 +55,39 @@ async def test_async_twins_and_steps_after_done(text_server: Served) -> None:
     assert text_server.manager.sessions == {}
 
 
+async def test_a_bad_task_index_keeps_the_remote_session(text_server: Served) -> None:
+    """The server refuses it as malformed (400 over HTTP) and the session stays usable: the
+    client does not drop it as it drops one after an infra error."""
+    env = cr.remote(text_server.url, TEXT, token="sekret")
+    await env.areset(options={"task_index": 0})
+    opened = text_server.manager.counts["opened"]
+    with pytest.raises(ProtocolError, match=f"task_index must be 0 to {len(env.tasks) - 1}"):
+        await env.areset(options={"task_index": len(env.tasks)})
+    await env.areset(options={"task_index": 1})
+    assert text_server.manager.counts["opened"] == opened  # the same session
+    await env.aclose()
+    assert text_server.manager.sessions == {}
+
+
 async def test_validate_accepts_a_remote_env(text_server: Served) -> None:
     report = await validate(cr.remote(text_server.url, TEXT, token="sekret", oracle=True),
                             limit=3)
     assert report.ok and report.oracle_pass_rate == 1.0 and report.noop_pass_rate == 0.0
     assert text_server.manager.sessions == {}
+
+
+@pytest.mark.parametrize("max_sessions", [1, 2])
+async def test_validate_a_remote_env_on_a_server_with_few_sessions(max_sessions: int) -> None:
+    """`validate` ran 4 episodes (sessions) at once: against `--max-sessions 1` or 2 the rest
+    were refused as busy, infra errors that failed the report. It runs no more at once than
+    the server has free."""
+    with served([TEXT], max_sessions=max_sessions, max_waiting=0) as server:
+        report = await validate(cr.remote(server.url, TEXT, oracle=True), limit=3,
+                                concurrency=4)
+        assert report.infra_errors == 0, [t.problem for t in report.tasks]
+        assert report.ok and report.concurrency == max_sessions
+        assert server.manager.counts["refused"] == 0 and server.manager.counts["opened"] == 6
+        assert server.manager.sessions == {}
 
 
 def test_resets_read_the_split_asked_for(text_server: Served) -> None:

@@ -66,6 +66,44 @@ def test_eval_scores_the_eval_split_and_resumes(run: Path, env_file: Path) -> No
     assert other.returncode == 1 and "holds an evaluation of model tiny" in other.stderr
 
 
+def test_a_model_folder_is_one_model_however_it_is_spelt(env_file: Path, tmp_path: Path
+                                                         ) -> None:
+    """`--model m`, `./m` and the absolute path name one folder: the run resumes with nothing
+    rerun (the check compared the strings and refused it); another folder is still refused."""
+    from corral.runner.policy import build_tiny_model
+
+    build_tiny_model(tmp_path / "m")
+    args = ["-i", str(env_file), "eval", "mine/parity-v0", "-n", "2", "--max-tokens", "4",
+            "--run-dir", "run"]
+    first = corral(*args, "--model", "m", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    lines = (tmp_path / "run" / "trajectories.jsonl").read_text().count("\n")
+    for spelling in ("./m", str(tmp_path / "m")):
+        again = corral(*args, "--model", spelling, cwd=tmp_path)
+        assert again.returncode == 0, (spelling, again.stderr)
+    assert (tmp_path / "run" / "trajectories.jsonl").read_text().count("\n") == lines == 2
+    (tmp_path / "other").mkdir()
+    other = corral(*args, "--model", "other", cwd=tmp_path)
+    assert other.returncode == 1 and "not other; choose another --run-dir" in other.stderr
+
+
+def test_model_key_resolves_local_folders_and_keeps_other_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.runner.evaluate import model_key
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    checkpoint = tmp_path / "train" / "checkpoint"
+    (checkpoint / "model").mkdir(parents=True)
+    (checkpoint / "model" / "config.json").write_text("{}")
+    (checkpoint / "tokenizer").mkdir()
+    folder = str((tmp_path / "m").resolve())
+    assert model_key("m") == model_key("./m") == model_key(folder) == folder
+    assert model_key("train/checkpoint") == model_key(str(checkpoint / "model"))
+    for name in ("tiny", "http://127.0.0.1:8000", "served-model-name"):
+        assert model_key(name) == name
+
+
 def test_reverify_reports_exactly_the_tasks_whose_scores_changed(run: Path, tmp_path: Path
                                                                  ) -> None:
     changed_env = tmp_path / "parity.py"  # the same env, its verifier changed: n % 3

@@ -102,6 +102,32 @@ def test_out_of_range_flags_are_usage_errors(tmp_path: Path) -> None:
     assert "'--limit'" in line, line
 
 
+@pytest.mark.parametrize("command", [
+    ["run", "corral/arithmetic-v0", "-n", "1"],
+    ["collect", "corral/arithmetic-v0", "--n", "1", "--run-dir", "run"],
+    ["eval", "corral/arithmetic-v0", "-n", "1", "--run-dir", "run"],
+    ["train", "-e", "corral/arithmetic-v0", "--run-dir", "run", "--print-config"],
+    ["browser", "observe", "corral/arithmetic-v0"],
+])
+def test_a_negative_seed_is_a_usage_error_in_every_command(tmp_path: Path, command: list[str]
+                                                           ) -> None:
+    """Seeds are >= 0 (numpy's generators refuse a negative one): each command with --seed
+    refuses -1 up front, naming --seed, before its run directory is made."""
+    line = one_line(corral(*command, "--seed", "-1", cwd=tmp_path), 2)
+    assert "--seed" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_torch_threads_below_1_is_a_usage_error(tmp_path: Path) -> None:
+    """torch.set_num_threads refuses a count below 1 (a 0 was skipped silently): refused
+    before anything runs, naming --torch-threads."""
+    for value in ("0", "-3"):
+        line = one_line(corral("train", "-e", "corral/arithmetic-v0", "--run-dir", "run",
+                               "--torch-threads", value, "--print-config", cwd=tmp_path), 2)
+        assert "--torch-threads: Input should be greater than or equal to 1" in line, line
+    assert not (tmp_path / "run").exists()
+
+
 def test_collect_limits_and_run_dir_are_checked_before_the_model_loads(tmp_path: Path) -> None:
     """A limit that would truncate every episode is a usage error naming its flag (or its
     field, past the flag's range); a run dir under a file names --run-dir."""

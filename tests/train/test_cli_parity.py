@@ -110,6 +110,9 @@ def test_each_flag_reaches_its_field(name: str):
     (["--sft-lr", "-1"], "--sft-lr: Input should be greater than 0"),
     (["--time-budget", "-5"], "--time-budget: Input should be greater than 0"),
     (["--replicas", "0"], "--replicas: Input should be greater than or equal to 1"),
+    (["--torch-threads", "0"], "--torch-threads: Input should be greater than or equal to 1"),
+    (["--torch-threads", "-2"], "--torch-threads: Input should be greater than or equal to 1"),
+    (["--seed", "-1"], "--seed: Input should be greater than or equal to 0"),
     (["--trainer", "clip_eps_lo=0.1"], "--trainer clip_eps_lo: Extra inputs are not "
      "permitted. Did you mean 'clip_eps_low'"),
     (["--trainer", "clip_eps_low"], "--trainer 'clip_eps_low': write KEY=VALUE"),
