@@ -153,6 +153,25 @@ def check_dockerfile(path: Path) -> str | None:
 
 
 # --- task directories -----------------------------------------------------------------------------
+def _check_links(root: Path) -> None:
+    """Refuse a link that leads out of the task folder: the task's files are read on the host
+    (tests/ and solution/ go into the sandbox, instruction.md to the model, errors quote what
+    they parse), so `tests/x -> /etc/shadow` would carry a host file into them."""
+    inside = root.resolve()
+    for folder, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                continue
+            try:
+                target = path.resolve()
+            except (RuntimeError, OSError):  # a loop (RuntimeError before Python 3.13)
+                raise DatasetError(f"{path}: a link that leads to itself") from None
+            if not target.is_relative_to(inside):
+                raise DatasetError(f"{path}: a link to {target}, outside the task folder; "
+                                   "copy what it points to into the folder instead")
+
+
 def _files(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes()
             for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -216,6 +235,7 @@ def read_task(path: str | Path) -> HarborTask:
     root = Path(path)
     if not root.is_dir():
         raise DatasetError(f"{root}: not a directory")
+    _check_links(root)
     instruction_md = root / "instruction.md"
     if not instruction_md.is_file():
         raise DatasetError(f"{instruction_md}: missing (every Harbor task has an instruction.md)")

@@ -79,6 +79,36 @@ def test_missing_tests_folder(tmp_path: Path) -> None:
         cr.load_harbor(task, register=False)
 
 
+@pytest.mark.parametrize("where", ["tests/evil", "solution/evil", "instruction.md",
+                                   "environment/Dockerfile", "tests/dir"])
+def test_a_link_out_of_the_task_folder_is_refused(tmp_path: Path, where: str) -> None:
+    """A task's files are read on the host: a link out of its folder would carry a host file
+    (here this test's own secret) into the sandbox's tests, the oracle or the instruction."""
+    secret = tmp_path / "secret"
+    secret.write_text("FROM host-secret\n")
+    task = count_words_task(tmp_path / "t")
+    link = task / where
+    link.unlink(missing_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(tmp_path if where == "tests/dir" else secret)
+    with pytest.raises(DatasetError) as err:
+        cr.load_harbor(task, register=False)
+    assert f"{link}: a link to {link.resolve()}, outside the task folder" in str(err.value)
+    (task / "tests" / "loop").symlink_to("loop")
+    link.unlink()
+    if where == "instruction.md":
+        link.write_text("Count the words.\n")
+    if where == "environment/Dockerfile":
+        link.symlink_to(task / "environment" / "Dockerfile.real")
+        (task / "environment" / "Dockerfile.real").write_text("FROM corral/base:bookworm\n")
+    with pytest.raises(DatasetError, match="loop: a link that leads to itself"):
+        cr.load_harbor(task, register=False)
+    (task / "tests" / "loop").unlink()
+    (task / "tests" / "inside").symlink_to("test.sh")  # a link within the folder is fine
+    env = cr.load_harbor(task, register=False)["harbor/t-v0"]
+    assert "inside" in env.harbor_tasks["t"].tests
+
+
 def test_broken_dockerfile_is_named_at_import(tmp_path: Path) -> None:
     task = count_words_task(tmp_path / "t", **{
         "environment/Dockerfile": "FROM corral/base:bookworm\nRUN true\nCOPPY a b\n"})
