@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from corral.errors import CorralError
 
-from .common import fail, import_user_modules
+from .common import FlagError, fail, import_user_modules
 
 # Command modules, in help order. A module registers its commands with `register(app)`.
 COMMAND_MODULES = [
@@ -95,7 +95,7 @@ def main() -> None:
         # failed report).
         code = app(standalone_mode=False)
     except CorralError as exc:
-        fail(str(exc))
+        fail(str(exc), code=2 if isinstance(exc, FlagError) else 1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

@@ -19,6 +19,12 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+class FlagError(CorralError):
+    """A flag value of the wrong form, out of range, or flags that do not go together: a
+    usage error, exit 2 (as typer's own for a value of the wrong type), where other
+    `CorralError`s exit 1."""
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print one clear error line on stderr and exit with `code`. The message is printed as
     is: brackets in it (`[verifier] timeout_sec`, `[exit code 1]`) are text, not markup."""

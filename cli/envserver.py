@@ -63,9 +63,10 @@ def _serve_mcp(transport: str, env_ids: list[str], backend: str | None) -> None:
 
     if transport not in MCP_TRANSPORTS:
         fail(f"--mcp {transport}: unknown transport.{closest(transport, MCP_TRANSPORTS)} "
-             f"Transports: {', '.join(MCP_TRANSPORTS)}")
+             f"Transports: {', '.join(MCP_TRANSPORTS)}", code=2)
     if len(env_ids) != 1:
-        fail(f"--mcp {transport} serves one env; got {len(env_ids)} ({', '.join(env_ids)})")
+        fail(f"--mcp {transport} serves one env; got {len(env_ids)} ({', '.join(env_ids)})",
+             code=2)
     try:
         from corral.runner.envserver.mcp import serve_stdio
     except ImportError as exc:

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import typer
 
-from corral.errors import CorralError
-
-from .common import console
+from .common import FlagError, console
 
 FILTERS = ("all", "success")
 
@@ -32,9 +30,9 @@ def register(app: typer.Typer) -> None:
         from corral.runner.export import FORMATS, export_run
 
         if fmt not in FORMATS:
-            raise CorralError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+            raise FlagError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
         if filter_ not in FILTERS:
-            raise CorralError(f"--filter {filter_!r}: choose one of {', '.join(FILTERS)}")
+            raise FlagError(f"--filter {filter_!r}: choose one of {', '.join(FILTERS)}")
         target = out or run_dir / {"jsonl": "export.jsonl", "parquet": "export.parquet",
                                    "hf": "export"}[fmt]
         path, rows = export_run(run_dir, target, format=fmt, chat=chat,

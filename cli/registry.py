@@ -214,7 +214,7 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
     from corral.registry.transfer import open_store
 
     if model is not None and agent is not None:
-        fail("--agent and --model: profile under one of them")
+        fail("--agent and --model: profile under one of them", code=2)
     # flag values checked before the store is opened (opening a new path makes a store there)
     limits = episode_limits(max_tokens=max_tokens, temperature=temperature)
     store = open_store(registry, token=token)

@@ -13,8 +13,8 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import (backend_help, check_backend_option, check_device_option, check_run_dir,
-                     console, episode_limits)
+from .common import (FlagError, backend_help, check_backend_option, check_device_option,
+                     check_run_dir, console, episode_limits)
 
 
 def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
@@ -24,7 +24,7 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
         from corral.runner import OpenAIPolicy
 
         if not tokenizer:
-            raise CorralError("--policy URL needs --tokenizer PATH (the served model's directory, "
+            raise FlagError("--policy URL needs --tokenizer PATH (the served model's directory, "
                               "or 'tiny') to build prompts as token ids")
         return OpenAIPolicy([u.strip() for u in spec.split(",") if u.strip()], tokenizer=tokenizer)
     if spec != "tiny" and not Path(spec).exists():

@@ -52,9 +52,9 @@ def hosts_command(
     try:
         configs = parse_hosts(hosts, "--hosts") if hosts is not None else configured_hosts()
     except ValueError as exc:
-        fail(str(exc))
+        fail(str(exc), code=2)
     if hosts is not None and not configs:
-        fail("--hosts names no host")
+        fail("--hosts names no host", code=2)
     fleet = DockerFleet.from_configs(configs)
     rows = [survey(host) for host in fleet.hosts]
     if as_json:

@@ -25,7 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from corral.suggest import closest
 
 from .common import check_run_dir, console, fail
-from .trainflags import FlagError, field_values, generated_options, kebab
+from .common import FlagError
+from .trainflags import field_values, generated_options, kebab
 
 # Fields whose flag is not the field's name in kebab case (errors and help name these).
 FLAGS = {"envs": "--env", "batch_size": "--batch", "time_budget_s": "--time-budget",

@@ -25,14 +25,9 @@ import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from corral.errors import CorralError
+from .common import FlagError
 
 SCALARS = (int, float, str, bool, Path)
-
-
-class FlagError(CorralError):
-    """A flag value of the wrong form: a usage error (`corral train` exits 2, as typer does
-    for a value of the wrong type or out of range)."""
 
 
 def kebab(name: str) -> str:

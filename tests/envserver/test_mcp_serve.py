@@ -94,12 +94,12 @@ def test_bad_mcp_options_fail_in_one_line() -> None:
 
     from corral.cli import app
 
-    for args, expected in (
-            (["--mcp", "stdi"], "--mcp stdi: unknown transport. Did you mean 'stdio'?"),
-            (["corral/guess-number-v0", "--mcp", "stdio"], "--mcp stdio serves one env; got 2"),
-            (["--backend", "bwrp"], "no sandbox backend is named 'bwrp'"),  # before listening
-            (["--backend", "bwrp", "--mcp", "stdio"], "Did you mean 'bwrap'?"),
+    for args, code, expected in (  # usage errors exit 2, an unknown backend name 1
+            (["--mcp", "stdi"], 2, "--mcp stdi: unknown transport. Did you mean 'stdio'?"),
+            (["corral/guess-number-v0", "--mcp", "stdio"], 2, "--mcp stdio serves one env; got 2"),
+            (["--backend", "bwrp"], 1, "no sandbox backend is named 'bwrp'"),  # before listening
+            (["--backend", "bwrp", "--mcp", "stdio"], 1, "Did you mean 'bwrap'?"),
     ):
         run = CliRunner().invoke(app, ["serve-env", "corral/arithmetic-v0", *args])
-        assert run.exit_code == 1, run.output
+        assert run.exit_code == code, run.output
         assert expected in " ".join(run.output.split())

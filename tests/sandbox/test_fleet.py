@@ -250,7 +250,7 @@ def test_cli_hosts_shows_the_fleet(extra_dockerds, tmp_path: Path) -> None:
     table = cli.invoke(app, ["sandbox", "hosts", "--hosts", hosts]).stdout
     assert "(no socket at that path)" in table and extra_dockerds[0].url in table
     bad = cli.invoke(app, ["sandbox", "hosts", "--hosts", "http://x"])
-    assert bad.exit_code == 1 and "--hosts: bad host 'http://x'" in bad.output
+    assert bad.exit_code == 2 and "--hosts: bad host 'http://x'" in bad.output  # usage
     down = cli.invoke(app, ["sandbox", "hosts", "--hosts", missing])
     assert down.exit_code == 1  # no host answers: a failing status for scripts
 

@@ -178,3 +178,21 @@ def test_profile_checks_its_limits_before_the_store_is_made(tmp_path: Path) -> N
                            "--temperature", "0.001", "--registry", str(store)), 2)
     assert line.startswith("error: --temperature 0.001: temperature must be"), line
     assert not store.exists()
+
+
+def test_choices_and_flags_that_do_not_go_together_are_usage_errors(tmp_path: Path) -> None:
+    """README: a flag value out of range is a usage error, exit 2, in one line naming the
+    flag; so are flags given together that cannot be (they exited 1, like a failed run)."""
+    run_dir = tmp_path / "run"
+    for args, start in (
+            (["export", str(tmp_path), "--format", "csv"], "error: --format 'csv': choose one of"),
+            (["export", str(tmp_path), "--filter", "best"], "error: --filter 'best': choose one"),
+            (["collect", "corral/arithmetic-v0", "--policy", "http://127.0.0.1:9",
+              "--run-dir", str(run_dir)], "error: --policy URL needs --tokenizer"),
+            (["profile", "corral/arithmetic-v0", "--agent", "oracle", "--model", "tiny"],
+             "error: --agent and --model: profile under one of them"),
+            (["sandbox", "hosts", "--hosts", ","], "error: --hosts names no host"),
+    ):
+        line = one_line(corral(*args), 2)
+        assert line.startswith(start), (args, line)
+    assert not run_dir.exists()
