@@ -190,6 +190,10 @@ async def test_a_dead_worker_is_replaced_and_its_episodes_retried() -> None:
         trajectories = await runner.collect(2, group=1)
     first = trajectories[0]
     assert all(t.status is Status.COMPLETE for t in trajectories), [t.error for t in trajectories]
-    assert first.attempts == 2
-    assert "Ray sandbox worker" in first.metadata["infra_causes"][0]
+    # the retry may land on the other killed worker before Ray has reported its death (a
+    # busy host): one more attempt, within the two retries
+    assert first.attempts in (2, 3)
+    causes = first.metadata["infra_causes"]
+    assert len(causes) == first.attempts - 1
+    assert all("Ray sandbox worker" in cause for cause in causes), causes
     assert runner.stats()["executor"]["replaced_workers"] >= 1
