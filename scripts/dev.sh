@@ -123,6 +123,7 @@ case "$cmd" in
   demo) setup; exec "$VENV/bin/corral" demo "$@" ;;
   test) setup
     "$VENV/bin/ruff" check --quiet . || { log "ruff check failed (fix the lines above)"; exit 1; }
-    exec "$VENV/bin/python" -m pytest -q "$@" ;;
+    # the slowest tests are listed: the suite is kept under 25 minutes
+    exec "$VENV/bin/python" -m pytest -q --durations=25 "$@" ;;
   *) log "usage: bash scripts/dev.sh demo|test|setup [ARGS]"; exit 2 ;;
 esac
