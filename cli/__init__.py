@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from corral.errors import CorralError
 
-from .common import FlagError, fail, import_user_modules
+from .common import FlagError, error_text, fail, import_user_modules
 
 # Command modules, in help order. A module registers its commands with `register(app)`.
 COMMAND_MODULES = [
@@ -107,5 +107,5 @@ def main() -> None:
             fail(exc.format_message(), code=getattr(exc, "exit_code", 2))
         if os.environ.get("CORRAL_DEBUG"):
             raise
-        fail(f"{type(exc).__name__}: {exc} (set CORRAL_DEBUG=1 for the traceback)")
+        fail(f"{error_text(exc)} (set CORRAL_DEBUG=1 for the traceback)")
     sys.exit(code if isinstance(code, int) else 0)

@@ -27,9 +27,28 @@ class FlagError(CorralError):
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print one clear error line on stderr and exit with `code`. The message is printed as
-    is: brackets in it (`[verifier] timeout_sec`, `[exit code 1]`) are text, not markup."""
+    is: brackets in it (`[verifier] timeout_sec`, `[exit code 1]`) are text, not markup; a
+    message of several lines is joined into one (the README promises one line)."""
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def error_text(exc: BaseException) -> str:
+    """`exc` as one line for an error message: a pydantic `ValidationError` (a `cr.Terminal`
+    with a bad value, say) as `Terminal: cpus: Input should be greater than 0 (got -1)`,
+    without pydantic's several lines and help links; anything else as `Type: message`."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            message = error["msg"].removeprefix("Value error, ")
+            got = "" if error["type"] == "missing" else f" (got {error.get('input')!r:.80})"
+            problems.append(f"{where + ': ' if where else ''}{message}{got}")
+        return f"{exc.title}: {'; '.join(problems)}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def build_image(tag: str, ensure: Callable[..., object]) -> None:
@@ -119,7 +138,7 @@ def _import_error(name: str, exc: Exception) -> CorralError:
         return CorralError(f"--import {name}: {where}:{exc.lineno or '?'}: {exc.msg}")
     if isinstance(exc, CorralError):
         return CorralError(f"--import {name}: {exc}")
-    return CorralError(f"--import {name}: {type(exc).__name__}: {exc} "
+    return CorralError(f"--import {name}: {error_text(exc)} "
                        "(set CORRAL_DEBUG=1 for the traceback)")
 
 

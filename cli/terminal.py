@@ -56,8 +56,13 @@ def validate_command(
     With --adversarial, also every hack agent (must not beat the no-op)."""
     from corral.hacks import HACKS
     from corral.registry.validate import checked_count, validate
+    from corral.suggest import closest
 
     check_backend_option(backend)
+    for name in hack:  # before any episode runs, naming the flag (as --agent does)
+        if name.removeprefix("hack:") not in HACKS:
+            hint = closest(name.removeprefix("hack:"), HACKS) or f" Known: {', '.join(HACKS)}"
+            fail(f"--hack {name}: unknown hack {name!r}.{hint}")
     if json_path is not None and json_path.is_dir():
         fail(f"--json {json_path}: a directory; give the report's file path (e.g. "
              f"{json_path / 'report.json'})")
@@ -68,6 +73,8 @@ def validate_command(
         size = len(make(env_id).tasks)
     except CorralError as exc:
         fail(str(exc))
+    if size == 0:  # nothing to validate: say so, not "FAILED ... 0/0 tasks" under an empty table
+        fail(f"{env_id} has no tasks to validate")
     adversarial = adversarial or bool(hack)
     total = checked_count(size, limit) * (2 + (len(hack or HACKS) if adversarial else 0))
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -95,14 +95,26 @@ class Dataset(Generic[T]):
             path = base / path
         if not path.exists():
             raise DatasetError(f"{path}: no such tasks file")
+        if not path.is_file():
+            raise DatasetError(f"{path}: not a file (a tasks file holds one JSON object a line)")
+        try:  # JSON is UTF-8, not the locale's encoding; a leading BOM (Windows) is skipped
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            line = exc.object[:exc.start].count(b"\n") + 1
+            raise DatasetError(f"{path}:{line}: not UTF-8 (byte {exc.object[exc.start]:#04x}); "
+                               "save the tasks file as UTF-8") from None
         items = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                items.append(json.loads(line))
+                item = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+            if not isinstance(item, dict):  # found here, with its line, not at first use
+                raise DatasetError(f"{path}:{lineno}: a task is a JSON object of fields, got "
+                                   f"{type(item).__name__} {line.strip()[:40]}")
+            items.append(item)
         dataset = cls.from_list(items, task_type)
         dataset.source = str(path)
         return dataset

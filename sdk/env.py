@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence
@@ -27,14 +28,23 @@ from .sandbox.base import Sandbox
 from .sandbox.spec import SandboxSpec
 from .spaces import TextSpace
 from .suggest import closest
-from .toolcalls import ToolCallParseError, parse_tool_calls, strip_tool_calls
+from .toolcalls import (ToolCallParseError, parse_openai_tool_calls, parse_tool_calls,
+                        strip_tool_calls)
 from .tools import RewardSpec, ToolSpec, call_maybe_async, collect
 from .toolset import ToolConnection, ToolSet, collect_toolsets
 from .types import Message, Task, ToolCall
 
 log = logging.getLogger(__name__)
 
-Action = str | ToolCall | dict[str, Any] | Sequence[ToolCall]
+Action = str | ToolCall | dict[str, Any] | Sequence[ToolCall | dict[str, Any]]
+
+
+def check_max_turns(value: Any, where: str) -> int:
+    """`value` if it is a whole number of turns >= 1; else AuthoringError naming `where` (at 0
+    or below every episode would end truncated after one step, whatever the agent did)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise AuthoringError(f"{where}: max_turns must be a whole number >= 1, got {value!r}")
+    return int(value)
 
 
 class SandboxProvider(Protocol):
@@ -111,7 +121,7 @@ class Env(gymnasium.Env[str, str]):
         if tasks is not None:
             self.tasks = Dataset.coerce(tasks, type(self).tasks.task_type)
         if max_turns is not None:
-            self.max_turns = max_turns
+            self.max_turns = check_max_turns(max_turns, self.env_id or type(self).__name__)
         if sandbox is not None:
             self.sandbox_spec = sandbox
         self.config = config
@@ -410,12 +420,15 @@ class Env(gymnasium.Env[str, str]):
     def _normalise(action: Action) -> tuple[list[ToolCall | ToolCallParseError], str]:
         if isinstance(action, ToolCall):
             return [action], ""
-        if isinstance(action, dict):
-            return [ToolCall(name=action["name"], arguments=action.get("arguments", {}))], ""
+        if isinstance(action, dict):  # {"name", "arguments"} or an OpenAI `tool_calls` entry
+            return parse_openai_tool_calls([action]), ""
         if isinstance(action, str):
             calls = parse_tool_calls(action)
             return calls, (strip_tool_calls(action) if calls else action)
-        return list(action), ""
+        # a sequence of calls: ToolCalls or dicts (a message's whole `tool_calls` list); a
+        # malformed entry is an error observation, as in text, never a KeyError
+        return [call if isinstance(call, (ToolCall, ToolCallParseError))
+                else parse_openai_tool_calls([call])[0] for call in action], ""
 
     @staticmethod
     def _assistant_message(text: str, calls: list[ToolCall | ToolCallParseError]) -> Message:

@@ -12,7 +12,7 @@ import inspect
 from typing import Any, Callable
 
 from .dataset import Dataset
-from .env import Env, TextEnv
+from .env import Env, TextEnv, check_max_turns
 from .errors import AuthoringError
 from .sandbox.spec import SandboxSpec
 from .tools import reward as reward_mark
@@ -65,6 +65,10 @@ def environment(id: str, *, tasks: Any = None, sandbox: SandboxSpec | None = Non
     from .catalog import default_catalog, parse_id
 
     parse_id(id, require_version=True)
+    if max_turns is not None:
+        check_max_turns(max_turns, id)
+    if isinstance(tags, str):  # tags="math" is one tag, not the letters m, a, t, h
+        tags = (tags,)
 
     def wrap(obj: Any) -> Any:
         if inspect.isclass(obj):
@@ -110,4 +114,5 @@ _bind_solution = _SolutionDescriptor()
 
 
 def _first_line(doc: str | None) -> str:
-    return inspect.cleandoc(doc).splitlines()[0] if doc else ""
+    lines = inspect.cleandoc(doc).strip().splitlines() if doc else []
+    return lines[0] if lines else ""  # a docstring of blanks describes nothing

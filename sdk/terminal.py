@@ -348,8 +348,18 @@ class TerminalEnv(Env):
         script = self.tests_script(task)
         if script is None:
             return 0.0
-        if not isinstance(script, Verifier):
-            script = Verifier({"test.sh": script} if isinstance(script, str) else dict(script))
+        if isinstance(script, str):
+            script = Verifier({"test.sh": script})
+        elif isinstance(script, dict):
+            script = Verifier(dict(script))
+        elif not isinstance(script, Verifier):  # said here, not as "'int' is not iterable"
+            raise VerifierError(f"{type(self).__name__}.tests_script(task) returned "
+                                f"{script!r:.40}; return a bash script (str), a dict of files "
+                                "for /tests with 'test.sh', a Verifier or None")
+        if "test.sh" not in script.files:  # else bash fails with "No such file" in /tests
+            raise VerifierError(f"{type(self).__name__}.tests_script(task) gave files "
+                                f"{sorted(script.files)} without 'test.sh', the script that "
+                                "runs")
         started = time.monotonic()
         value, result = await run_tests_script(
             sandbox, script.files, timeout=script.timeout or self.verifier_timeout,

@@ -10,11 +10,13 @@ arguments before the tool runs.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (BaseModel, ConfigDict, Field, PydanticUserError, TypeAdapter,
+                      ValidationError, create_model)
 
 from .errors import AuthoringError, InvalidToolArguments
 from .toolset import ToolSet
@@ -103,6 +105,13 @@ class ToolSpec:
                                      "hint (it defines the schema the agent sees)")
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[pname] = (hints[pname], Field(default, description=arg_docs.get(pname)))
+            try:  # a type with no JSON schema fails here, at definition, in one line
+                TypeAdapter(hints[pname]).json_schema()
+            except PydanticUserError as exc:  # pydantic's message goes on for paragraphs
+                raise AuthoringError(
+                    f"tool {fn.__qualname__}: argument '{pname}' has a type with no JSON "
+                    f"schema ({str(exc).strip().splitlines()[0].split('. ')[0]}); use str, "
+                    "int, float, bool, list, dict, a Literal or a pydantic model") from None
         model = create_model(f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"),
                              **fields)
         return cls(fn, name or fn.__name__, description or summary, model)
@@ -161,7 +170,14 @@ def reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0,
     weighted sum. `per_step=True` runs it after every step instead of once at the end."""
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
-        f.__corral_reward__ = RewardSpec(f, name or f.__name__, float(weight), per_step)  # type: ignore[attr-defined]
+        try:
+            value = float(weight)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value):  # else every episode's reward would be NaN or an error
+            raise AuthoringError(f"reward {getattr(f, '__qualname__', f)!s}: weight must be a "
+                                 f"finite number, got {weight!r}")
+        f.__corral_reward__ = RewardSpec(f, name or f.__name__, value, per_step)  # type: ignore[attr-defined]
         return f
 
     return mark(fn) if fn is not None else mark

@@ -207,3 +207,79 @@ def test_step_before_reset_and_after_end() -> None:
     env.step("1")
     with pytest.raises(cr.errors.AgentError, match="episode is over"):
         env.step("1")
+
+
+class Opaque:
+    """A class pydantic cannot describe (a tool argument type with no JSON schema)."""
+
+
+def test_declaration_values_are_checked_when_the_env_is_declared() -> None:
+    """Values that would break every episode are refused at the decorator, naming the env,
+    tool or reward: max_turns below 1 (each episode ended truncated after one step), a reward
+    weight that is not a number, a tool argument type with no JSON schema (pydantic's error
+    of several paragraphs); `tags="math"` is one tag (it was the letters m, a, t, h)."""
+    for bad in (0, -3, 2.5):
+        with pytest.raises(cr.errors.AuthoringError, match=r"test/turns-v0: max_turns must be"):
+            cr.environment("test/turns-v0", tasks=[{"a": 1}], max_turns=bad, register=False)
+    with pytest.raises(cr.errors.AuthoringError, match="max_turns must be a whole number >= 1"):
+        cr.make("test/add-v0", max_turns=0)
+    env = cr.environment("test/tags-v0", tasks=[{"a": 1}], tags="math",
+                         register=False)(lambda task: "hi")
+    assert env.tags == ("math",)
+
+    def blank(task):
+        return "hi"
+
+    blank.__doc__ = "   \n    "
+    cr.environment("test/blank-doc-v0", tasks=[{"a": 1}])(blank)
+    assert cr.spec("test/blank-doc-v0").description == ""  # was "    " (or an IndexError)
+    for weight in ("heavy", float("nan"), None):
+        with pytest.raises(cr.errors.AuthoringError, match="weight must be a finite number"):
+            cr.reward(weight=weight)(lambda task: 1.0)
+    with pytest.raises(cr.errors.AuthoringError,
+                       match=r"argument 'x' has a type with no JSON schema") as info:
+        @cr.tool
+        def use(x: Opaque) -> str:
+            """Use it."""
+            return ""
+    assert "\n" not in str(info.value) and "arbitrary_types_allowed" not in str(info.value)
+
+
+async def test_tests_script_of_the_wrong_shape_is_a_clear_verifier_error() -> None:
+    """docs/terminal.md: tests_script returns a bash script, a dict of files with `test.sh`,
+    or a Verifier. Anything else says so before a sandbox is touched (it was "TypeError: 'int'
+    object is not iterable", or bash's "/tests/test.sh: No such file" from the sandbox)."""
+
+    class Numbers(cr.TerminalEnv):
+        def tests_script(self, task):
+            return 42
+
+    class NoTestSh(cr.TerminalEnv):
+        def tests_script(self, task):
+            return {"helper.py": "print(1)"}
+
+    task = cr.Task(a=1)
+    with pytest.raises(cr.errors.VerifierError, match=r"returned 42; return a bash script"):
+        await Numbers(tasks=[{"a": 1}]).tests(sandbox=None, task=task, state={})
+    with pytest.raises(cr.errors.VerifierError, match=r"gave files \['helper.py'\] without "
+                                                      r"'test.sh'"):
+        await NoTestSh(tasks=[{"a": 1}]).tests(sandbox=None, task=task, state={})
+
+
+async def test_openai_tool_calls_entries_are_actions() -> None:
+    """docs/authoring.md: agents call tools "with an OpenAI `tool_calls` entry" too. One entry,
+    or a message's list of them, runs the tools (`env.step(entry)` raised KeyError 'name');
+    a malformed entry is an error observation, as a malformed `<tool_call>` is."""
+    env = cr.make("test/counter-v1")
+    await env.areset(options={"task_index": 0})
+    entry = {"id": "call_1", "type": "function",
+             "function": {"name": "inc", "arguments": '{"by": 2}'}}
+    observation, *_ = await env.astep(entry)
+    assert observation == "counter=2"
+    assert env.episode.messages[-1]["tool_call_id"] == "call_1"
+    observation, *_ = await env.astep([{"function": {"name": "peek", "arguments": ""}},
+                                       {"name": "inc", "arguments": {"by": 1}}])
+    assert observation == "counter=2\ncounter=3"
+    observation, _, terminated, *_ = await env.astep({"arguments": {"by": 1}})
+    assert observation.startswith("Error: Could not parse tool call (missing 'name')")
+    assert not terminated

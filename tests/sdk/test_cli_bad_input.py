@@ -196,3 +196,35 @@ def test_choices_and_flags_that_do_not_go_together_are_usage_errors(tmp_path: Pa
         line = one_line(corral(*args), 2)
         assert line.startswith(start), (args, line)
     assert not run_dir.exists()
+
+
+def test_a_bad_sandbox_spec_in_an_import_file_is_one_line_naming_the_field(tmp_path: Path
+                                                                           ) -> None:
+    """`cr.Terminal(cpus=-1)` in a `-i` file: one line naming the file, the spec and the field
+    (pydantic's error took four lines with a help link)."""
+    (tmp_path / "envs.py").write_text(
+        "import corral as cr\n"
+        "@cr.environment('acme/spec-v0', sandbox=cr.Terminal(cpus=-1, memory='lots'), "
+        "tasks=[{'a': 1}])\n"
+        "class E(cr.TerminalEnv):\n"
+        "    pass\n")
+    line = one_line(corral("-i", "envs.py", "list", cwd=tmp_path), 1)
+    assert line.startswith("error: --import envs.py: Terminal: cpus: Input should be greater "
+                           "than 0 (got -1); memory: memory 'lots' is not a size"), line
+    assert "errors.pydantic.dev" not in line, line
+
+
+def test_validate_refuses_an_unknown_hack_and_an_env_without_tasks(tmp_path: Path) -> None:
+    """`--hack NAME` is checked before anything runs and the line names --hack (it named no
+    flag, after the env was loaded); an env of no tasks says so instead of "FAILED ... 0/0
+    tasks" under an empty table."""
+    line = one_line(corral("validate", "corral/arithmetic-v0", "--hack", "conftst"), 1)
+    assert line == "error: --hack conftst: unknown hack 'conftst'. Did you mean 'conftest'?"
+    (tmp_path / "envs.py").write_text(
+        "import corral as cr\n"
+        "@cr.environment('acme/empty-v0', tasks=[])\n"
+        "def empty(task):\n"
+        "    return 'hi'\n")
+    line = one_line(corral("-i", "envs.py", "validate", "acme/empty-v0", cwd=tmp_path), 1)
+    assert line == "error: acme/empty-v0 has no tasks to validate", line
+    assert not (tmp_path / "validation").exists()

@@ -81,3 +81,22 @@ def test_bad_input_names_the_problem(tmp_path: Path) -> None:
         cr.Dataset.from_list([{"a": 1, "b": "x"}], Pair)[0]
     with pytest.raises(DatasetError, match="unknown split 'dev'"):
         cr.Dataset.from_list([]).split("dev")
+
+
+def test_a_tasks_file_that_is_not_json_objects_in_utf8_names_file_and_line(tmp_path: Path
+                                                                          ) -> None:
+    """A tasks file in another encoding, or a line that is a list or a string, is refused when
+    the env is declared, naming the file (and line): it was a bare `UnicodeDecodeError`, or
+    "task 1 is a list, expected a dict" at the first run, naming no file. A BOM is skipped."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(b'{"a": 1, "b": 2}\n{"a": "\xff"}\n')
+    with pytest.raises(DatasetError, match=r"tasks.jsonl:2: not UTF-8 \(byte 0xff\)"):
+        cr.Dataset.from_jsonl(path)
+    path.write_text('{"a": 1, "b": 2}\n[1, 2]\n')
+    with pytest.raises(DatasetError, match=r"tasks.jsonl:2: a task is a JSON object of fields, "
+                                           r"got list \[1, 2\]"):
+        cr.Dataset.from_jsonl(path)
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1, "b": 2}\n')
+    assert cr.Dataset.from_jsonl(path, Pair)[0].a == 1
+    with pytest.raises(DatasetError, match="not a file"):
+        cr.Dataset.from_jsonl(tmp_path)
