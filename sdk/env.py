@@ -23,7 +23,7 @@ import gymnasium
 
 from ._sync import run_sync
 from .dataset import Dataset
-from .errors import AgentError, AuthoringError, InfraError, UnknownTool, VerifierError
+from .errors import AgentError, AuthoringError, DatasetError, InfraError, UnknownTool, VerifierError
 from .sandbox.base import Sandbox
 from .sandbox.spec import SandboxSpec
 from .spaces import TextSpace
@@ -210,6 +210,13 @@ class Env(gymnasium.Env[str, str]):
         index = options.get("task_index")
         if index is None:
             index = int(self.np_random.integers(len(self.tasks)))
+        size = len(self.tasks)
+        # a negative index is refused, not read from the end: the env server refuses it too
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral) \
+                or not 0 <= index < size:
+            raise DatasetError(f"task_index {index!r}: {self.env_id or type(self).__name__} "
+                               f"has {size} tasks, so task_index is a whole number from 0 to "
+                               f"{size - 1}")
         return self.tasks[int(index)]
 
     async def areset(self, *, seed: int | None = None,

@@ -57,6 +57,14 @@ class Terminal(SandboxSpec):
     def _backend(cls, value: str) -> str:
         return check_backend(value, "terminal")
 
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        # "" reached Docker at the first episode as "Resource ID was not provided"
+        if not value or any(c.isspace() for c in value):
+            raise ValueError(f"image {value!r} is not an image tag")
+        return value
+
     @field_validator("memory")
     @classmethod
     def _memory(cls, value: str) -> str:

@@ -227,6 +227,8 @@ async def test_closed_defaults(sandbox):
     ("disk", "xyz", "not a size"),
     ("workdir", "rel/dir", "not an absolute path"),
     ("user", "", "at least 1 character"),
+    ("image", "", "is not an image tag"),  # Docker said "Resource ID was not provided"
+    ("image", "corral/base: bookworm", "is not an image tag"),
 ])
 def test_specs_that_would_open_or_break_a_sandbox_are_refused(field: str, value: object,
                                                               message: str) -> None:

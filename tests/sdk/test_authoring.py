@@ -182,6 +182,17 @@ def test_reset_seed_is_deterministic() -> None:
     assert first == again and len(set(first)) > 1
 
 
+def test_reset_task_index_is_a_task_of_the_env() -> None:
+    """`options={"task_index": i}` picks task i; -1 is refused (it read the last task, while
+    the env server refuses it), as are indices past the end and values that are not ints."""
+    env = cr.make("corral/arithmetic-v0")
+    size = len(env.tasks)
+    assert env.reset(options={"task_index": 3})[1]["task_id"] == env.tasks[3].id
+    for bad in (-1, size, "1", True, 1.0):
+        with pytest.raises(cr.errors.DatasetError, match=f"from 0 to {size - 1}"):
+            env.reset(options={"task_index": bad})
+
+
 def test_authoring_errors_are_clear() -> None:
     with pytest.raises(cr.errors.AuthoringError, match="needs a docstring"):
         @cr.tool
