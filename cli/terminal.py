@@ -152,7 +152,7 @@ def import_harbor(
         parse_id(f"{namespace}/task-v0")
     except InvalidEnvId:
         fail(f"--namespace {namespace!r}: not a namespace of env ids (lowercase letters, digits, "
-             "'_', '.', '-'; e.g. 'harbor')")
+             "'_', '.', '-'; e.g. 'harbor')", code=2)
     if write is not None and write.is_dir():
         fail(f"--write {write}: a directory; give the .py file to write (e.g. {write / 'reg.py'})")
     try:

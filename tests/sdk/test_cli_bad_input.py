@@ -68,7 +68,7 @@ def test_harbor_metadata_tags_as_one_string_is_one_tag(tmp_path: Path) -> None:
 
 def test_import_harbor_bad_namespace_and_write_path(tmp_path: Path) -> None:
     task = harbor_task(tmp_path / "t")
-    line = one_line(corral("import", "harbor", str(task), "--namespace", "BAD"), 1)
+    line = one_line(corral("import", "harbor", str(task), "--namespace", "BAD"), 2)  # usage
     assert line.startswith("error: --namespace 'BAD'"), line
     line = one_line(corral("import", "harbor", str(task), "--write", str(tmp_path)), 1)
     assert line.startswith(f"error: --write {tmp_path}: a directory"), line
