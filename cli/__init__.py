@@ -16,6 +16,12 @@ from corral.errors import CorralError
 
 from .common import FlagError, error_text, fail, import_user_modules
 
+# Hugging Face's own progress bars ("Loading weights", "Saving the dataset") wrote to stderr
+# around the commands' rich output, so a command failing after a model loaded printed more than
+# its one `error:` line. Set to 0 to see them.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
 # Command modules, in help order. A module registers its commands with `register(app)`.
 COMMAND_MODULES = [
     "corral.cli.catalog",
@@ -104,7 +110,10 @@ def main() -> None:
         fail("interrupted", code=130)
     except Exception as exc:  # click usage errors and anything unexpected: one line, no trace
         if hasattr(exc, "format_message"):  # usage errors (typer vendors its own click)
-            fail(exc.format_message(), code=getattr(exc, "exit_code", 2))
+            code = getattr(exc, "exit_code", 2)
+            if not exc.format_message():  # a group called bare: its help was the message
+                sys.exit(code)
+            fail(exc.format_message(), code=code)
         if os.environ.get("CORRAL_DEBUG"):
             raise
         fail(f"{error_text(exc)} (set CORRAL_DEBUG=1 for the traceback)")

@@ -16,7 +16,8 @@ from rich.markup import escape
 from corral.errors import CorralError
 
 console = Console()
-err_console = Console(stderr=True)
+# emoji=False: an error line quotes user input as it is ("http://a b:x" lost its ":x" to ❌)
+err_console = Console(stderr=True, emoji=False)
 
 
 class FlagError(CorralError):

@@ -15,7 +15,7 @@ import typer
 
 from corral.errors import CorralError
 
-from .common import console, fail
+from .common import check_run_dir, console, fail
 
 if TYPE_CHECKING:  # vLLM's manager loads when a command needs it
     from corral.runner.policy.vllm import VLLMEngine
@@ -74,6 +74,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start ENGINE replicas of MODEL and keep them until Ctrl-C or SIGTERM."""
         check_engine(engine)
+        if log_dir is not None:  # a file there failed at mkdir, as "FileExistsError"
+            check_run_dir(log_dir, flag="--log-dir")
         started = start_vllm(model, replicas=replicas, port=port, log_dir=log_dir,
                              enable_lora=enable_lora, lora_rank=max_lora_rank)
         for url in started.urls:

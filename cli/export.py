@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .common import FlagError, console
+from .common import FlagError, console, fail
 
 FILTERS = ("all", "success")
 
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
                                   "tools) that SFT trainers read; no token ids."),
     ) -> None:
         """Export stored trajectories as chat messages with tool calls (and token ids)."""
-        from corral.runner.export import FORMATS, export_run
+        from corral.runner.export import FORMATS, export_run, target_problem
 
         if fmt not in FORMATS:
             raise FlagError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -35,6 +35,12 @@ def register(app: typer.Typer) -> None:
             raise FlagError(f"--filter {filter_!r}: choose one of {', '.join(FILTERS)}")
         target = out or run_dir / {"jsonl": "export.jsonl", "parquet": "export.parquet",
                                    "hf": "export"}[fmt]
+        # checked before the run is read (a large run takes a while); a RUN_DIR that is no
+        # directory is export_run's to report
+        problem = target_problem(run_dir, target, fmt) if run_dir.is_dir() else None
+        if problem is not None:
+            flag = "--out" if out else "RUN_DIR"  # the default output lies in RUN_DIR
+            fail(f"{flag} {target}: {problem}")
         path, rows = export_run(run_dir, target, format=fmt, chat=chat,
                                 only_success=filter_ == "success")
         console.print(f"exported {rows} trajectories to {path}")

@@ -41,8 +41,8 @@ def register(app: typer.Typer) -> None:
             config = ServeConfig(max_generations=max_generations, reload_token=reload_token,
                                  allow_unauthenticated_reload=allow_unauthenticated_reload)
             config.check_host(host)
-        except ValueError as exc:
-            fail(str(exc))
+        except ValueError as exc:  # --allow-unauthenticated-reload with a non-loopback --host
+            fail(str(exc), code=2)  # flags that do not go together: a usage error
         check_device_option(device)
         from uvicorn.config import LOG_LEVELS
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import check_listen, console, episode_limits, fail
+from .common import FlagError, check_listen, console, episode_limits, fail
 
 REGISTRY_HELP = "Local store path or registry URL (default: $CORRAL_REGISTRY or ~/.corral)."
 registry_app = typer.Typer(help="Run a registry server.", no_args_is_help=True)
@@ -42,7 +42,7 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
             registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option(),
             validate: bool = typer.Option(False, "--validate", help="Validate first and attach "
                                           "the report."),
-            validate_limit: int = typer.Option(50, "--validate-limit",
+            validate_limit: int = typer.Option(50, "--validate-limit", min=0,
                                                help="Tasks to validate (0 = all)."),
             report: Optional[Path] = typer.Option(None, "--report", help="Attach a saved "
                                                   "validation report (corral validate --json)."),
@@ -53,9 +53,20 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
                                        "failed (the dataset card records it).")
             ) -> None:
     """Pack an env folder into an immutable release and publish it."""
-    from corral.registry.build import build_release
+    from corral.registry.build import ReportMismatch, build_release
+    from corral.registry.release import SemVer
     from corral.registry.transfer import open_store
 
+    if report is not None and validate:
+        raise FlagError("--report and --validate: attach a saved report or validate now, "
+                        "not both")
+    if adversarial and not validate:
+        raise FlagError("--adversarial runs the hack agents of --validate; add --validate")
+    if version is not None:
+        try:
+            SemVer.parse(version)
+        except CorralError as exc:
+            raise FlagError(f"--version: {exc}") from None
     validation = None
     if report is not None:
         from corral.registry.validate import ValidationReport
@@ -74,6 +85,8 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
                                   validate_limit=validate_limit if validate and not report
                                   else None, license=license,
                                   adversarial=adversarial, force=force)
+        except ReportMismatch as exc:
+            fail(f"--report {report}: {exc}")
         except CorralError as exc:
             fail(str(exc))
     if built.manifest.card.validation.get("forced"):
@@ -116,7 +129,7 @@ def install(ref: Optional[str] = typer.Argument(None, help="id[@version] or sha2
     from corral.registry.transfer import open_store
 
     if (ref is None) == (lock is None):
-        raise CorralError("give a release reference or --lock FILE (one of them)")
+        raise FlagError("give a release reference or --lock FILE (one of them)")
     store = LocalStore()
     source = None
     if registry and Path(registry).expanduser().resolve() != store.home.resolve():
@@ -169,6 +182,9 @@ def lock(refs: list[str] = typer.Argument(..., help="Releases to pin: id[@versio
     from corral.registry.lock import Lock
     from corral.registry.transfer import open_store
 
+    if output.is_dir():  # else read as a lock file: "no such lock file"
+        fail(f"--output {output}: a folder; give the lock file's path (e.g. "
+             f"{output / 'corral.lock'})")
     store = open_store(registry, existing=registry is not None)
     current = Lock.load(output) if output.exists() else Lock(path=output)
     for ref in refs:
@@ -307,7 +323,15 @@ def serve(registry: Optional[str] = typer.Option(None, "--registry", "-r",
     """Serve a store over HTTP: the API and the web catalog."""
     from corral.registry.server import Tokens, serve as serve_registry
 
-    specs = [*tokens, *filter(None, os.environ.get("CORRAL_REGISTRY_TOKENS", "").split(","))]
+    from corral.registry.errors import AuthError
+
+    from_env = [*filter(None, os.environ.get("CORRAL_REGISTRY_TOKENS", "").split(","))]
+    specs = [*tokens, *from_env]
+    for where, given in (("--token", tokens), ("CORRAL_REGISTRY_TOKENS", from_env)):
+        try:
+            Tokens.parse(given)
+        except AuthError as exc:  # a malformed value: a usage error naming where it came from
+            raise FlagError(f"{where}: {exc}") from None
     parsed = Tokens.parse(specs)
     folder = Path(registry).expanduser() if registry else None
     if folder is not None and folder.exists() and not folder.is_dir():

@@ -14,7 +14,7 @@ from rich.table import Table
 from corral.errors import CorralError
 
 from .common import (FlagError, backend_help, check_backend_option, check_device_option,
-                     check_run_dir, console, episode_limits)
+                     check_run_dir, console, episode_limits, fail)
 
 
 def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
@@ -23,10 +23,25 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
     if spec.startswith(("http://", "https://")):
         from corral.runner import OpenAIPolicy
 
+        from corral.runner.policy.models import load_tokenizer
+        from corral.runner.policy.openai import check_base_url
+
         if not tokenizer:
             raise FlagError("--policy URL needs --tokenizer PATH (the served model's directory, "
                               "or 'tiny') to build prompts as token ids")
-        return OpenAIPolicy([u.strip() for u in spec.split(",") if u.strip()], tokenizer=tokenizer)
+        urls = [u.strip() for u in spec.split(",") if u.strip()]
+        try:  # a malformed URL failed every request, retried, and the run "succeeded"
+            for url in urls:
+                check_base_url(url)
+            if len({u.rstrip("/").removesuffix("/v1") for u in urls}) != len(urls):
+                raise ValueError("a replica is listed twice")
+        except ValueError as exc:
+            raise FlagError(f"--policy {spec}: {exc}") from None
+        try:
+            loaded = load_tokenizer(tokenizer)
+        except CorralError as exc:
+            raise CorralError(f"--tokenizer {tokenizer}: {exc}") from None
+        return OpenAIPolicy(urls, tokenizer=loaded)
     if spec != "tiny" and not Path(spec).exists():
         raise CorralError(f"--policy {spec!r} is neither 'tiny', a model directory, nor an "
                           "http:// URL")
@@ -112,8 +127,15 @@ def register(app: typer.Typer) -> None:
         """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
         from corral.runner import AssemblyConfig
 
+        import corral.registry as registry
+        from corral.runner.store import MANIFEST, read_manifest
+
         check_backend_option(sandbox_backend, flag="--sandbox-backend")
         check_run_dir(run_dir)
+        # an unknown env or a broken manifest fails before the model loads (seconds to minutes)
+        for env_id in env_ids:
+            registry.spec(env_id)
+        read_manifest(run_dir / MANIFEST)
         # what the flags' ranges let through (a deadline of 0, temperature 0.001)
         limits = episode_limits(max_turns=max_turns, max_tokens=max_tokens,
                                 temperature=temperature, episode_deadline=episode_deadline,
@@ -131,6 +153,13 @@ def register(app: typer.Typer) -> None:
             from corral.runner.report import write_report
 
             console.print(f"report: {write_report(run_dir)}")
+        failed = [t for t in trajectories if t.status.value == "infra_error"]
+        if failed and len(failed) == len(trajectories):
+            # nothing was collected (a policy server that is down, an image that is missing):
+            # not a success. The run directory keeps them; a rerun runs them again.
+            cause = (failed[-1].error or "unknown cause").splitlines()[0]
+            fail(f"nothing collected: all {len(failed)} trajectories ended in an infrastructure "
+                 f"error ({cause:.300}); rerun with the same --run-dir to retry them")
 
     @app.command("report")
     def report_cmd(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:

@@ -211,6 +211,10 @@ def _default_license(folder: Path) -> str:
     return "unspecified"
 
 
+class ReportMismatch(ReleaseError):
+    """A validation report given to `build_release` is of another env than the one packed."""
+
+
 def _validation_dict(validation: Any) -> dict[str, Any] | None:
     if validation is None:
         return None
@@ -281,6 +285,12 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
         raise ReleaseError(f"{entry['id']}: no version; pass --version X.Y.Z or set version in "
                            f"{MANIFEST}")
     SemVer.parse(str(version))  # refuse a bad version before the expensive part
+    report = _validation_dict(validation)
+    if report is not None and report.get("env_id", entry["id"]) != entry["id"]:
+        # Attached, another env's report would be shown on this env's card as its validation.
+        raise ReportMismatch(f"the validation report is of {report.get('env_id')}, not "
+                           f"{entry['id']}; attach the report of `corral validate "
+                           f"{entry['id']} --json FILE`")
     files = collect_files(folder, limits)
     check_relative_imports(folder, files)
     rel_ep = relative_entry_point(folder, entry["entry_point"])

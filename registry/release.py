@@ -228,6 +228,11 @@ class ReleaseManifest(BaseModel):
 def check_path(path: str, limits: Limits | None = DEFAULT_LIMITS) -> str:
     """A safe relative POSIX path inside a release, or `ReleaseError`; with `limits`, also
     within their length and depth (`LimitExceeded`)."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:  # a file name of undecodable bytes (os.walk's surrogates)
+        raise ReleaseError(f"release path {path!r} is not valid UTF-8; rename the file (release "
+                           "paths are UTF-8 text)") from None
     if not path or "\x00" in path or "\\" in path:
         raise ReleaseError(f"release path {path!r} is empty or has a NUL or backslash")
     if path.startswith("/") or re.match(r"^[A-Za-z]:", path):

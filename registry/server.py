@@ -58,7 +58,10 @@ class Tokens:
         for spec in specs:
             namespace, sep, token = spec.partition(":")
             if not sep or not namespace or len(token) < 8:
-                raise AuthError(f"token spec {spec!r} must be 'namespace:token' with a token of "
+                # The spec is not quoted: its token part is a secret (a typo of a real one).
+                shown = f"'{namespace}:<{len(token)} characters>'" if sep else \
+                    f"<{len(spec)} characters, no ':'>"
+                raise AuthError(f"token spec {shown} must be 'namespace:token' with a token of "
                                 "8+ characters ('*:token' for every namespace)")
             grants.setdefault(token, set()).add(namespace)
         return cls(grants)
@@ -152,7 +155,7 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
     def yank(request: Request, body: dict[str, str]) -> Any:
         ref = body.get("ref", "")
         Ref.exact(ref)  # a bare id is refused before anything is resolved
-        record = store.resolve(ref)
+        record = store.resolve(ref, include_yanked=True)  # a yanked one: "already yanked", 400
         tokens.check(_bearer(request), record.manifest.namespace)
         return _dump(store.yank(f"sha256:{record.sha256}", reason=body.get("reason", "")))
 

@@ -221,8 +221,12 @@ class LocalStore:
         self.blobs = self.home / "blobs" / "sha256"
         self.tmp = self.home / "tmp"
         self.installed = self.home / "installed"
-        for folder in (self.blobs, self.tmp, self.installed):
-            folder.mkdir(parents=True, exist_ok=True)
+        try:
+            for folder in (self.blobs, self.tmp, self.installed):
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file there, or a path that cannot be made: one clear line
+            raise ReleaseError(f"{self.home}: cannot hold a store ({exc.strerror or exc}); "
+                               "give a folder") from None
         self._local = threading.local()
         self._conn().executescript(_SCHEMA)  # idempotent; executescript commits by itself
         self._migrate()
@@ -384,8 +388,9 @@ class LocalStore:
             raise ReleaseNotFound(f"sha256:{sha} {why} in {self.location}")
         return self._record(rows[0])
 
-    def resolve(self, ref: str) -> ReleaseRecord:
-        """The release a reference means; yanked releases are found only by hash."""
+    def resolve(self, ref: str, *, include_yanked: bool = False) -> ReleaseRecord:
+        """The release a reference means; yanked releases are found only by hash, or by
+        `id@version` with `include_yanked` (what `yank` uses, to say "already yanked")."""
         parsed = Ref.parse(ref)
         if parsed.sha:
             return self.get(parsed.sha)
@@ -402,7 +407,7 @@ class LocalStore:
             rows = self._conn().execute(light + "env_id=?", (parsed.env_id,)).fetchall()
         if parsed.version:
             match = [r for r in rows if r["version"] == parsed.version]
-            if match and match[0]["yanked"]:
+            if match and match[0]["yanked"] and not include_yanked:
                 why, sha = match[0]["yank_reason"] or "no reason", match[0]["sha256"]
                 raise ReleaseNotFound(f"{ref} was yanked ({why}); pull it by hash if you must: "
                                       f"sha256:{sha}")
@@ -467,8 +472,12 @@ class LocalStore:
         """The latest visible release of each env whose id, description, tags, kind or families
         contain every word of `query` (case-insensitive), sorted by id."""
         words = query.lower().split()
-        sql = "SELECT * FROM releases WHERE yanked=0" + " AND search LIKE ?" * len(words)
-        rows = self._conn().execute(sql, [f"%{w}%" for w in words]).fetchall()
+        sql = ("SELECT * FROM releases WHERE yanked=0"
+               + " AND search LIKE ? ESCAPE '\\'" * len(words))
+        # `%` and `_` are LIKE wildcards: escaped, a word is matched as the text it is.
+        escaped = [w.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                   for w in words]
+        rows = self._conn().execute(sql, [f"%{w}%" for w in escaped]).fetchall()
         latest: dict[str, ReleaseRecord] = {}
         for record in map(self._record, rows):
             current = latest.get(record.id)
@@ -481,7 +490,7 @@ class LocalStore:
         release (`id@version` or `sha256:HASH`; a bare id is a `ReleaseError`), and yanking a
         yanked release again is one too (its reason stays)."""
         Ref.exact(ref)
-        record = self.resolve(ref)
+        record = self.resolve(ref, include_yanked=True)
         if record.yanked:
             raise ReleaseError(f"{record.ref} (sha256:{record.sha256[:12]}…) is already yanked "
                                f"({record.yank_reason or 'no reason'})")

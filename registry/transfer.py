@@ -14,7 +14,7 @@ from typing import Any, Union
 from .build import build_release
 from .client import RegistryClient
 from .errors import ReleaseError, ReleaseNotFound
-from .store import LocalStore, PublishResult, ReleaseRecord
+from .store import LocalStore, PublishResult, Ref, ReleaseRecord
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,16 @@ def pull(ref: str, *, source: str | Path | Store | None,
     finally:
         if store is not source:  # opened here from a path or URL
             store.close()
+    if result.record.sha256 != record.sha256 and Ref.parse(ref).sha:
+        # `dest` already has this id@version as another archive with the same files (other
+        # metadata, e.g. an attached validation report): a store holds one release per
+        # version, and returning that one for a hash asked for is how `install --lock`
+        # installed a release other than the pinned one.
+        raise ReleaseError(
+            f"{ref}: the store {dest.location} already holds {record.ref} as "
+            f"sha256:{result.record.sha256[:12]}… (the same files, other metadata such as a "
+            f"validation report), not sha256:{record.sha256[:12]}…; a store keeps one release "
+            "per version: pull into another store (--to, or another CORRAL_HOME)")
     if record.yanked and not result.record.yanked:
         return dest.yank(f"sha256:{record.sha256}", reason=record.yank_reason)
     return result.record

@@ -27,6 +27,30 @@ from corral.runner.store import load_run
 from corral.runner.trajectory import Status, Trajectory
 
 FORMATS = ("jsonl", "parquet", "hf")
+# The files a run directory holds (collect, eval and train runs): an export never replaces one
+# (`-o RUN/trajectories.jsonl` used to overwrite the run's store with the export).
+RUN_FILES = ("trajectories.jsonl", "manifest.json", "metrics.json", "report.html",
+             "eval_plan.json", "eval.json", "eval.html", "train_config.json", "train.jsonl",
+             "eval.jsonl", "sft.jsonl", "usage.jsonl", "engine.jsonl")
+
+
+def target_problem(run_dir: str | os.PathLike[str], out: str | os.PathLike[str],
+                   fmt: str) -> str | None:
+    """Why `out` cannot receive an export of `run_dir` as `fmt` (None when it can): it is one of
+    the run's own files (or, for `hf`, the run directory itself), a directory where a file goes
+    or the other way round, or a path below a file."""
+    root, target = Path(run_dir).resolve(), Path(out).resolve()
+    if target.parent == root and target.name in RUN_FILES or fmt == "hf" and target == root:
+        return (f"is the run's own {'directory' if target == root else target.name}; "
+                "choose another output path")
+    above = next(p for p in target.parents if p.exists())
+    if not above.is_dir():
+        return f"{above} is a file, not a directory"
+    if fmt == "hf" and target.exists() and not target.is_dir():
+        return "is a file; --format hf writes a directory (give a directory path)"
+    if fmt != "hf" and target.is_dir():
+        return f"is a directory; --format {fmt} writes a file (give a file path)"
+    return None
 
 
 def chat_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -105,14 +129,19 @@ def write_rows(rows: list[dict[str, Any]], out: str | os.PathLike[str], fmt: str
         raise CorralError("nothing to export: no trajectory passed the filter (infrastructure "
                           "errors are never exported)")
     target.parent.mkdir(parents=True, exist_ok=True)
+    # jsonl and parquet go to a temporary file renamed over `target` at the end, so a failed
+    # export leaves the previous file at `target` whole
+    partial = target.with_name(f".{target.name}.partial")
     if fmt == "jsonl":
-        with open(target, "w", encoding="utf-8") as fh:
+        with open(partial, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(row) + "\n" for row in rows)
+        os.replace(partial, target)
     elif fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(rows), target)
+        pq.write_table(pa.Table.from_pylist(rows), partial)
+        os.replace(partial, target)
     else:
         try:
             import datasets
@@ -126,8 +155,12 @@ def write_rows(rows: list[dict[str, Any]], out: str | os.PathLike[str], fmt: str
 def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], *,
                format: str = "jsonl", only_success: bool = False, chat: bool = False
                ) -> tuple[Path, int]:
-    """Export a run directory's trajectories; returns the output path and the row count."""
-    rows = export_rows(run_dir, only_success=only_success, chat=chat)
+    """Export a run directory's trajectories; returns the output path and the row count. An
+    output path that cannot take the export (`target_problem`) is a `CorralError`."""
+    rows = export_rows(run_dir, only_success=only_success, chat=chat)  # is it a run? first
+    problem = target_problem(run_dir, out, format)
+    if problem is not None:
+        raise CorralError(f"{out}: {problem}")
     return write_rows(rows, out, format), len(rows)
 
 

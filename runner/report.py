@@ -21,11 +21,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from corral.errors import CorralError
 from corral.fileio import write_text_atomic
 from corral.runner.charts import STYLE, bar_chart, line_chart, stacked_bars
 from corral.runner.digest import StoreDigest, TrajectoryDigest
 from corral.runner.metrics import PHASES, histogram, summarize
-from corral.runner.store import MANIFEST, METRICS
+from corral.runner.store import MANIFEST, METRICS, read_manifest
 
 COLORS = {"sandbox_wait": "#9e9e9e", "setup": "#8d6e63", "queue": "#ffb300",
           "decode": "#1e88e5", "env": "#43a047", "verify": "#8e24aa"}
@@ -174,15 +175,31 @@ def _hist_chart(values: Sequence[float], title: str, xlabel: str, why: str,
                      ylabel="count", why_empty=why, color=color)
 
 
+def _read_metrics(path: Path) -> dict[str, Any]:
+    """`metrics.json` ({} when the run has not closed yet); one that is not a JSON object is a
+    `CorralError` naming it (a report never overwrites it)."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CorralError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); move it away "
+                          "(the runner writes it again when it closes)") from None
+    if not isinstance(data, dict):
+        raise CorralError(f"{path}: not the runner's metrics (a JSON {type(data).__name__}, not "
+                          "an object); move it away (the runner writes it again when it closes)")
+    return data
+
+
 def runner_sections(run_dir: str | os.PathLike[str],
                     digest: StoreDigest | None = None) -> list[Section]:
     """The rollout sections of a run's report (see the module docstring); pass the same
     `digest` to every call for a run that is still writing, so each reads only new lines."""
     root = Path(run_dir)
     trajectories = (digest or StoreDigest(root)).update()
-    manifest = json.loads((root / MANIFEST).read_text()) if (root / MANIFEST).exists() else {}
+    manifest = read_manifest(root / MANIFEST)
     metrics_path = root / METRICS
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    metrics = _read_metrics(metrics_path)
     per_traj = [t.phase_seconds() for t in trajectories]
     phases = {p: [seconds.get(p, 0.0) for seconds in per_traj] for p in PHASES}
     staleness = metrics.get("staleness", {}).get("values", [])

@@ -42,18 +42,86 @@ class StoreMismatch(CorralError):
     """A run directory holds a different run than the one being resumed into it."""
 
 
+# Fields every stored trajectory has (strings); a line without them is not a trajectory.
+_REQUIRED = ("id", "env_id", "task_id", "group_id")
+_FIELDS = frozenset(Trajectory.__dataclass_fields__)
+_STATUSES = frozenset(status.value for status in Status)
+
+
+def _record_problem(data: Any) -> str | None:
+    """Why a parsed line is not a stored trajectory (None when it is one)."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    missing = [key for key in _REQUIRED if not isinstance(data.get(key), str)]
+    if missing:
+        return f"no {', '.join(missing)}"
+    if data.get("status", Status.COMPLETE.value) not in _STATUSES:
+        return f"unknown status {data.get('status')!r}"
+    return None
+
+
 def read_trajectories(path: Path) -> Iterator[dict[str, Any]]:
-    """Complete JSON lines of a trajectories file (a torn last line is skipped)."""
+    """Complete JSON lines of a trajectories file (a torn last line is skipped). A line that is
+    not a stored trajectory (not JSON, not UTF-8, another JSON value, say an export written over
+    the file) is skipped with a warning naming it: it is left in the file, never rewritten, and
+    its work item (if it had one) counts as not done. A file that cannot be read is a
+    `CorralError` naming it."""
     if not path.exists():
         return
-    with open(path, "rb") as fh:
-        for raw in fh:
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:  # a directory in its place, no permission
+        raise CorralError(f"{path}: cannot read the trajectory store "
+                          f"({exc.strerror or exc})") from None
+    with fh:
+        for number, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n"):
                 break  # torn by a crash mid-write: never acknowledged
             try:
-                yield json.loads(raw)
-            except json.JSONDecodeError:
-                log.warning("skipping a corrupt line in %s", path)
+                data = json.loads(raw)
+            except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes not UTF-8
+                problem: str | None = "not JSON"
+            else:
+                problem = _record_problem(data)
+            if problem is not None:
+                log.warning("skipping line %d of %s: not a stored trajectory (%s)", number, path,
+                            problem)
+                continue
+            yield data
+
+
+def trajectory_of(data: dict[str, Any], path: Path) -> Trajectory:
+    """A `Trajectory` from a record of `read_trajectories` (keys this version does not know are
+    ignored); a record whose fields have the wrong shape is a `CorralError` naming the file."""
+    try:
+        return Trajectory.from_dict({k: v for k, v in data.items() if k in _FIELDS})
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CorralError(f"{path}: trajectory {data['id']} cannot be read "
+                          f"({type(exc).__name__}: {exc})") from None
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The run manifest at `path` ({} when there is none). One that cannot be read, is not JSON,
+    or is not shaped as `TrajectoryStore` writes it is a `CorralError` naming the file (which is
+    left as it is: nothing in the run directory is overwritten on the way)."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CorralError(f"{path}: cannot read the run manifest ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not JSON, not UTF-8
+        raise CorralError(f"{path}: not a run manifest ({type(exc).__name__}: {exc}); move it "
+                          "away to start the run afresh, or choose another run directory") from None
+    cursor = data.get("cursor", {}) if isinstance(data, dict) else None
+    if (not isinstance(data, dict) or not isinstance(data.get("config", {}), dict)
+            or not isinstance(cursor, dict)
+            or not isinstance(cursor.get("consumed_groups", []), list)
+            or not isinstance(cursor.get("batches", 0), int)):
+        raise CorralError(f"{path}: not a run manifest (expected an object with a 'config' "
+                          "object and a 'cursor' of 'batches' and 'consumed_groups'); move it "
+                          "away to start the run afresh, or choose another run directory")
+    return data
 
 
 def _infra(record: dict[str, Any]) -> bool:
@@ -91,9 +159,17 @@ class TrajectoryStore:
         """Create or resume the run; returns the results already stored (one per id; ids stored
         only as infrastructure errors are not done and are left out). Raises `StoreMismatch` if
         the directory holds a run with another config."""
+        try:
+            return self._open(config)
+        except OSError as exc:  # read-only, no permission, a directory where a file should be
+            where = exc.filename or self.run_dir
+            raise CorralError(f"run directory {self.run_dir}: cannot write {where} "
+                              f"({exc.strerror or exc})") from None
+
+    def _open(self, config: dict[str, Any]) -> list[Trajectory]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.manifest_path.exists():
-            self.manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            self.manifest = read_manifest(self.manifest_path)
             old = self.manifest.get("config", {})
             for key in RESUME_KEYS:
                 if key in config and key in old and old[key] != config[key]:
@@ -113,7 +189,7 @@ class TrajectoryStore:
                 self._infra.add(data["id"])
             else:
                 self._ids.add(data["id"])
-                stored.append(Trajectory.from_dict(data))
+                stored.append(trajectory_of(data, self.path))
         if self._infra:
             log.info("%s: %d work items ended as infrastructure errors; they run again",
                      self.run_dir, len(self._infra))
@@ -213,6 +289,6 @@ def load_run(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], list[Traj
     if not manifest_path.exists() and not (root / TRAJECTORIES).exists():
         raise CorralError(f"{root} is not a run directory (no {MANIFEST} or {TRAJECTORIES}); "
                           "pass the --run-dir of a `corral collect` run")
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = read_manifest(manifest_path)
     records = select_records(read_trajectories(root / TRAJECTORIES))
-    return manifest, [Trajectory.from_dict(data) for data in records]
+    return manifest, [trajectory_of(data, root / TRAJECTORIES) for data in records]

@@ -106,6 +106,11 @@ class LocalPolicy(Policy):
 
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        # checked here: the decode thread's torch.set_num_threads refused it, and every
+        # generate() then waited forever
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or threads < 1):
+            raise ValueError(f"threads must be an integer of at least 1 (or None), got {threads!r}")
         if isinstance(model, (str, os.PathLike)):
             self.name = name or ("tiny" if str(model) == "tiny" else os.path.basename(str(model)))
             model, loaded_tok = load_model(model, device=device, dtype=dtype)

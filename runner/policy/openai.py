@@ -64,9 +64,20 @@ class OpenAIPolicy(Policy):
         `extra_body` is merged into every request (an engine's pinned sampling knobs);
         `fence` holds per-replica weight versions and publish fences."""
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
-        urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
+        urls = [check_base_url(u).rstrip("/").removesuffix("/v1") for u in urls]
         if not urls:
             raise ValueError("OpenAIPolicy needs at least one base URL")
+        # checked here: a negative `retries` made every request fail after "0 attempts", and a
+        # timeout of 0 is aiohttp's "no timeout"
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds above 0, "
+                                 f"got {value!r}")
+        for name, value in (("backoff", backoff), ("max_backoff", max_backoff)):
+            if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         if isinstance(tokenizer, (str, os.PathLike)):
             from .models import load_tokenizer
 
@@ -260,6 +271,25 @@ class OpenAIPolicy(Policy):
         session, self._session = self._session, None
         if session is not None and self._session_loop is asyncio.get_running_loop():
             await session.close()
+
+
+def check_base_url(url: Any) -> str:
+    """`url` if it is an http(s) URL with a host and a valid port; else a `ValueError` naming it
+    (such a URL failed every request, retried, as "failed mid-request")."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str):
+        raise ValueError(f"a base URL must be a string such as 'http://host:8000', got {url!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        parts = None
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+            or any(c.isspace() for c in url)):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL with a host "
+                         "(such as 'http://127.0.0.1:8000')")
+    return url
 
 
 class _Refused(Exception):

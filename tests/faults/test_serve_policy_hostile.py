@@ -230,7 +230,7 @@ def test_cli_refuses_unauthenticated_reload_off_loopback(tiny: Path) -> None:
 
     result = CliRunner().invoke(app, ["serve-policy", str(tiny), "--host", "0.0.0.0",
                                       "--allow-unauthenticated-reload"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # flags that do not go together: a usage error (README)
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "loopback" in lines[0] and "--reload-token" in lines[0]
 
