@@ -24,17 +24,13 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
         from corral.runner import OpenAIPolicy
 
         from corral.runner.policy.models import load_tokenizer
-        from corral.runner.policy.openai import check_base_url
+        from corral.runner.policy.openai import replica_urls
 
         if not tokenizer:
             raise FlagError("--policy URL needs --tokenizer PATH (the served model's directory, "
                               "or 'tiny') to build prompts as token ids")
-        urls = [u.strip() for u in spec.split(",") if u.strip()]
         try:  # a malformed URL failed every request, retried, and the run "succeeded"
-            for url in urls:
-                check_base_url(url)
-            if len({u.rstrip("/").removesuffix("/v1") for u in urls}) != len(urls):
-                raise ValueError("a replica is listed twice")
+            urls = replica_urls([u.strip() for u in spec.split(",") if u.strip()])
         except ValueError as exc:
             raise FlagError(f"--policy {spec}: {exc}") from None
         try:
@@ -125,7 +121,7 @@ def register(app: typer.Typer) -> None:
         report: bool = typer.Option(True, help="Write report.html at the end."),
     ) -> None:
         """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
-        from corral.runner import AssemblyConfig
+        from corral.runner import AssemblyConfig, Status
 
         import corral.registry as registry
         from corral.runner.store import MANIFEST, read_manifest
@@ -153,7 +149,7 @@ def register(app: typer.Typer) -> None:
             from corral.runner.report import write_report
 
             console.print(f"report: {write_report(run_dir)}")
-        failed = [t for t in trajectories if t.status.value == "infra_error"]
+        failed = [t for t in trajectories if t.status is Status.INFRA_ERROR]
         if failed and len(failed) == len(trajectories):
             # nothing was collected (a policy server that is down, an image that is missing):
             # not a success. The run directory keeps them; a rerun runs them again.

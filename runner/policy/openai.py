@@ -63,10 +63,7 @@ class OpenAIPolicy(Policy):
         """`tokenizer` is a tokenizer or a local model directory (needed to build prompts).
         `extra_body` is merged into every request (an engine's pinned sampling knobs);
         `fence` holds per-replica weight versions and publish fences."""
-        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
-        urls = [check_base_url(u).rstrip("/").removesuffix("/v1") for u in urls]
-        if not urls:
-            raise ValueError("OpenAIPolicy needs at least one base URL")
+        urls = replica_urls([base_urls] if isinstance(base_urls, str) else list(base_urls))
         # checked here: a negative `retries` made every request fail after "0 attempts", and a
         # timeout of 0 is aiohttp's "no timeout"
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -290,6 +287,17 @@ def check_base_url(url: Any) -> str:
         raise ValueError(f"{url!r} is not an http:// or https:// URL with a host "
                          "(such as 'http://127.0.0.1:8000')")
     return url
+
+
+def replica_urls(urls: Sequence[Any]) -> list[str]:
+    """The replicas' base URLs as requests use them (no trailing `/` or `/v1`), each checked by
+    `check_base_url`; a ValueError for none, or for one listed twice."""
+    bases = [check_base_url(u).rstrip("/").removesuffix("/v1") for u in urls]
+    if not bases:
+        raise ValueError("OpenAIPolicy needs at least one base URL")
+    if len(set(bases)) != len(bases):
+        raise ValueError("a replica is listed twice")
+    return bases
 
 
 class _Refused(Exception):
