@@ -25,7 +25,8 @@ image_app = typer.Typer(help="Build sandbox images locally (no registry is neede
 def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sandbox of this run"),
                all_: bool = typer.Option(False, "--all", help="every managed container, even "
                                          "those of live processes")) -> None:
-    """Remove orphaned sandboxes (their creator died): containers, bwrap dirs and cgroups."""
+    """Remove orphaned sandboxes (their creator died): containers, bwrap dirs and cgroups; and
+    the bwrap rootfs exports of images Docker no longer has."""
     from corral.sandbox.reaper import gc
 
     try:
@@ -33,7 +34,7 @@ def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sand
     except CorralError as exc:
         fail(str(exc))
     console.print(f"removed {report.containers} containers, {report.bwrap_dirs} bwrap "
-                  f"sandboxes, {report.cgroups} cgroups")
+                  f"sandboxes, {report.cgroups} cgroups, {report.rootfs_exports} rootfs exports")
 
 
 @sandbox_app.command("hosts")

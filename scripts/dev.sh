@@ -115,13 +115,26 @@ base_image() {
   "$VENV/bin/corral" image base
 }
 
-setup() { apt_packages; docker_daemon; python_env; vllm_env; base_image; }
+disk_space() {
+  # a first set-up writes about 7 GB (the two venvs, images, rootfs exports): say so plainly
+  # before pip fails with "No space left on device"
+  local free_kb
+  [ -x "$VENV/bin/python" ] && [ -x "$VLLM_VENV/bin/python" ] && return
+  free_kb=$(df -Pk "$ROOT" | awk 'NR == 2 {print $4}')
+  [ "${free_kb:-0}" -ge $((8 * 1024 * 1024)) ] && return
+  log "warning: only $((free_kb / 1024)) MB free on $(df -P "$ROOT" | awk 'NR == 2 {print $6}');" \
+      "a first set-up needs about 8 GB"
+}
+
+setup() { disk_space; apt_packages; docker_daemon; python_env; vllm_env; base_image; }
 
 cmd=${1:-setup}; shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/corral" demo "$@" ;;
   test) setup
+    # sandboxes of dead processes and rootfs exports of images Docker no longer has
+    "$VENV/bin/corral" sandbox gc >/dev/null || log "corral sandbox gc failed; going on"
     "$VENV/bin/ruff" check --quiet . || { log "ruff check failed (fix the lines above)"; exit 1; }
     # the slowest tests are listed: the suite is kept under 25 minutes
     exec "$VENV/bin/python" -m pytest -q --durations=25 "$@" ;;

@@ -60,7 +60,8 @@ from .image_backend import ImageBackend
 from ._rootio import RootDir
 from ._rootio import supported as openat2_supported
 from ._seccomp import program_file
-from .images import cache_dir, cached_rootfs, export_rootfs, passwd_entry, rootfs_config
+from .images import (cache_dir, cached_rootfs, export_rootfs, passwd_entry, rootfs_config,
+                     touch_export)
 from .spec import Terminal, parse_size
 
 log = logging.getLogger(__name__)
@@ -258,7 +259,9 @@ class BwrapSandbox(Sandbox):
         sbdir = sandboxes_dir() / name
         sbdir.parent.mkdir(parents=True, exist_ok=True)
         owner_record(sbdir).write_text(json.dumps(
-            {"pid": os.getpid(), "run": run_id, "env": env_id, "created": time.time()}))
+            {"pid": os.getpid(), "run": run_id, "env": env_id, "created": time.time(),
+             "rootfs": exported.name}))
+        touch_export(exported)
         sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, None, base)
         try:
             for sub in ("upper", "work"):

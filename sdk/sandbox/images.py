@@ -10,11 +10,14 @@ No container registry is reachable, so nothing here ever pulls:
   CLI: `corral image build --dockerfile PATH`.
 - `export_rootfs(image)` unpacks an image's filesystem once per image id under
   `$CORRAL_CACHE/rootfs/` (default `~/.cache/corral`) for the bwrap backend, atomically, with the
-  image's Env/WorkingDir/User saved next to it.
+  image's Env/WorkingDir/User saved next to it. `prune_exports(keep)` removes the exports of
+  images the daemon no longer holds (a rebuilt or removed image's), so the cache does not grow
+  with every rebuild.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -29,7 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Collection, TypeVar
 
 from ..backoff import Backoff
 from ..errors import ImageBuildError, ImageNotFound, SandboxError, SandboxUnavailable
@@ -416,3 +419,56 @@ def _export(image: str) -> Path:
 def rootfs_config(rootfs: Path) -> dict[str, Any]:
     """The config saved by `export_rootfs` for a rootfs folder."""
     return json.loads((rootfs.parent / f"{rootfs.name}.json").read_text())
+
+
+def touch_export(rootfs: Path) -> None:
+    """Mark an export as just used (its config file's mtime), so `prune_exports` spares it."""
+    try:
+        os.utime(rootfs.parent / f"{rootfs.name}.json")
+    except FileNotFoundError:  # pruned meanwhile: its image is gone, as the caller finds out
+        pass
+
+
+def prune_exports(keep: Collection[str], grace_s: float) -> int:
+    """Remove the rootfs exports (with their uid-shifted copies) of images the local daemon no
+    longer holds, but those named in `keep` (image ids in use) and those used in the last
+    `grace_s` seconds; and temporary folders older than that (an export or copy killed midway).
+    Returns how many exports were removed. SandboxError when the daemon cannot be asked.
+    """
+    root = cache_dir() / "rootfs"
+    if not root.is_dir():
+        return 0
+    try:  # not waited for: a daemon that does not answer now leaves the cache as it is
+        held = {img.id.split(":")[-1] for img in docker_client().images.list(all=True)}
+    except SandboxError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the SDK's API errors share no base class
+        raise SandboxError(f"listing the daemon's images failed: {exc}") from exc
+    now = time.time()
+
+    def idle(path: Path) -> bool:
+        try:
+            return now - path.stat().st_mtime > grace_s
+        except FileNotFoundError:
+            return False
+
+    removed = 0
+    for config in sorted(root.glob("*.json")):
+        digest = config.name[:-len(".json")]
+        if digest in held or digest in keep or not idle(config):
+            continue
+        # moved aside first, so no caller ever finds a half-removed export under its name; the
+        # config goes last, so an export without one is never left
+        trash = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{digest[:12]}-gone-"))
+        for part in [root / digest, *root.glob(f"{digest}.uid*")]:
+            with contextlib.suppress(FileNotFoundError):
+                part.rename(trash / part.name)
+        shutil.rmtree(trash, ignore_errors=True)
+        config.unlink(missing_ok=True)
+        removed += 1
+    for tmp in root.glob(".tmp-*"):
+        if idle(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if removed:
+        log.info("removed %d rootfs exports of images the daemon no longer holds", removed)
+    return removed

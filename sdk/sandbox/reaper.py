@@ -5,6 +5,10 @@
 cgroups. `gc(run=RUN)` removes every sandbox of that run; `gc(everything=True)` every managed
 container, live or not. CLI: `corral sandbox gc [--run RUN] [--all]`.
 
+Both also prune the bwrap backend's rootfs cache: the exports of images the local daemon no
+longer holds (`images.prune_exports`), but those a live sandbox runs on or used in the last
+`EXPORT_GRACE_S`, so a cache that every rebuilt image adds to does not fill the disk.
+
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
 sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
 dirs by their owner record, and their cgroups), sparing those of a live process that shares the
@@ -36,11 +40,13 @@ from .base import BackendConfig
 from .docker import LABEL_OWNER, LABEL_RUN, DockerConfig, io_root
 from .fleet import (DockerHost, DockerHostConfig, configured_hosts, default_host, shared_host,
                     unreachable)
-from .images import LABEL_MANAGED
+from .images import LABEL_MANAGED, prune_exports
 
 # a bwrap dir without an owner record (made by an older version) or a record not yet written
 # in full, younger than this, is spared: it may be being made
 OWNERLESS_GRACE_S = 60.0
+# an export (or a temporary folder of one) used or touched this recently is never pruned
+EXPORT_GRACE_S = 600.0
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ class GcReport:
     containers: int = 0
     bwrap_dirs: int = 0
     cgroups: int = 0
+    rootfs_exports: int = 0
 
 
 def _pid_alive(pid: int) -> bool:
@@ -194,6 +201,29 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
     return dirs, cgroups
 
 
+def prune_rootfs() -> int:
+    """Remove the rootfs exports of images the daemon no longer holds that no live bwrap
+    sandbox runs on (see module docstring); 0 when the daemon does not answer, or when a live
+    sandbox's record (of an older version) does not say which export it runs on."""
+    in_use: set[str] = set()
+    for sandbox_dir in _sandbox_dirs(sandboxes_dir()):
+        try:
+            owner = json.loads(owner_record(sandbox_dir).read_text())
+        except (OSError, ValueError):  # no record, or one being written: its owner is alive
+            if sandbox_dir.exists() or owner_record(sandbox_dir).exists():
+                return 0
+            continue
+        if owner.get("pid") and _pid_alive(int(owner["pid"])):
+            if "rootfs" not in owner:
+                return 0
+            in_use.add(owner["rootfs"])
+    try:
+        return prune_exports(in_use, EXPORT_GRACE_S)
+    except SandboxError as exc:
+        log.info("leaving the rootfs cache as it is: %s", exc)
+        return 0
+
+
 def _sandbox_dirs(root: Path) -> list[Path]:
     """Every bwrap sandbox under `root`, by its dir or its owner record (a process killed
     before making its dir, or after removing it, leaves the record alone)."""
@@ -254,6 +284,7 @@ def gc(run: str | None = None, everything: bool = False, docker: bool = True,
         except SandboxError as exc:  # no daemon: nothing of docker's to collect
             log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run)
+    report.rootfs_exports = prune_rootfs()
     return report
 
 
@@ -271,6 +302,7 @@ def reap_run(run: str, *, mine: bool = False,
     except SandboxError as exc:
         log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run, orphans_only=True, mine=mine)
+    report.rootfs_exports = prune_rootfs()
     if report.containers or report.bwrap_dirs or report.cgroups:
         log.warning("run %s: reaped %d containers, %d bwrap dirs and %d cgroups left by a "
                     "process that is gone", run, report.containers, report.bwrap_dirs,
@@ -278,4 +310,5 @@ def reap_run(run: str, *, mine: bool = False,
     return report
 
 
-__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "reap_run"]
+__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "prune_rootfs",
+           "reap_run"]

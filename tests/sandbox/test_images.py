@@ -242,3 +242,51 @@ def test_owner_records_without_dirs_go_once_their_owner_is_gone(run_id):
     finally:
         being_written.unlink(missing_ok=True)
         orphan.unlink(missing_ok=True)
+
+
+@pytest.mark.bwrap
+async def test_rootfs_exports_of_removed_images_are_pruned_unless_in_use(base_image, run_id,
+                                                                        tmp_path):
+    """Every rebuilt image used by the bwrap backend adds an export (and its uid-shifted copy)
+    to the cache: once the daemon no longer holds the image, the reaper removes them, but
+    never one a live sandbox runs on, one used in the grace period, or one of a held image."""
+    from corral.sandbox.images import cache_dir
+    from corral.sandbox.reaper import gc, prune_rootfs
+
+    def export_of(tag: str) -> Path:
+        digest = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", tag],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        return cache_dir() / "rootfs" / digest.split(":")[-1]
+
+    def age(export: Path) -> None:
+        old = time.time() - 3600
+        os.utime(export.parent / f"{export.name}.json", (old, old))
+
+    exports = []
+    for i in range(2):  # two images of their own (a label makes a new image id, no new layer)
+        (tmp_path / f"Dockerfile{i}").write_text(f"FROM {base_image}\nLABEL prune={run_id}-{i}\n")
+        tag = build_image(tmp_path / f"Dockerfile{i}", tmp_path, name=f"prune{i}")
+        exports.append((tag, export_of(tag)))
+    held = export_of(base_image)
+    running = await open_sandbox(Terminal(image=exports[0][0]), "bwrap", run_id=run_id)
+    closed = await open_sandbox(Terminal(image=exports[1][0]), "bwrap", run_id=run_id)
+    await closed.close()
+    for tag, export in exports:
+        assert export.is_dir() and list(export.parent.glob(f"{export.name}.uid*"))
+        subprocess.run(["docker", "rmi", tag], check=True, capture_output=True)
+    try:
+        prune_rootfs()
+        assert all(export.is_dir() for _, export in exports)  # both used just now
+        for _, export in exports:
+            age(export)
+        age(held)
+        assert prune_rootfs() >= 1  # (with any other idle export of a removed image)
+        (_, in_use), (_, unused) = exports
+        assert not unused.exists() and not list(unused.parent.glob(f"{unused.name}*"))
+        assert in_use.is_dir() and held.is_dir()
+        assert (await running.exec("cat /etc/os-release")).exit_code == 0
+    finally:
+        await running.close()
+    assert gc().rootfs_exports >= 1
+    assert not list(in_use.parent.glob(f"{in_use.name}*"))
+    assert held.is_dir()

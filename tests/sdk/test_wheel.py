@@ -16,10 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_wheel_installs_and_imports_every_subpackage(tmp_path: Path) -> None:
-    # Build from a copy so no build/ folder is left in (or reused from) the working tree.
+    # Build from a copy of what git tracks (and new files it does not ignore), so no build/
+    # folder is left in (or reused from) the working tree and no venv is copied.
     source = tmp_path / "src"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "runs", "__pycache__", ".pytest_cache"))
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():  # not one deleted from the working tree
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps",
                     "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")],
                    check=True, capture_output=True)
