@@ -16,6 +16,7 @@ leaves everything else running; those groups keep their place and fill the next 
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -91,8 +92,11 @@ class AssemblyConfig:
     start; a retry whose pause would end later is not made and the failure is final."""
 
     def __post_init__(self) -> None:
-        if self.retries < 0 or self.overprovision < 0:
-            raise ValueError("retries and overprovision must be >= 0")
+        if not (isinstance(self.retries, int) and self.retries >= 0):
+            raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
+        if not 0 <= self.overprovision < math.inf:  # NaN fails too
+            raise ValueError(f"overprovision must be a finite number >= 0, got "
+                             f"{self.overprovision!r}")
         self.backoff()  # validates the retry schedule
         if self.min_group_trainable < 1:
             raise ValueError("min_group_trainable must be at least 1")

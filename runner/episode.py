@@ -32,6 +32,7 @@ from typing import Any, AsyncIterator
 
 from corral.errors import AgentError, EpisodeTruncated, InfraError
 from corral.runner.policy import ChatTranscript, Generation, GenerationRequest, Policy
+from corral.runner.policy.base import checked_generation
 from corral.runner.policy.sampling import check_max_tokens, check_temperature, check_top_p
 from corral.runner.pool import span_sink
 from corral.runner.trajectory import Span, Status, Trajectory
@@ -150,7 +151,7 @@ class _Episode:
         queued = time.time()
         async with self.inference:
             admitted = time.time()
-            gen = await self.policy.generate(request)
+            gen = checked_generation(await self.policy.generate(request), self.policy)
         done = time.time()
         decode_from = min(done, admitted + max(0.0, gen.queue_seconds))
         self.traj.spans.append(Span("queue", queued, decode_from))

@@ -43,7 +43,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 from corral.errors import CorralError
 from corral.runner.assembly import AssemblyConfig, batch_summary
@@ -99,6 +99,30 @@ def deck_depth(capacity: int, warm_spares: int) -> int:
     return max(warm_spares, default_spares(capacity))
 
 
+def _check_arguments(envs: object, policy: object, limits: object, assembly: object,
+                     seed: object, env_weights: Sequence[float] | None) -> None:
+    """A TypeError or ValueError naming the argument, when the `Runner` is made: each of these
+    would otherwise fail mid-run, in every episode, with an error that names none of them."""
+    if isinstance(envs, (str, bytes)) or not isinstance(envs, Iterable):
+        raise TypeError(f"envs must be a list of env ids or factories, got {envs!r}"
+                        + (f"; pass [{envs!r}]" if isinstance(envs, str) else ""))
+    if not callable(getattr(policy, "generate", None)):
+        raise TypeError(f"policy must be a Policy (with an async generate), got "
+                        f"{type(policy).__name__}")
+    for name, value, kind in (("limits", limits, EpisodeLimits),
+                              ("assembly", assembly, AssemblyConfig)):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"{name} must be an {kind.__name__} (or None), got "
+                            f"{type(value).__name__}: {kind.__name__}(**{name}) makes one")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if env_weights:
+        weights = list(env_weights)
+        if not all(isinstance(w, (int, float)) and 0 <= w < math.inf for w in weights) \
+                or not sum(weights) > 0:
+            raise ValueError(f"env_weights must be finite numbers >= 0, not all 0, got {weights}")
+
+
 class Runner:
     """Collects trajectories from `envs` with `policy`; yields GRPO batches or one-shot lists.
 
@@ -130,6 +154,7 @@ class Runner:
                  backend: str | Executor = "asyncio",
                  backend_options: dict[str, Any] | None = None,
                  env_servers: Sequence[str] | None = None) -> None:
+        _check_arguments(envs, policy, limits, assembly, seed, env_weights)
         if sandbox_capacity < 1 or inference_concurrency < 1:
             raise ValueError("sandbox_capacity and inference_concurrency must be at least 1")
         if warm_spares is not None and warm_spares < 0:
@@ -137,6 +162,8 @@ class Runner:
         if isinstance(sandbox_backend, str):  # a typo answered now, with the closest names
             check_backend(sandbox_backend)
         self.env_entries = list(envs)
+        if not self.env_entries:
+            raise ValueError("envs is empty: name at least one env")
         self.policy = policy
         self.sandbox_capacity = sandbox_capacity
         self.inference_concurrency = inference_concurrency

@@ -56,6 +56,28 @@ class Generation:
     decode_seconds: float = 0.0
 
 
+def checked_generation(gen: object, policy: object) -> Generation:
+    """`gen` if it is a well-formed `Generation`; else a TypeError naming `policy`'s class and
+    what is wrong (a custom policy returning None, a dict, or text in place of token ids would
+    otherwise fail later with an error that names neither)."""
+    who = f"{type(policy).__name__}.generate"
+    if not isinstance(gen, Generation):
+        raise TypeError(f"{who} returned {type(gen).__name__}, not a Generation")
+    if not isinstance(gen.token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in gen.token_ids):
+        raise TypeError(f"{who} returned token_ids that are not a list of ints")
+    if not isinstance(gen.logprobs, list) or len(gen.logprobs) != len(gen.token_ids):
+        raise TypeError(f"{who} returned {len(gen.token_ids)} token ids but "
+                        f"{len(gen.logprobs) if isinstance(gen.logprobs, list) else 'no'} "
+                        "logprobs (one per token is needed)")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in gen.logprobs):
+        raise TypeError(f"{who} returned logprobs that are not numbers")
+    if not isinstance(gen.text, str) or not isinstance(gen.version, int):
+        raise TypeError(f"{who} returned a Generation whose text is not a str or whose "
+                        "version is not an int")
+    return gen
+
+
 class Policy(abc.ABC):
     """Something that samples tokens: in-process (`LocalPolicy`) or over HTTP (`OpenAIPolicy`)."""
 

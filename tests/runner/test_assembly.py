@@ -111,8 +111,11 @@ def _traj(group: int, sample: int, reward: float, status: Status = Status.COMPLE
 
 
 def test_runner_settings_come_in_groups() -> None:
-    with pytest.raises(ValueError, match="retries and overprovision"):
+    with pytest.raises(ValueError, match="retries must be an int >= 0"):
         AssemblyConfig(retries=-1)
+    for endless in (float("inf"), float("nan")):  # would launch groups without end
+        with pytest.raises(ValueError, match="overprovision must be a finite number"):
+            AssemblyConfig(overprovision=endless)
     with pytest.raises(ValueError, match="min_group_trainable"):
         AssemblyConfig(min_group_trainable=0)
     runner = Runner(["corral/arithmetic-v0"], ScriptedPolicy(arithmetic_solver),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import pytest
@@ -161,6 +162,53 @@ def test_limits_that_would_cut_every_episode_are_refused(field: str, value: Any,
                                                          message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EpisodeLimits(**{field: value})
+
+
+@pytest.mark.parametrize("change, error, message", [
+    ({"envs": "corral/arithmetic"}, TypeError, r"pass \['corral/arithmetic'\]"),
+    ({"envs": []}, ValueError, "envs is empty"),
+    ({"policy": None}, TypeError, "policy must be a Policy"),
+    ({"limits": {"max_turns": 2}}, TypeError, r"EpisodeLimits\(\*\*limits\)"),
+    ({"assembly": {"retries": 1}}, TypeError, "assembly must be an AssemblyConfig"),
+    ({"seed": -1}, ValueError, "seed must be an int >= 0"),
+    ({"env_weights": [0.0]}, ValueError, "not all 0"),
+    ({"env_weights": [float("nan")]}, ValueError, "env_weights must be finite"),
+])
+def test_runner_arguments_that_would_fail_every_episode_are_refused(
+        change: dict[str, Any], error: type[Exception], message: str) -> None:
+    args: dict[str, Any] = {"envs": ["corral/arithmetic"], "policy": ScriptedPolicy(["4"]),
+                            **change}
+    with pytest.raises(error, match=message):
+        Runner(args.pop("envs"), args.pop("policy"), **args)
+
+
+class _MalformedPolicy(ScriptedPolicy):
+    """Returns what a hand-written policy might by mistake, in place of a Generation."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__(["4"])
+        self.answer = answer
+
+    async def generate(self, request: GenerationRequest) -> Any:
+        gen = await super().generate(request)
+        return self.answer(gen)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda gen: None, "returned NoneType, not a Generation"),
+    (lambda gen: {"text": gen.text}, "returned dict, not a Generation"),
+    (lambda gen: Generation([str(t) for t in gen.token_ids], gen.logprobs, gen.text, 0),
+     "token_ids that are not a list of ints"),
+    (lambda gen: Generation(gen.token_ids, gen.logprobs[:-1], gen.text, 0),
+     "but .* logprobs"),
+])
+async def test_a_malformed_generation_is_named_with_its_policy(answer: Any, message: str) -> None:
+    async with Runner(["corral/arithmetic"], _MalformedPolicy(answer),
+                      assembly=AssemblyConfig(retries=0)) as runner:
+        trajs = await runner.collect(1)
+    assert trajs[0].status is Status.INFRA_ERROR
+    assert trajs[0].error.startswith("TypeError: _MalformedPolicy.generate")
+    assert re.search(message, trajs[0].error)
 
 
 async def test_infra_failures_are_retried_with_a_fresh_sandbox(opener: DirOpener) -> None:
