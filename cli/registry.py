@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -62,6 +63,10 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
                         "not both")
     if adversarial and not validate:
         raise FlagError("--adversarial runs the hack agents of --validate; add --validate")
+    if force and not validate and report is None:
+        # --force only overrides a failed validation: alone it would be silently ignored
+        raise FlagError("--force publishes a release whose validation failed; add --validate "
+                        "or --report FILE")
     if version is not None:
         try:
             SemVer.parse(version)
@@ -93,8 +98,11 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
         console.print("[yellow]warning:[/] validation failed; published anyway (--force), as "
                       "the dataset card says")
     store = open_store(registry, token=token)
-    with console.status(f"publishing to {store.location}…"):
-        result = store.publish(built.archive, token=token)
+    try:
+        with console.status(f"publishing to {store.location}…"):
+            result = store.publish(built.archive, token=token)
+    finally:  # the archive was packed into a temp folder of its own: the store holds a copy
+        shutil.rmtree(built.archive.parent, ignore_errors=True)
     record = result.record
     what = "published" if result.created else "already published (identical content)"
     console.print(f"{what} [bold]{record.ref}[/] sha256:{record.sha256} "

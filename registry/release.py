@@ -382,9 +382,12 @@ def _info(name: str, size: int, executable: bool) -> tarfile.TarInfo:
 
 
 # --- reading -------------------------------------------------------------------------------------
-def read_release(archive: Path, limits: Limits = DEFAULT_LIMITS) -> ReleaseManifest:
-    """Verify an archive completely and return its manifest (`ReleaseError` if anything is off)."""
-    return _scan(archive, limits, dest=None)
+def read_release(archive: Path, limits: Limits = DEFAULT_LIMITS, *,
+                 label: str | None = None) -> ReleaseManifest:
+    """Verify an archive completely and return its manifest (`ReleaseError` if anything is off).
+    Errors name the archive as `label` (default: its file name), so that a temp file can be
+    named as what it holds ("the uploaded archive")."""
+    return _scan(archive, limits, dest=None, label=label or archive.name)
 
 
 def unpack(archive: Path, dest: Path, limits: Limits = DEFAULT_LIMITS) -> ReleaseManifest:
@@ -392,15 +395,15 @@ def unpack(archive: Path, dest: Path, limits: Limits = DEFAULT_LIMITS) -> Releas
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise ReleaseError(f"unpack: {dest} is not empty")
-    return _scan(archive, limits, dest=dest)
+    return _scan(archive, limits, dest=dest, label=archive.name)
 
 
-def _scan(archive: Path, limits: Limits, dest: Path | None) -> ReleaseManifest:
+def _scan(archive: Path, limits: Limits, dest: Path | None, label: str) -> ReleaseManifest:
     try:
         with gzip.open(archive, "rb") as gz:
             return _scan_members(TarReader(gz, limits), limits, dest)
     except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
-        raise ReleaseError(f"{archive.name}: not a readable release archive ({exc})") from None
+        raise ReleaseError(f"{label}: not a readable release archive ({exc})") from None
 
 
 def _scan_members(tar: TarReader, limits: Limits, dest: Path | None) -> ReleaseManifest:

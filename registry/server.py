@@ -2,7 +2,8 @@
 
     corral registry serve --registry /srv/corral --port 8080 --token acme:s3cret
 
-API (JSON unless noted; errors are `{"error": <exception name>, "detail": <one line>}`):
+API (JSON unless noted; errors are `{"error": <exception name>, "detail": <one line>}`, a
+malformed request too: a 422 `RequestValidationError` naming the field, see `_invalid_request`):
 
     PUT  /api/releases                 body: a release archive; needs a token for its namespace
     GET  /api/releases[?pattern=&include_yanked=]      GET /api/releases/{sha}
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel
 
 from corral.errors import CorralError, InvalidEnvId, RegistryError
 
@@ -90,6 +93,36 @@ def _error(exc: Exception) -> JSONResponse:
     return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, status_code=status)
 
 
+# Where FastAPI found a bad value (the first part of an error's `loc`), as the detail names it.
+_WHERE = {"body": "body field", "query": "query parameter", "path": "path parameter",
+          "header": "header"}
+
+
+def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A malformed request (a missing or mistyped JSON field or query parameter, a body that is
+    not JSON) in the API's error shape, one line naming each field, instead of FastAPI's list:
+    `{"error": "RequestValidationError", "detail": "query parameter 'ref': Field required"}`."""
+    problems = []
+    for error in exc.errors():
+        source, *path = [str(part) for part in error["loc"]]
+        if error["type"] == "json_invalid":  # its path is a character offset, not a field
+            reason = (error.get("ctx") or {}).get("error", error["msg"])
+            problems.append(f"body: not valid JSON ({reason})")
+            continue
+        where = f"{_WHERE.get(source, source)} '{'.'.join(path)}'" if path else source
+        got = "" if error["type"] == "missing" else f" (got {error.get('input')!r:.80})"
+        problems.append(f"{where}: {error['msg']}{got}")
+    return JSONResponse({"error": type(exc).__name__, "detail": "; ".join(problems)},
+                        status_code=422)
+
+
+class YankRequest(BaseModel):
+    """The body of `POST /api/yank`."""
+
+    ref: str
+    reason: str = ""
+
+
 def _dump(record: Any) -> Any:
     return record.model_dump(mode="json")
 
@@ -103,6 +136,7 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
     if removed := store.recover():
         log.warning("removed %d unfinished upload(s) left by a stopped server", removed)
     app.add_exception_handler(CorralError, lambda request, exc: _error(exc))
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     max_upload = store.limits.max_total_bytes
 
     @app.get("/api/health")
@@ -152,12 +186,11 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
         return [_dump(r) for r in store.search(q)]
 
     @app.post("/api/yank")
-    def yank(request: Request, body: dict[str, str]) -> Any:
-        ref = body.get("ref", "")
-        Ref.exact(ref)  # a bare id is refused before anything is resolved
-        record = store.resolve(ref, include_yanked=True)  # a yanked one: "already yanked", 400
+    def yank(request: Request, body: YankRequest) -> Any:
+        Ref.exact(body.ref)  # a bare id is refused before anything is resolved
+        record = store.resolve(body.ref, include_yanked=True)  # yanked: "already yanked", 400
         tokens.check(_bearer(request), record.manifest.namespace)
-        return _dump(store.yank(f"sha256:{record.sha256}", reason=body.get("reason", "")))
+        return _dump(store.yank(f"sha256:{record.sha256}", reason=body.reason))
 
     @app.post("/api/profiles")
     def record_profile(request: Request, profile: Profile) -> Any:

@@ -304,14 +304,15 @@ class LocalStore:
         with self.temp_file() as (tmp, fh), open(archive, "rb") as src:
             shutil.copyfileobj(src, fh)
             fh.flush()
-            return self.add_temp(tmp)
+            return self.add_temp(tmp, label=Path(archive).name)
 
-    def add_temp(self, tmp: Path, *, check_namespace: Any = None,
-                 expect_sha: str | None = None) -> PublishResult:
+    def add_temp(self, tmp: Path, *, check_namespace: Any = None, expect_sha: str | None = None,
+                 label: str = "the uploaded archive") -> PublishResult:
         """Verify the archive at `tmp` (a file in `self.tmp`, consumed) and commit it.
         `check_namespace(namespace)` may raise to refuse the release before anything is kept;
         `expect_sha` refuses an archive whose hash differs (corrupted in transit, or in a
-        registry server's store: a local source checks its own blob in `download`)."""
+        registry server's store: a local source checks its own blob in `download`). Errors name
+        the archive as `label`, never by the temp file's name, which means nothing to a user."""
         try:
             size = tmp.stat().st_size
             if size > self.limits.max_total_bytes:
@@ -319,11 +320,11 @@ class LocalStore:
                                    f"{self.limits.max_total_bytes:,}-byte limit")
             sha = sha256_file(tmp)
             if expect_sha is not None and sha != expect_sha:
-                raise ReleaseError(f"downloaded archive has sha256:{sha[:12]}…, expected "
-                                   f"sha256:{expect_sha[:12]}…: corrupted in transit, or "
+                raise ReleaseError(f"{label}: the downloaded archive has sha256:{sha[:12]}…, "
+                                   f"expected sha256:{expect_sha[:12]}…: corrupted in transit, or "
                                    "damaged in the source registry's store (a download cannot "
                                    "tell which)")
-            manifest = read_release(tmp, self.limits)
+            manifest = read_release(tmp, self.limits, label=label)
             if check_namespace is not None:
                 check_namespace(manifest.namespace)
             with self._write() as conn:
@@ -421,8 +422,13 @@ class LocalStore:
         raise ReleaseNotFound(self._missing(ref, parsed, rows))
 
     def _missing(self, ref: str, parsed: Ref, rows: list[sqlite3.Row]) -> str:
+        if rows and all(r["yanked"] for r in rows):  # as the web catalog's page of the env
+            reasons = "; ".join(f"{r['version']}: {r['yank_reason'] or 'no reason'}" for r in
+                                sorted(rows, key=lambda r: SemVer.parse(r["version"]).key))
+            return (f"no release {ref} in {self.location}: every version is yanked ({reasons}); "
+                    "a yanked release is pulled by hash only (sha256:HASH)")
         if rows:
-            versions = ", ".join(sorted({r["version"] for r in rows if not r["yanked"]})) or "none"
+            versions = ", ".join(sorted({r["version"] for r in rows if not r["yanked"]}))
             return f"no release {ref} in {self.location}; visible versions: {versions}"
         ids = [r[0] for r in self._conn().execute("SELECT DISTINCT env_id FROM releases")]
         hint = closest(parsed.env_id or "", ids)

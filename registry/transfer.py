@@ -70,7 +70,7 @@ def pull(ref: str, *, source: str | Path | Store | None,
             pass
         with dest.temp_file() as (tmp, _):  # locked: a `recover` meanwhile leaves it alone
             store.download(record.sha256, tmp, max_bytes=dest.limits.max_total_bytes)
-            result = dest.add_temp(tmp, expect_sha=record.sha256)
+            result = dest.add_temp(tmp, expect_sha=record.sha256, label=record.ref)
     finally:
         if store is not source:  # opened here from a path or URL
             store.close()

@@ -13,6 +13,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
+from corral.catalog import parse_id
+
 from ..errors import ReleaseNotFound
 from ..curation import dataset_card
 from ..store import LocalStore
@@ -51,9 +53,17 @@ def render(template: str, **context: Any) -> str:
 
 
 def env_page(store: LocalStore, env_id: str, version: str | None, base_url: str) -> str:
-    """The HTML page of one env (its latest visible release unless `version` is given)."""
+    """The HTML page of one env (its latest visible release unless `version` is given); an env
+    whose every version is yanked gets a page saying so, with each version's yank reason."""
     ref = f"{env_id}@{version}" if version else env_id
-    record = store.resolve(ref)
+    try:
+        record = store.resolve(ref)
+    except ReleaseNotFound:
+        yanked = [] if version else _releases_of(store, env_id)
+        if not yanked:
+            raise
+        # The env exists (as `check_env` and the profile API say): "not found" would be wrong.
+        return render("yanked.html", env_id=env_id, versions=yanked, base_url=base_url)
     versions = [r for r in store.releases() if r.id == record.id]
     card = dataset_card(store, f"sha256:{record.sha256}")
     profiles = [(p, histogram_svg(_histogram(p), title=f"pass rate per task · {p['name']}"))
@@ -61,6 +71,13 @@ def env_page(store: LocalStore, env_id: str, version: str | None, base_url: str)
     validation = record.manifest.validation or {}
     return render("env.html", record=record, m=record.manifest, versions=versions,
                   profiles=profiles, validation=validation, base_url=base_url)
+
+
+def _releases_of(store: LocalStore, env_id: str) -> list[Any]:
+    """Every release of `env_id` (`ns/name-vN`, or `ns/name`: of any `-vN`), yanked ones too."""
+    namespace, name, number = parse_id(env_id)
+    return [r for r in store.releases() if r.id == env_id
+            or (number is None and parse_id(r.id)[:2] == (namespace, name))]
 
 
 def _histogram(profile: dict[str, Any], bins: int = 10) -> list[int]:

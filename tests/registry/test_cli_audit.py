@@ -125,6 +125,32 @@ def test_publish_flags_are_checked_as_the_readme_says(home: Path, make_env,
     assert not LocalStore.present(home) or LocalStore(home).releases() == []
 
 
+def test_publish_force_needs_a_validation_to_override(home: Path, make_env,
+                                                      tmp_path: Path) -> None:
+    """`--force` publishes a release whose validation failed: alone (no --validate, no
+    --report) it was accepted and did nothing; it is a usage error naming the flags (exit 2),
+    and with a failed --report it still publishes, recorded in the dataset card."""
+    folder, env_id = make_env(4)
+    out = run_cli("publish", str(folder), "--version", "1.0.0", "--force", home=home,
+                  cwd=tmp_path)
+    one_line(out, 2, "--force", "--validate", "--report")
+    assert not LocalStore.present(home) or LocalStore(home).releases() == []
+    report = tmp_path / "failed.json"
+    report.write_text(json.dumps({
+        "env_id": env_id, "tasks_total": 4, "tasks_checked": 4, "limit": None,
+        "concurrency": 1, "started_at": "2025-01-01T00:00:00", "seconds": 0.1,
+        "oracle_pass_rate": 0.5, "noop_pass_rate": 0.0, "infra_errors": 0, "ok": False,
+        "tasks": []}))
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    forced = run_cli("publish", str(folder), "--version", "1.0.0", "--report", str(report),
+                     "--force", home=home, cwd=tmp_path, TMPDIR=str(temp))
+    assert forced.returncode == 0, forced.stderr
+    assert list(temp.iterdir()) == []  # the archive's temp folder went once it was published
+    card = LocalStore(home).resolve(f"{env_id}@1.0.0").manifest.card.validation
+    assert card["ok"] == "false" and card["forced"]
+
+
 def test_store_paths_that_cannot_hold_a_store_are_one_line(home: Path, make_env,
                                                            tmp_path: Path) -> None:
     """`--registry FILE`, `--to FILE`, a CORRAL_HOME that is a file: was `NotADirectoryError:

@@ -241,3 +241,67 @@ def test_a_description_over_its_cap_is_refused_at_publish(server, make_env, tmp_
         "manifest field 'description' is 102,400 bytes, over the 65,536-byte limit; keep long "
         "documentation in a README file of the env")}
     assert store_is_empty(server.store)
+
+
+def test_a_corrupt_upload_is_named_as_uploaded_not_by_its_temp_file(server, make_env,
+                                                                    tmp_path: Path) -> None:
+    """A garbled, truncated or bit-flipped archive was refused naming the server's temp file
+    (`4242-1f0e….part: not a readable release archive`); the error names what was uploaded,
+    in one line, and nothing is kept."""
+    folder, _ = make_env(4)
+    good = build_release(folder, out_dir=tmp_path / "out").archive.read_bytes()
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0xFF
+    corrupt = {"garbage.tar.gz": b"not a release at all",
+               "truncated.tar.gz": good[:len(good) // 2], "flipped.tar.gz": bytes(flipped)}
+    client = RegistryClient(server.url, token=TOKEN)
+    local = LocalStore(tmp_path / "local")
+    for name, data in corrupt.items():
+        response = httpx.put(f"{server.url}/api/releases", content=data,
+                             headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == 400, (name, response.text)
+        detail = response.json()["detail"]
+        assert ".part" not in detail and len(detail.splitlines()) == 1, (name, detail)
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ReleaseError) as via_client:
+            client.publish(tmp_path / name)
+        with pytest.raises(ReleaseError) as via_local:
+            local.publish(tmp_path / name)
+        for message in (detail, str(via_client.value), str(via_local.value)):
+            assert ".part" not in message and str(local.tmp) not in message, (name, message)
+        if name != "flipped.tar.gz":  # gzip's own errors (a flipped byte may fail later)
+            assert detail.startswith("the uploaded archive: not a readable release archive (")
+            assert str(via_client.value) == detail
+            assert str(via_local.value).startswith(f"{name}: not a readable release archive (")
+    assert store_is_empty(server.store) and store_is_empty(local)
+
+
+def test_malformed_requests_get_the_api_error_shape(server, make_env) -> None:
+    """A missing or mistyped JSON field or query parameter was FastAPI's 422 with a list of
+    pydantic errors under "detail"; it is the API's shape, a one-line detail naming the field,
+    still 422; nothing is changed."""
+    folder, env_id = make_env(3)
+    record = publish(folder, registry=server.url, token=TOKEN).record
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    profile = {"env_id": env_id, "agent": "random",
+               "tasks": [{"task_index": 0, "task_id": "t0", "runs": 0, "passes": 0}]}
+    cases = [
+        (httpx.get(f"{server.url}/api/resolve"), "query parameter 'ref': Field required"),
+        (httpx.get(f"{server.url}/api/releases", params={"include_yanked": "maybe"}),
+         "query parameter 'include_yanked': Input should be a valid boolean"),
+        (httpx.post(f"{server.url}/api/yank", json={"reason": "x"}, headers=auth),
+         "body field 'ref': Field required"),  # was a 400 "Malformed environment id ''"
+        (httpx.post(f"{server.url}/api/yank", json={"ref": 5}, headers=auth),
+         "body field 'ref': Input should be a valid string (got 5)"),
+        (httpx.post(f"{server.url}/api/yank", content=b"{oops", headers={
+            **auth, "Content-Type": "application/json"}), "body: not valid JSON"),
+        (httpx.post(f"{server.url}/api/profiles", json=profile, headers=auth),
+         "body field 'tasks.0.runs': Input should be greater than or equal to 1"),
+    ]
+    for response, named in cases:
+        assert response.status_code == 422, response.text
+        body = response.json()
+        assert set(body) == {"error", "detail"} and body["error"] == "RequestValidationError"
+        assert isinstance(body["detail"], str) and len(body["detail"].splitlines()) == 1
+        assert body["detail"].startswith(named), (named, body["detail"])
+    assert not server.store.get(record.sha256).yanked and server.store.profile_agents(env_id) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.async_api import async_playwright
 
@@ -74,3 +75,29 @@ async def test_catalog_pages_in_chromium(server, make_env, tmp_path: Path) -> No
             assert response is not None and response.status == 404
         finally:
             await browser.close()
+
+
+def test_an_env_whose_every_version_is_yanked_has_a_page_saying_so(server, make_env) -> None:
+    """`/env/ns/name` of an env whose every version is yanked was a 404 "Not found", though the
+    env exists (the profile API answers for it); it is its page, saying all versions are
+    yanked, with each one's reason and hash. The API's resolve and card still answer 404 (no
+    release resolves), and say why the same way; an env never published is still a 404."""
+    folder, env_id = make_env(3)
+    first = publish(folder, registry=server.store).record
+    second = publish(folder, registry=server.store, version="1.1.0").record
+    server.store.yank(f"{env_id}@1.0.0", reason="verifier accepts empty output")
+    server.store.yank(f"{env_id}@1.1.0", reason="tasks leak the answer")
+    for shown in (env_id, env_id.removesuffix("-v1")):  # `ns/name`: the latest env version
+        page = httpx.get(f"{server.url}/env/{shown}")
+        assert page.status_code == 200, (shown, page.text)
+        assert f"All versions of {shown} are yanked" in page.text
+        for text in ("verifier accepts empty output", "tasks leak the answer", first.sha256,
+                     second.sha256, "1.0.0", "1.1.0"):
+            assert text in page.text, (shown, text)
+    for api in (f"/api/resolve?ref={env_id}", f"/api/cards/{env_id}"):
+        response = httpx.get(server.url + api)
+        assert response.status_code == 404 and response.json()["error"] == "ReleaseNotFound"
+        assert ("every version is yanked (1.0.0: verifier accepts empty output; 1.1.0: tasks "
+                "leak the answer)") in response.json()["detail"]
+    assert httpx.get(f"{server.url}/api/profiles/{env_id}").status_code == 200
+    assert httpx.get(f"{server.url}/env/acme/nothing-v1").status_code == 404
