@@ -64,7 +64,7 @@ QUICK = DemoPlan(validate_limit=2, collect=8, steps=2, batch=8, group=4, sft_ste
 def train_config(plan: DemoPlan, run_dir: Path, model: Path, seconds_left: float,
                  engine: str = "local") -> Any:
     """The demo's `TrainConfig`: the learning benchmark's reverse-3 slice and settings."""
-    from corral.trainer.loop import TrainConfig
+    from corral.trainer.config import TrainConfig
     from corral.trainer.tasks import TaskSlice
 
     return TrainConfig(

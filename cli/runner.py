@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,6 +15,9 @@ from corral.errors import CorralError
 
 from .common import (FlagError, backend_help, check_backend_option, check_device_option,
                      check_run_dir, console, episode_limits, fail)
+
+if TYPE_CHECKING:
+    from corral.runner.store import StoreMismatch
 
 
 def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
@@ -73,6 +76,17 @@ async def _collect(env_ids: list[str], policy: Any, n: int, group: int, run_dir:
             return trajectories, runner.stats()
 
 
+def _resume_error(exc: StoreMismatch) -> CorralError:
+    """A `StoreMismatch` as one line naming the flag at fault (`--seed`, `--group`); envs are
+    the ENV_IDS arguments, whose message stays as it is."""
+    if exc.key not in ("seed", "group"):
+        return exc
+    flag = f"--{exc.key}"
+    return CorralError(f"{flag} {exc.given}: {exc.run_dir} holds a run collected with {flag} "
+                       f"{exc.recorded}; resume it with {flag} {exc.recorded} or choose another "
+                       "--run-dir")
+
+
 def _summary(trajectories: list[Any], seconds: float) -> Table:
     table = Table(title="collected", title_justify="left")
     table.add_column("metric")
@@ -124,14 +138,18 @@ def register(app: typer.Typer) -> None:
         from corral.runner import AssemblyConfig, Status
 
         import corral.registry as registry
-        from corral.runner.store import MANIFEST, read_manifest
+        from corral.runner.store import MANIFEST, StoreMismatch, check_resume, read_manifest
 
         check_backend_option(sandbox_backend, flag="--sandbox-backend")
         check_run_dir(run_dir)
         # an unknown env or a broken manifest fails before the model loads (seconds to minutes)
         for env_id in env_ids:
             registry.spec(env_id)
-        read_manifest(run_dir / MANIFEST)
+        recorded = read_manifest(run_dir / MANIFEST).get("config", {})
+        try:  # resuming with another seed, envs or group size mixes two runs in one store
+            check_resume(run_dir, recorded, {"seed": seed, "envs": list(env_ids), "group": group})
+        except StoreMismatch as exc:
+            raise _resume_error(exc) from None
         # what the flags' ranges let through (a deadline of 0, temperature 0.001)
         limits = episode_limits(max_turns=max_turns, max_tokens=max_tokens,
                                 temperature=temperature, episode_deadline=episode_deadline,
@@ -143,7 +161,11 @@ def register(app: typer.Typer) -> None:
                       assembly=AssemblyConfig(**({} if retries is None else {"retries": retries})),
                       sandbox_backend=sandbox_backend)
         started = time.perf_counter()
-        trajectories, _ = asyncio.run(_collect(list(env_ids), model, n, group, run_dir, kwargs))
+        try:
+            trajectories, _ = asyncio.run(_collect(list(env_ids), model, n, group, run_dir,
+                                                   kwargs))
+        except StoreMismatch as exc:  # another process wrote the manifest meanwhile
+            raise _resume_error(exc) from None
         console.print(_summary(trajectories, time.perf_counter() - started))
         if report:
             from corral.runner.report import write_report

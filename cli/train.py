@@ -212,7 +212,7 @@ def train_command(
 ) -> None:
     """Train a policy with GRPO against registered envs (async collection, checkpoints)."""
     options = dict(locals())  # first: a parameter named like a field sets that field as is
-    from corral.trainer.loop import TrainConfig
+    from corral.trainer.config import TrainConfig
 
     own = {k: v for k, v in options.items() if k in TrainConfig.model_fields and k not in WRITTEN}
     fields["lora"] = [*(fields.get("lora") or []),  # --lora-rank/--lora-alpha: --lora KEY=VALUE
@@ -263,7 +263,7 @@ def train_command(
 def build_command() -> Any:
     """`train_command` with a generated option for every TrainConfig field it does not set
     itself (a parameter named like a field is that field's option)."""
-    from corral.trainer.loop import TrainConfig
+    from corral.trainer.config import TrainConfig
 
     own = inspect.signature(train_command, eval_str=True)
     params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import CorralError
-from corral.runner.store import MANIFEST, TRAJECTORIES
+from corral.runner.store import MANIFEST, TRAJECTORIES, record_problem
 from corral.runner.trajectory import Status
 
 _ARRAYS = re.compile(rb'"(token_ids|logprobs|versions|loss_mask)":\[[^\]]*\]')
@@ -49,18 +49,27 @@ class TrajectoryDigest:
 
 
 def digest_line(raw: bytes) -> TrajectoryDigest | None:
-    """One stored line as a digest (None for a corrupt line)."""
+    """One stored line as a digest. None for a line the store skips too (`read_trajectories`):
+    not JSON, not UTF-8, or a JSON value that is not a trajectory (a list, a number, an object
+    without its ids). A trajectory whose fields have the wrong shape is a `ValueError` naming
+    its id, as `trajectory_of` refuses it."""
     mask = _LOSS_MASK.search(raw)
     try:
-        data: dict[str, Any] = json.loads(_ARRAYS.sub(rb'"\1":[]', raw))
-    except json.JSONDecodeError:
+        data: Any = json.loads(_ARRAYS.sub(rb'"\1":[]', raw))
+    except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes not UTF-8
         return None
-    return TrajectoryDigest(
-        id=data["id"], env_id=data.get("env_id", ""), status=data.get("status", "complete"),
-        reward=float(data.get("reward", 0.0)), turns=int(data.get("turns", 0)),
-        attempts=int(data.get("attempts", 1)),
-        generated_tokens=mask.group(1).count(b"1") if mask else 0,  # 0/1 values only
-        spans=[(s["phase"], s["start"], s["end"]) for s in data.get("spans", [])])
+    if record_problem(data) is not None:
+        return None
+    try:
+        return TrajectoryDigest(
+            id=data["id"], env_id=data["env_id"], status=data.get("status", "complete"),
+            reward=float(data.get("reward", 0.0)), turns=int(data.get("turns", 0)),
+            attempts=int(data.get("attempts", 1)),
+            generated_tokens=mask.group(1).count(b"1") if mask else 0,  # 0/1 values only
+            spans=[(s["phase"], s["start"], s["end"]) for s in data.get("spans", [])])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"trajectory {data['id']} cannot be read "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 class StoreDigest:
@@ -83,12 +92,17 @@ class StoreDigest:
                 fh.seek(self.offset)
                 data = fh.read()
             end = data.rfind(b"\n") + 1  # a torn last line is not acknowledged yet
-            self.offset += end
             for raw in data[:end].splitlines():
-                traj = digest_line(raw)
+                try:
+                    traj = digest_line(raw)
+                except ValueError as exc:
+                    # the offset stays put: a later call names the record again (as `load_run`
+                    # does), rather than leaving the rest of these lines out of every report
+                    raise CorralError(f"{self.path}: {exc}") from None
                 if traj is None:
                     continue
                 old = self.by_id.get(traj.id)
                 if old is None or old.status == INFRA:
                     self.by_id[traj.id] = traj
+            self.offset += end
         return list(self.by_id.values())

@@ -480,6 +480,7 @@ class Runner:
         self._require_started()
         if n < 1 or group < 1:
             raise ValueError("collect needs n >= 1 and group >= 1")
+        await self._record_group(group)
         ids: list[str] = []
         for _ in range(math.ceil(n / group)):
             g = self._next_free_group()
@@ -491,6 +492,12 @@ class Runner:
         # handed over: the runner keeps no trajectory it returned (long runs stay bounded)
         return [self._results.pop(i) for i in ids]
 
+    async def _record_group(self, group: int) -> None:
+        """Record the group size in the run's manifest: a resume with another one would mix
+        group sizes in one store (`StoreMismatch`)."""
+        if self.store is not None:
+            await asyncio.to_thread(self.store.record, group=group)
+
     async def batches(self, size: int = 256, group: int = 8, *,
                       max_batches: int | None = None) -> AsyncIterator[Batch]:
         """Yield batches of `size // group` whole groups (`size` must be a multiple of `group`).
@@ -500,6 +507,7 @@ class Runner:
         self._require_started()
         if group < 1 or size < group or size % group:
             raise ValueError(f"size ({size}) must be a positive multiple of group ({group})")
+        await self._record_group(group)
         needed = size // group
         ahead = max(needed, math.ceil(needed * (1 + self.assembly.overprovision)))
         give_up = 20 * ahead + 100

@@ -39,7 +39,23 @@ RESUME_KEYS = ("seed", "envs", "group")
 
 
 class StoreMismatch(CorralError):
-    """A run directory holds a different run than the one being resumed into it."""
+    """A run directory holds a different run than the one being resumed into it: `key` (one of
+    `RESUME_KEYS`) was `recorded` in `run_dir` and is `given` now."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], key: str, recorded: Any,
+                 given: Any) -> None:
+        self.run_dir, self.key, self.recorded, self.given = run_dir, key, recorded, given
+        super().__init__(f"{run_dir} holds a run with {key}={recorded!r}, not {given!r}; "
+                         "resume with the same settings or choose another --run-dir")
+
+
+def check_resume(run_dir: str | os.PathLike[str], recorded: dict[str, Any],
+                 config: dict[str, Any]) -> None:
+    """Raise `StoreMismatch` for the first of `RESUME_KEYS` that `config` and the `recorded`
+    manifest config both hold with different values (a key either lacks is no conflict)."""
+    for key in RESUME_KEYS:
+        if key in config and key in recorded and recorded[key] != config[key]:
+            raise StoreMismatch(run_dir, key, recorded[key], config[key])
 
 
 # Fields every stored trajectory has (strings); a line without them is not a trajectory.
@@ -48,8 +64,9 @@ _FIELDS = frozenset(Trajectory.__dataclass_fields__)
 _STATUSES = frozenset(status.value for status in Status)
 
 
-def _record_problem(data: Any) -> str | None:
-    """Why a parsed line is not a stored trajectory (None when it is one)."""
+def record_problem(data: Any) -> str | None:
+    """Why a parsed line is not a stored trajectory (None when it is one): the rule every
+    reader of the store skips lines by (`read_trajectories`, `corral.runner.digest`)."""
     if not isinstance(data, dict):
         return f"a JSON {type(data).__name__}, not an object"
     missing = [key for key in _REQUIRED if not isinstance(data.get(key), str)]
@@ -82,7 +99,7 @@ def read_trajectories(path: Path) -> Iterator[dict[str, Any]]:
             except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes not UTF-8
                 problem: str | None = "not JSON"
             else:
-                problem = _record_problem(data)
+                problem = record_problem(data)
             if problem is not None:
                 log.warning("skipping line %d of %s: not a stored trajectory (%s)", number, path,
                             problem)
@@ -171,11 +188,7 @@ class TrajectoryStore:
         if self.manifest_path.exists():
             self.manifest = read_manifest(self.manifest_path)
             old = self.manifest.get("config", {})
-            for key in RESUME_KEYS:
-                if key in config and key in old and old[key] != config[key]:
-                    raise StoreMismatch(
-                        f"{self.run_dir} holds a run with {key}={old[key]!r}, not {config[key]!r}; "
-                        "resume with the same settings or choose another --run-dir")
+            check_resume(self.run_dir, old, config)
             self.manifest["config"] = {**old, **config}
             self.manifest["resumes"] = int(self.manifest.get("resumes", 0)) + 1
         else:
@@ -263,6 +276,16 @@ class TrajectoryStore:
                 for _, future in batch:
                     if not future.done():
                         future.set_result(None)
+
+    def record(self, **settings: Any) -> None:
+        """Add settings known only after `open` to the manifest config (atomically): the group
+        size of `Runner.collect` and `Runner.batches`. One of `RESUME_KEYS` recorded with
+        another value is a `StoreMismatch`, and nothing is written."""
+        config = self.manifest.setdefault("config", {})
+        check_resume(self.run_dir, config, settings)
+        if any(config.get(key, object()) != value for key, value in settings.items()):
+            config.update(settings)
+            write_json_atomic(self.manifest_path, self.manifest)
 
     def update_cursor(self, batches: int, consumed_groups: list[str]) -> None:
         """Record which groups were handed out in batches (atomically)."""

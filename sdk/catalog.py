@@ -90,7 +90,11 @@ class EnvSpec:
     def entry_point_path(self) -> str:
         """`module:QualName` of the entry point, loaded or not."""
         ep = self.entry_point
-        return ep if isinstance(ep, str) else f"{ep.__module__}:{ep.__qualname__}"
+        if isinstance(ep, str):
+            return ep
+        # an entry point that resolved to a constant (an instance, a number) has no qualname
+        module, name = getattr(ep, "__module__", None), getattr(ep, "__qualname__", None)
+        return f"{module}:{name}" if module and name else repr(ep)
 
     def load(self) -> Callable[..., Any]:
         """Import the entry point (once) and return the env class or factory."""
@@ -114,9 +118,25 @@ class EnvSpec:
     def make(self, **overrides: Any) -> Any:
         """An instance of the entry point with the spec's kwargs (`overrides` replace them). An
         env class registered by id alone (no `@cr.environment`) learns its id here: errors and
-        logs name it."""
-        env = self.load()(**{**self.kwargs, **overrides})
-        if getattr(env, "env_id", "") is None:
+        logs name it. An entry point that is not an `Env` class, or a factory that returns
+        something other than an `Env`, is a `RegistryError` naming the id, the entry point and
+        what it resolved to (it used to be an AttributeError deep inside `info` or `run`)."""
+        from .env import Env  # here, not at import: listing the catalog needs no env machinery
+
+        where = self.entry_point_path  # before `load` replaces the string with its target
+        target = self.load()
+        if isinstance(target, type) and not issubclass(target, Env):
+            raise RegistryError(f"{self.id}: entry point {where} is the class "
+                                f"{target.__qualname__}, which is not an Env subclass; "
+                                "subclass cr.TextEnv, cr.TerminalEnv or cr.BrowserEnv")
+        if not callable(target):
+            raise RegistryError(f"{self.id}: entry point {where} is {_described(target)}, not "
+                                "an Env class or a function returning an Env")
+        env = target(**{**self.kwargs, **overrides})
+        if not isinstance(env, Env):
+            raise RegistryError(f"{self.id}: entry point {where} returned {_described(env)}, "
+                                "not an Env")
+        if env.env_id is None:
             env.env_id = self.id
         return env
 
@@ -285,6 +305,13 @@ class Catalog:
             return f"Environment {id!r} doesn't exist. Registered versions: {', '.join(versions)}."
         hint = closest(f"{namespace}/{name}", [s.id for s in self._specs.values()])
         return f"Environment `{name}` doesn't exist in namespace `{namespace}`.{hint}"
+
+
+def _described(value: Any) -> str:
+    """`a dict ({'not': 'an env'})`: a value's type and a short repr, for error messages."""
+    kind = type(value).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    return f"{article} {kind} ({value!r:.60})"
 
 
 def _shadow_message(new: EnvSpec, old: EnvSpec) -> str:

@@ -10,32 +10,47 @@ The pieces, each usable on its own:
 * `numerics`: trainer vs rollout-engine logprob alignment report;
 * `Trainer`: the step loop with weight publishing, NaN safety and atomic checkpoints;
 * `TaskSlice`: train on a subset of each env's tasks, evaluate on its held-out part.
+
+The names load on first use (PEP 562): `corral.trainer.config` (the settings) imports without
+torch, so the CLI can build `corral train`'s flags without paying torch's import.
 """
 
-from .batching import TensorBatch, build_tensor_batch, group_advantages
-from .config import StepConfig
-from .loss import (ISWeights, aggregate, importance_weights, k3, policy_loss, sft_loss,
-                   token_logprobs)
-from .numerics import AlignmentStats, NumericsReport, numerics_report
-from .examples import SFTExample
-from .sft import supervised_warmup
-from .staleness import (StalenessReport, ThrottleController, ThrottleSignal, assess_staleness,
-                        sample_age, sample_divergence)
-from .tasks import TaskSlice
-from .trainer import Publisher, StepResult, Trainer, resolve_dtype
+from __future__ import annotations
 
-__all__ = [
-    "AlignmentStats", "ISWeights", "NumericsReport", "Publisher", "SFTExample",
-    "StalenessReport", "StepConfig", "StepResult", "TaskSlice", "TensorBatch",
-    "ThrottleController", "ThrottleSignal", "Trainer", "aggregate", "assess_staleness",
-    "build_tensor_batch", "group_advantages", "importance_weights", "k3", "numerics_report",
-    "policy_loss", "resolve_dtype", "sample_age", "sample_divergence", "sft_loss",
-    "supervised_warmup", "token_logprobs",
-]
+import importlib
+from typing import Any
 
-from .loop import TrainConfig, TrainResult, train  # noqa: E402  (the loop builds on the above)
-from .publish import (LocalPublisher, ServePolicyPublisher, SGLangPublisher,  # noqa: E402
-                      VLLMPublisher)
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "TensorBatch": "batching", "build_tensor_batch": "batching", "group_advantages": "batching",
+    "LoraConfig": "config", "StepConfig": "config", "TrainConfig": "config",
+    "ISWeights": "loss", "aggregate": "loss", "importance_weights": "loss", "k3": "loss",
+    "policy_loss": "loss", "sft_loss": "loss", "token_logprobs": "loss",
+    "AlignmentStats": "numerics", "NumericsReport": "numerics", "numerics_report": "numerics",
+    "SFTExample": "examples", "supervised_warmup": "sft",
+    "StalenessReport": "staleness", "ThrottleController": "staleness",
+    "ThrottleSignal": "staleness", "assess_staleness": "staleness", "sample_age": "staleness",
+    "sample_divergence": "staleness",
+    "TaskSlice": "tasks",
+    "Publisher": "trainer", "StepResult": "trainer", "Trainer": "trainer",
+    "resolve_dtype": "trainer",
+    "TrainResult": "loop", "train": "loop",
+    "LocalPublisher": "publish", "SGLangPublisher": "publish",
+    "ServePolicyPublisher": "publish", "VLLMPublisher": "publish",
+}
 
-__all__ += ["LocalPublisher", "SGLangPublisher", "ServePolicyPublisher", "TrainConfig",
-            "TrainResult", "VLLMPublisher", "train"]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    home = _EXPORTS.get(name)
+    if home is None:
+        raise AttributeError(f"module 'corral.trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+

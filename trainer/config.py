@@ -1,7 +1,11 @@
-"""`StepConfig`: how `Trainer.step` turns a batch into a weight update, in one validated
-pydantic model (DESIGN §7): optimizer, clipping, importance weights, staleness, advantages,
-loss aggregation, execution and numerics. A whole training run (envs, model, steps, batch
-size, collection) is `corral.trainer.loop.TrainConfig`, which builds one of these.
+"""The trainer's settings, as validated pydantic models (DESIGN §7), importable without torch
+(`corral --help` builds `corral train`'s flags from `TrainConfig` and stays fast):
+
+- `StepConfig`: how `Trainer.step` turns a batch into a weight update: optimizer, clipping,
+  importance weights, staleness, advantages, loss aggregation, execution and numerics;
+- `TrainConfig`: a whole training run of `corral.trainer.loop.train` (envs, model, steps,
+  batch size, collection), which builds a `StepConfig`;
+- `LoraConfig`: a LoRA adapter to train instead of the full weights (`corral.trainer.lora`).
 
 Defaults are chosen for small models trained from a warm start on a few hundred trajectories
 per step; each field's description says what it does and why the default is what it is.
@@ -9,9 +13,15 @@ per step; each field's description says what it does and why the default is what
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .tasks import Band, TaskSlice
+
+if TYPE_CHECKING:  # the runner's episode machinery loads when a run starts
+    from corral.runner import EpisodeLimits
 
 ISMode = Literal["none", "truncate", "mask", "both"]
 LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -119,3 +129,151 @@ class StepConfig(BaseModel):
         if not 0 < self.betas[0] < 1 or not 0 < self.betas[1] < 1:
             raise ValueError(f"betas must lie in (0, 1), got {self.betas}")
         return self
+
+
+# Every projection of a Llama/Qwen block; vLLM 0.32 serves LoRA on these (it packs q/k/v and
+# gate/up as it packs the base weights) but not on embeddings or the LM head.
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(BaseModel):
+    """A LoRA adapter to train instead of the full weights (`TrainConfig.lora`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(8, ge=1, description="rank r of the A/B matrices (vLLM serves at most "
+                      "its --max-lora-rank, which the engine is started with)")
+    alpha: float = Field(16.0, gt=0, description="scale numerator: the update is alpha/rank "
+                         "· B·A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="peft's lora_dropout on the adapter "
+                           "input; the Trainer scores in eval() mode, where it is off, so "
+                           "it matters only to code that trains the model in train() mode")
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGETS),
+                                      description="module names that get an adapter")
+
+
+class TrainConfig(BaseModel):
+    """A whole training run: envs, model, steps, batches, collection, warm-up, evaluation;
+    everything `train` needs (the CLI `corral train` fills it from flags). The settings of each
+    optimisation step are a `StepConfig`, built by `step_config()`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    envs: list[str] = Field(default_factory=list, description="env ids, sampled uniformly")
+    mix: dict[str, float] | None = Field(None, description="env id -> sampling weight "
+                                         "(instead of `envs`)")
+    model: str = Field("tiny", description='"tiny" or a local causal-LM directory')
+    steps: int = Field(10, ge=1, description="training steps in total (a resume counts on)")
+    batch_size: int = Field(16, ge=1, description="trajectories per step")
+    group: int = Field(4, ge=2, description="samples per task (GRPO group)")
+    lr: float = Field(1e-4, gt=0, description="learning rate of the RL steps")
+    async_level: int = Field(1, ge=0, description="batches collected ahead of the trainer")
+    run_dir: Path = Field(Path("runs/train"), description="output directory: trajectories, "
+                          "step logs, checkpoints, report.html")
+    # numpy's generators refuse a negative seed: refused here, before anything runs
+    seed: int = Field(0, ge=0, description="seed of the task draws and samples (>= 0)")
+    checkpoint_every: int = Field(5, ge=1, description="checkpoint every k "
+                                  "steps")
+    sandbox_capacity: int = Field(4, ge=1, description="most sandboxes alive at once")
+    inference_concurrency: int | None = Field(
+        None, ge=1, description="generate calls at once (default: batch_size); the local "
+        "rollout engine decodes them in one batch")
+    max_tokens: int = Field(32, ge=1, description="tokens per generation")
+    # the rollout engines refuse a temperature outside [0.01, 100]
+    # (corral.runner.policy.sampling): every episode would fail
+    temperature: float = Field(1.0, ge=0.01, le=100.0, description="sampling temperature, "
+                               "0.01 to 100 (the trainer scores at the same one)")
+    sft_steps: int = Field(0, ge=0, description="supervised warm-up steps on oracle solutions")
+    sft_examples: int = Field(64, ge=1, description="oracle episodes for the warm-up")
+    sft_lr: float | None = Field(None, gt=0, description="warm-up lr (default: lr)")
+    sft_batch: int = Field(8, ge=1, description="oracle episodes per warm-up step")
+    sft_from: str | None = Field(None, description="warm up on an exported dataset (`corral "
+                                 "export`: a saved HF dataset directory, .parquet or .jsonl) "
+                                 "instead of oracle answers, for sft_steps steps")
+    eval_every: int = Field(0, ge=0, description="evaluate on held-out tasks every k steps")
+    eval_tasks: int = Field(16, ge=1, description="held-out tasks per evaluation")
+    tasks: TaskSlice | None = Field(None, description="train on a slice of each env's tasks "
+                                    "and evaluate on its held-out part (see TaskSlice)")
+    time_budget_s: float | None = Field(None, gt=0, description="stop taking RL steps once "
+                                        "this call has run this many seconds (logged; the run "
+                                        "can be resumed)")
+    filter_zero_variance: bool = Field(True, description="drop groups with equal rewards in "
+                                       "the runner (False: the trainer logs them as skips)")
+    # torch.set_num_threads refuses a count below 1 mid-run (and `train` would skip a 0
+    # silently): refused here; None leaves torch's own setting
+    torch_threads: int | None = Field(1, ge=1, description="torch CPU threads, >= 1 (1 suits "
+                                      "tiny models)")
+    log_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="also send step metrics to TensorBoard event files "
+        "(RUN_DIR/tb) and/or an offline W&B run (RUN_DIR/wandb); corral.trainer.sinks")
+    engine: Literal["local", "vllm"] = Field(
+        "local", description="rollout engine: 'local' (in-process LocalPolicy) or 'vllm' "
+        "(VLLMEngine replicas in .venv-vllm, fenced weight publishing; docs/policies.md)")
+    engine_replicas: int = Field(1, ge=1, description="vLLM replicas behind the router")
+    engine_max_gap: float = Field(0.05, gt=0, description="stop the run when the engine's "
+                                  "logprobs differ from the trainer's by more than this (max "
+                                  "|dlogp| on the probe batch, at start-up and after every "
+                                  "publish)")
+    lora: LoraConfig | None = Field(None, description="train a LoRA adapter instead of the "
+                                    "full weights (peft); the vLLM engine then loads only the "
+                                    "adapter after each step (corral.trainer.lora)")
+    difficulty: tuple[float, float] | None = Field(
+        None, description="train only on tasks whose pass rate in the env's difficulty "
+        "profile lies in [lo, hi] (e.g. (0.05, 0.95): skip what the policy always or never "
+        "solves); tasks the profile does not cover are skipped (corral.registry.curation)")
+    difficulty_profile: str | None = Field(None, description="whose profile defines the "
+                                           "pass rates: a model or agent name given to "
+                                           "`corral profile` (default: the newest model "
+                                           "profile, else the most-profiled agent)")
+    registry: str | None = Field(None, description="store of the difficulty profiles: a "
+                                 "folder or a registry URL (default: the local store)")
+    trainer: dict[str, Any] = Field(default_factory=dict,
+                                    description="more `StepConfig` fields (the optimisation "
+                                    "step: loss, importance weights, staleness, optimizer)")
+    env_servers: list[str] = Field(
+        default_factory=list, description="URLs of `corral serve-env` servers the envs run "
+        "on (sessions spread by free capacity; an episode whose server died is retried on "
+        "another); a URL may carry its token as password: http://:TOKEN@host:8010")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if not self.envs and not self.mix:
+            raise ValueError("give at least one env id (--env) or a mixture (--mix)")
+        if self.envs and self.mix:
+            raise ValueError("give either env ids (--env) or a mixture (--mix), not both")
+        if self.batch_size % self.group:
+            raise ValueError(f"batch size {self.batch_size} (--batch) must be a multiple of "
+                             f"the group size {self.group} (--group)")
+        if self.difficulty is not None and not 0 <= self.difficulty[0] <= self.difficulty[1] <= 1:
+            raise ValueError(f"difficulty band {self.difficulty[0]}:{self.difficulty[1]} "
+                             "(--difficulty) must be LO:HI with 0 <= LO <= HI <= 1")
+        if self.env_servers and (self.tasks is not None or self.difficulty is not None):
+            raise ValueError("--env-server: the servers pick the tasks; --where/--length and "
+                             "--difficulty select from a local dataset and cannot be combined")
+        if self.inference_concurrency is None:  # a whole batch's rollouts decode together
+            self.inference_concurrency = self.batch_size
+        return self
+
+    def band(self) -> Band | None:
+        """The difficulty band of the run (`difficulty` with its profile and store)."""
+        if self.difficulty is None:
+            return None
+        return Band(*self.difficulty, profile=self.difficulty_profile, registry=self.registry)
+
+    def env_ids(self) -> list[str]:
+        return list(self.mix) if self.mix else list(self.envs)
+
+    def env_weights(self) -> list[float] | None:
+        """Sampling weights in `env_ids()` order (None: uniform)."""
+        return list(self.mix.values()) if self.mix else None
+
+    def episode_limits(self) -> "EpisodeLimits":
+        """The runner's limits for training and evaluation episodes."""
+        from corral.runner import EpisodeLimits
+
+        return EpisodeLimits(max_tokens=self.max_tokens, temperature=self.temperature)
+
+    def step_config(self) -> StepConfig:
+        """The trainer's per-step settings: `lr` and `temperature` from here, the rest from
+        `trainer`."""
+        return StepConfig(**{"lr": self.lr, "temperature": self.temperature, **self.trainer})

@@ -22,28 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+
+from .config import DEFAULT_TARGETS, LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
-# Every projection of a Llama/Qwen block; vLLM 0.32 serves LoRA on these (it packs q/k/v and
-# gate/up as it packs the base weights) but not on embeddings or the LM head.
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-class LoraConfig(BaseModel):
-    """A LoRA adapter to train instead of the full weights (`TrainConfig.lora`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rank: int = Field(8, ge=1, description="rank r of the A/B matrices (vLLM serves at most "
-                      "its --max-lora-rank, which the engine is started with)")
-    alpha: float = Field(16.0, gt=0, description="scale numerator: the update is alpha/rank "
-                         "· B·A")
-    dropout: float = Field(0.0, ge=0, lt=1, description="peft's lora_dropout on the adapter "
-                           "input; the Trainer scores in eval() mode, where it is off, so "
-                           "it matters only to code that trains the model in train() mode")
-    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGETS),
-                                      description="module names that get an adapter")
 
 
 def is_peft(model: Any) -> bool:

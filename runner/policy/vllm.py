@@ -159,6 +159,7 @@ class VLLMEngine:
         self._kv_cache_gib = kv_cache_gib
         self._port = port
         self.servers: list[ServerProcess] = []
+        self._rpc_dir: str | None = None
         self.fence = ReplicaFence([], version)
         self.version = version
 
@@ -210,6 +211,8 @@ class VLLMEngine:
         # after 15 s: a request sent on a connection the server is closing fails as
         # "Server disconnected" (retried, but slow). Outlasting the client removes the race.
         env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
+        if self._rpc_dir:  # vLLM's IPC sockets, in /tmp itself otherwise, where a kill leaves them
+            env.setdefault("VLLM_RPC_BASE_PATH", self._rpc_dir)
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         if self._cuda:
@@ -226,6 +229,8 @@ class VLLMEngine:
             return self
         python = str(Path(self._python) if self._python else vllm_python())
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # short, so a socket path stays within the 107 bytes a unix socket allows
+        self._rpc_dir = tempfile.mkdtemp(prefix="corral-rpc-")
         for index, port in enumerate(self._ports()):
             argv = [python, "-m", "vllm.entrypoints.openai.api_server", *self._args,
                     "--host", self.host, "--port", str(port)]
@@ -244,9 +249,12 @@ class VLLMEngine:
         return self
 
     def stop(self) -> None:
-        """Stop every replica (process groups); idempotent."""
+        """Stop every replica (process groups) and remove their IPC sockets; idempotent."""
         for server in self.servers:
             server.stop()
+        if self._rpc_dir:
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            self._rpc_dir = None
 
     def policy(self, tokenizer: Any = None, **kwargs: Any) -> Any:
         """An `OpenAIPolicy` over the replicas: pinned sampling, per-replica version tags."""

@@ -11,6 +11,7 @@ import copy
 import os
 import signal
 import threading
+from pathlib import Path
 
 import torch
 
@@ -43,6 +44,8 @@ def test_engine_serves_token_ids_and_the_trainers_logprobs(engine, trainer_model
     report = _gap(engine, model, tokenizer, version=0)
     assert len(report.replicas) == 2 and all(r.tokens > 0 for r in report.replicas)
     assert report.max_abs < TOLERANCE, report.to_dict()
+    # vLLM's IPC sockets live in the engine's own folder (removed on stop), not loose in /tmp
+    assert any(path.is_socket() for path in Path(engine._rpc_dir).iterdir())
 
 
 def test_publish_reaches_every_replica(engine, trainer_model, tmp_path) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -337,3 +338,19 @@ def confinement(pid: int) -> tuple[int, int]:
     fields = dict(line.split(":", 1) for line in
                   Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return int(fields["Uid"].split()[0]), int(fields["Seccomp"])
+
+
+def test_the_privilege_drop_wrapper_is_one_file_in_the_cache(tmp_path: Path) -> None:
+    """Every process that starts Chromium as root uses the same wrapper file in Corral's cache
+    (a folder per process in /tmp was never removed)."""
+    code = ("from corral.sandbox.browser.chromium import _drop_wrapper\n"
+            "print(_drop_wrapper('/usr/bin/chromium'))")
+    env = {**os.environ, "CORRAL_CACHE": str(tmp_path), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    paths = {subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, check=True).stdout.strip() for _ in range(2)}
+    assert len(paths) == 1
+    wrapper = Path(paths.pop())
+    assert wrapper.parent == tmp_path / "browser" and os.access(wrapper, os.X_OK)
+    assert "setpriv" in wrapper.read_text() and "/usr/bin/chromium" in wrapper.read_text()
+    assert list((tmp_path / "tmp").iterdir()) == [] and len(list(wrapper.parent.iterdir())) == 1

@@ -79,6 +79,29 @@ def test_collect_into_a_run_dir_with_a_broken_manifest(tmp_path: Path) -> None:
         assert "manifest.json: not a run manifest" in line, line
 
 
+def test_collect_resumed_with_another_group_size_is_refused(tmp_path: Path) -> None:
+    """A rerun into the same --run-dir with another --group was accepted and stored groups of
+    two sizes in one run; it is one line naming --group and both sizes, and nothing changes."""
+    run = tmp_path / "run"
+    first = corral("collect", "corral/arithmetic-v0", "--n", "2", "--group", "2", "--no-report",
+                   "--run-dir", str(run))
+    assert first.returncode == 0, first.stderr
+    assert json.loads((run / "manifest.json").read_text())["config"]["group"] == 2
+    before = {name: (run / name).read_bytes() for name in ("manifest.json", "trajectories.jsonl")}
+    line = one_line(corral("collect", "corral/arithmetic-v0", "--n", "2", "--group", "1",
+                           "--no-report", "--run-dir", str(run)), 1)
+    assert line == (f"error: --group 1: {run} holds a run collected with --group 2; resume it "
+                    "with --group 2 or choose another --run-dir"), line
+    assert {name: (run / name).read_bytes() for name in before} == before
+    line = one_line(corral("collect", "corral/arithmetic-v0", "--n", "2", "--group", "2",
+                           "--seed", "5", "--no-report", "--run-dir", str(run)), 1)
+    assert line.startswith("error: --seed 5: ") and "--seed 0" in line, line
+    again = corral("collect", "corral/arithmetic-v0", "--n", "4", "--group", "2", "--no-report",
+                   "--run-dir", str(run))  # the same size resumes: two stored, two new
+    assert again.returncode == 0, again.stderr
+    assert len((run / "trajectories.jsonl").read_text().splitlines()) == 4
+
+
 def test_export_refuses_the_runs_own_store_and_names_out(tmp_path: Path) -> None:
     """`-o RUN/trajectories.jsonl` overwrote the run's store with the export."""
     run = tmp_path / "run"

@@ -10,6 +10,7 @@ import pytest
 
 from corral.errors import CorralError
 from corral.runner import Trajectory, TrajectoryStore
+from corral.runner.digest import StoreDigest, digest_line
 from corral.runner.export import export_run, target_problem
 from corral.runner.report import write_report
 from corral.runner.store import load_run
@@ -78,10 +79,29 @@ def test_lines_that_are_not_trajectories_are_skipped_and_kept(tmp_path: Path) ->
     assert (run / "trajectories.jsonl").read_bytes() == before  # skipped lines stay
 
 
+def test_reports_skip_the_lines_the_store_skips(tmp_path: Path) -> None:
+    """A JSON list or number in the store was a TypeError in `digest_line` (the report and the
+    live training dashboard); it is skipped like a torn line, by the store's own rule."""
+    for raw in (b"[1,2]", b"7", b'"text"', b"null", b'{"id": "g000009-s000"}', b"\xff\xfe"):
+        assert digest_line(raw) is None, raw
+    run = _run_dir(tmp_path / "run", [1, 2], 7, _traj(0), {"id": "g000009-s000"}, "not json",
+                   _traj(1, status="no-such-status"), _traj(3))
+    digest = StoreDigest(run)
+    assert [t.id for t in digest.update()] == ["g000000-s000", "g000003-s000"]
+    assert [t.id for t in load_run(run)[1]] == ["g000000-s000", "g000003-s000"]
+    with open(run / "trajectories.jsonl", "a") as fh:  # appended while a dashboard follows it
+        fh.write("[3]\n" + json.dumps(_traj(4)) + "\n")
+    assert [t.id for t in digest.update()][-1] == "g000004-s000"
+    assert "<td>trajectories</td><td>3</td>" in write_report(run).read_text()
+
+
 def test_a_record_of_the_wrong_shape_is_named(tmp_path: Path) -> None:
     run = _run_dir(tmp_path / "run", _traj(0, spans=[{"phase": "decode"}]))
     with pytest.raises(CorralError, match="trajectory g000000-s000 cannot be read"):
         load_run(run)
+    with pytest.raises(CorralError, match="trajectories.jsonl: trajectory g000000-s000 cannot "
+                       "be read"):
+        write_report(run)
 
 
 def test_report_names_a_broken_metrics_file(tmp_path: Path) -> None:

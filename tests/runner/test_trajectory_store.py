@@ -76,6 +76,39 @@ def test_torn_last_line_is_cut_and_writing_continues(tmp_path: Path) -> None:
         TrajectoryStore(tmp_path).open({"seed": 2})
 
 
+def test_a_recorded_group_size_must_match_on_resume(tmp_path: Path) -> None:
+    """`record(group=...)` keeps the size a collection used; a resume that reopens the store
+    keeps it, and another size is a `StoreMismatch` that writes nothing."""
+    store = TrajectoryStore(tmp_path)
+    store.open({"seed": 0})
+    store.record(group=4)
+    store.close()
+    again = TrajectoryStore(tmp_path)
+    again.open({"seed": 0})  # the runner's config has no group: the recorded one stays
+    again.record(group=4)  # the same size again is fine
+    before = (tmp_path / "manifest.json").read_text()
+    with pytest.raises(StoreMismatch, match="group=4, not 2") as err:
+        again.record(group=2)
+    assert (err.value.key, err.value.recorded, err.value.given) == ("group", 4, 2)
+    assert (tmp_path / "manifest.json").read_text() == before
+    assert json.loads(before)["config"]["group"] == 4
+    again.close()
+
+
+async def test_a_runner_resumed_with_another_group_size_is_refused(tmp_path: Path) -> None:
+    """`corral train` and the Python API resume through the Runner: its `batches` records the
+    group size and a resume's `collect` with another one is refused before launching work."""
+    async with Runner(["corral/arithmetic-v0"], ScriptedPolicy(arithmetic_solver),
+                      run_dir=tmp_path, assembly=AssemblyConfig(filter_zero_variance=False)) as r:
+        [batch] = [b async for b in r.batches(size=4, group=2, max_batches=1)]
+    assert json.loads((tmp_path / "manifest.json").read_text())["config"]["group"] == 2
+    async with Runner(["corral/arithmetic-v0"], ScriptedPolicy(arithmetic_solver),
+                      run_dir=tmp_path) as resumed:
+        with pytest.raises(StoreMismatch, match="group=2, not 3"):
+            await resumed.collect(3, group=3)
+        assert resumed.counts["launched"] == 0
+
+
 async def test_resumed_batches_skip_consumed_groups_and_reuse_stored_work(tmp_path: Path) -> None:
     first_policy = ScriptedPolicy(arithmetic_solver)
     async with Runner(["corral/arithmetic-v0"], first_policy, run_dir=tmp_path, seed=3,

@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 import corral as cr
-from corral.errors import DeprecatedEnv, DuplicateRegistration, InvalidEnvId, UnknownEnv
+from corral.errors import (DeprecatedEnv, DuplicateRegistration, InvalidEnvId,
+                           RegistryError, UnknownEnv)
 from corral.registry import Catalog
 
 
-class Dummy:
+class Dummy(cr.Env):
+    """A stand-in env (`make` refuses anything that is not an Env)."""
+
     def __init__(self, **kwargs):
         self.kwargs = kwargs
 
@@ -147,3 +150,26 @@ def test_a_plain_env_class_learns_its_id(catalog: Catalog) -> None:
     catalog.register("acme/plain-v1", Plain)
     assert catalog.make("acme/plain-v1").env_id == "acme/plain-v1"
     assert Plain.env_id is None  # the class is not changed: another id may register it too
+
+
+def test_an_entry_point_that_is_no_env_is_named_at_make(catalog: Catalog) -> None:
+    """A factory returning a dict, a class that is not an Env, a constant: an AttributeError
+    (`'dict' object has no attribute 'close'`) in `info` and `run` before."""
+
+    def make_dict(**kwargs: object) -> dict[str, str]:
+        return {"not": "an env"}
+
+    catalog.register("acme/dict-v1", make_dict)
+    catalog.register("acme/other-v1", Other)
+    catalog.register("acme/constant-v1", "math:pi")
+    where = f"{__name__}:test_an_entry_point_that_is_no_env_is_named_at_make.<locals>.make_dict"
+    with pytest.raises(RegistryError) as err:
+        catalog.make("acme/dict-v1")
+    assert str(err.value) == (f"acme/dict-v1: entry point {where} returned a dict "
+                              "({'not': 'an env'}), not an Env")
+    with pytest.raises(RegistryError, match=f"acme/other-v1: entry point {__name__}:Other is the "
+                       "class Other, which is not an Env subclass"):
+        catalog.make("acme/other-v1")
+    with pytest.raises(RegistryError, match="acme/constant-v1: entry point math:pi is a float "
+                       r"\(3.14"):
+        catalog.make("acme/constant-v1")

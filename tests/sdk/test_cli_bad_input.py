@@ -228,3 +228,21 @@ def test_validate_refuses_an_unknown_hack_and_an_env_without_tasks(tmp_path: Pat
     line = one_line(corral("-i", "envs.py", "validate", "acme/empty-v0", cwd=tmp_path), 1)
     assert line == "error: acme/empty-v0 has no tasks to validate", line
     assert not (tmp_path / "validation").exists()
+
+
+def test_an_entry_point_that_is_no_env_is_one_line_in_info_and_run(tmp_path: Path) -> None:
+    """`info` and `run` of such an env printed `AttributeError: 'dict' object has no attribute
+    'close'` (or `'env_id'`), naming neither the env nor its entry point."""
+    (tmp_path / "badenvs.py").write_text(
+        "import corral as cr\n\n"
+        "def make_dict(**kwargs):\n    return {'not': 'an env'}\n\n"
+        "class Plain:\n    pass\n\n"
+        "cr.register('acme/dict-v1', 'badenvs:make_dict')\n"
+        "cr.register('acme/plain-v1', 'badenvs:Plain')\n")
+    for command in ("info", "run"):
+        line = one_line(corral("-i", "badenvs.py", command, "acme/dict-v1", cwd=tmp_path), 1)
+        assert line == ("error: acme/dict-v1: entry point badenvs:make_dict returned a dict "
+                        "({'not': 'an env'}), not an Env"), line
+        line = one_line(corral("-i", "badenvs.py", command, "acme/plain-v1", cwd=tmp_path), 1)
+        assert line.startswith("error: acme/plain-v1: entry point badenvs:Plain is the class "
+                               "Plain, which is not an Env subclass"), line

@@ -5,11 +5,14 @@ browser (the registry's web-catalog tests, the browser benchmarks)."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+
+from ..images import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +81,21 @@ def chromium_sandbox_available() -> bool:
 
 @functools.cache
 def _drop_wrapper(executable: str) -> str:
-    """The path of a wrapper script that starts `executable` as `UNPRIVILEGED` (written once
-    per process into a private directory)."""
-    folder = tempfile.mkdtemp(prefix="corral-chromium-")
-    path = os.path.join(folder, "chromium-unprivileged")
-    with open(path, "w") as f:
-        f.write(DROP_WRAPPER.format(uid=UNPRIVILEGED, setpriv=shutil.which("setpriv"),
-                                    chromium=executable))
-    os.chmod(path, 0o700)
-    return path
+    """The path of a wrapper script that starts `executable` as `UNPRIVILEGED`: one file per
+    script content in Corral's cache (shared by every process; a folder per process, never
+    removed, piled up in /tmp), written atomically, readable by root alone."""
+    script = DROP_WRAPPER.format(uid=UNPRIVILEGED, setpriv=shutil.which("setpriv"),
+                                 chromium=executable)
+    folder = cache_dir() / "browser"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"chromium-unprivileged-{hashlib.sha256(script.encode()).hexdigest()[:12]}"
+    if not path.is_file():
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".wrapper-")
+        with os.fdopen(fd, "w") as f:
+            f.write(script)
+        os.chmod(tmp, 0o700)
+        os.replace(tmp, path)  # concurrent writers write the same bytes
+    return str(path)
 
 
 def sandboxed_launch(executable: str = CHROMIUM, sandbox: bool | None = None) -> tuple[str, bool]:
