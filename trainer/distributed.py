@@ -45,6 +45,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -454,16 +455,22 @@ def launch(nproc: int, argv: Sequence[str], *, what: str = "corral train") -> in
     elastic launcher (what `torchrun --standalone` runs) and return the exit status. A rank
     that fails stops the others at once; a rank killed by a signal is reported in one line
     (naming `what`)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # the launcher's own multi-line logs would bury the ranks' one-line errors
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                          run_id=f"corral-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2)
     try:
-        elastic_launch(config, sys.executable)(*argv)
+        # the launcher's per-rank folders (empty: nothing is redirected) go with the launch;
+        # by default each launch left a torchelastic_* folder in /tmp
+        with tempfile.TemporaryDirectory(prefix="corral-ranks-") as logs:
+            config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+                                  run_id=f"corral-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
+                                  rdzv_endpoint="localhost:0", max_restarts=0,
+                                  monitor_interval=0.2,
+                                  logs_specs=DefaultLogsSpecs(log_dir=logs))
+            elastic_launch(config, sys.executable)(*argv)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         if failure.exitcode >= 0:  # the rank printed its own error

@@ -131,10 +131,14 @@ def test_cli_resumes_with_another_nproc(killed_and_resumed, tmp_path):
     shutil.copytree(killed_and_resumed["run"], run)
     command = [*CLI, "--run-dir", str(run), "--checkpoint-every", "1", "--resume"]
     target = killed_and_resumed["target"]
+    temp = tmp_path / "temp"
+    temp.mkdir()
     for steps, nproc, world in ((target + 1, 1, None), (target + 2, 2, 2)):
         done = subprocess.run([*command, "--steps", str(steps), "--nproc", str(nproc)],
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "TMPDIR": str(temp)})
         assert done.returncode == 0, done.stderr[-3000:]
+        assert list(temp.iterdir()) == []  # the launcher's rank folders went with it
         assert [r["step"] for r in records(run)] == list(range(steps))
         state = ckpt.read_json_state(run / "checkpoint")
         assert state["step"] == steps and state.get("world_size") == world
