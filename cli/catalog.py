@@ -105,10 +105,10 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
     nothing was played."""
     import corral.registry as registry
 
-    try:  # an unknown name fails here, with the closest known ones
+    try:  # an unknown name fails here, with the closest known ones (a usage error)
         make_agent(agent)
     except CorralError as exc:
-        fail(f"--agent {agent}: {exc}")
+        fail(f"--agent {agent}: {exc}", code=2)
     check_backend_option(backend)
     overrides = {"backend": backend} if backend else {}
 

@@ -200,12 +200,12 @@ def check_device_option(device: str | None) -> None:
 
 def check_backend_option(name: str | None, kind: str | None = None,
                          flag: str = "--backend") -> None:
-    """Exit with one line naming `flag` (and the closest backends) unless `name` is unset,
-    "auto" or a backend of the table serving `kind`."""
+    """Exit 2 (a flag value out of its choices) with one line naming `flag` (and the closest
+    backends) unless `name` is unset, "auto" or a backend of the table serving `kind`."""
     from corral.sandbox import check_backend
 
     if name is not None:
         try:
             check_backend(name, kind)
         except CorralError as exc:
-            fail(f"{flag} {name}: {exc}")
+            fail(f"{flag} {name}: {exc}", code=2)

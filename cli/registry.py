@@ -239,6 +239,13 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
 
     if model is not None and agent is not None:
         fail("--agent and --model: profile under one of them", code=2)
+    if agent is not None:
+        from corral.agents import make_agent
+
+        try:  # before the store is opened, naming the flag (as `corral run --agent` does)
+            make_agent(agent)
+        except CorralError as exc:
+            fail(f"--agent {agent}: {exc}", code=2)
     # flag values checked before the store is opened (opening a new path makes a store there)
     limits = episode_limits(max_tokens=max_tokens, temperature=temperature)
     store = open_store(registry, token=token)

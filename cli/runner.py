@@ -41,6 +41,9 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
         except CorralError as exc:
             raise CorralError(f"--tokenizer {tokenizer}: {exc}") from None
         return OpenAIPolicy(urls, tokenizer=loaded)
+    if "://" in spec:  # a URL of another scheme (ftp://, ws://): the flag's value is wrong
+        raise FlagError(f"--policy {spec}: {spec!r} is not an http:// or https:// URL with a "
+                        "host")
     if spec != "tiny" and not Path(spec).exists():
         raise CorralError(f"--policy {spec!r} is neither 'tiny', a model directory, nor an "
                           "http:// URL")

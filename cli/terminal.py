@@ -49,7 +49,8 @@ def validate_command(
     harbor: list[Path] = typer.Option([], "--harbor", help="Load Harbor task directories first."),
     adversarial: bool = typer.Option(False, "--adversarial", help="Also run every hack agent "
                                      "(corral.hacks); a hack scoring above the no-op fails."),
-    hack: list[str] = typer.Option([], "--hack", help="Run only these hacks (repeatable)."),
+    hack: list[str] = typer.Option([], "--hack", help="Run only these hacks (repeatable; "
+                                   "implies --adversarial)."),
 ) -> None:
     """Run every task's oracle (must pass) and a no-op agent (must fail) in real sandboxes.
 
@@ -62,7 +63,7 @@ def validate_command(
     for name in hack:  # before any episode runs, naming the flag (as --agent does)
         if name.removeprefix("hack:") not in HACKS:
             hint = closest(name.removeprefix("hack:"), HACKS) or f" Known: {', '.join(HACKS)}"
-            fail(f"--hack {name}: unknown hack {name!r}.{hint}")
+            fail(f"--hack {name}: unknown hack {name!r}.{hint}", code=2)
     if json_path is not None and json_path.is_dir():
         fail(f"--json {json_path}: a directory; give the report's file path (e.g. "
              f"{json_path / 'report.json'})")

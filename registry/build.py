@@ -62,7 +62,38 @@ def read_entries(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     entries = data.get("env", [])
     if not entries:
         raise ReleaseError(f"{path} lists no [[env]] entries")
-    return {k: v for k, v in data.items() if k != "env"}, entries
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ReleaseError(f"{path}: `env` must be [[env]] tables, got {entries!r:.80}")
+    top = {k: v for k, v in data.items() if k != "env"}
+    _check_types(path, "the top level", top, _TOP_FIELDS)
+    for number, entry in enumerate(entries, 1):
+        for required in ("id", "entry_point"):
+            if required not in entry:
+                raise ReleaseError(f"{path}: [[env]] {number} has no {required}")
+        _check_types(path, f"[[env]] {entry['id']!r:.60}", entry, _ENTRY_FIELDS)
+    return top, entries
+
+
+# What each field of corral.toml must be (a string `tags = "x"` was published as letters)
+_TEXT = (str, "a string")
+_ENTRY_FIELDS: dict[str, tuple[type, str]] = {
+    "id": _TEXT, "entry_point": _TEXT, "kind": _TEXT, "description": _TEXT, "version": _TEXT,
+    "license": _TEXT, "tags": (list, "a list of strings"),
+    **{name: _TEXT for name in FAMILY_FIELDS}}
+_TOP_FIELDS = {"version": _TEXT, "license": _TEXT}
+
+
+def _check_types(path: Path, where: str, table: dict[str, Any],
+                 fields: dict[str, tuple[type, str]]) -> None:
+    """A ReleaseError naming the file, the table and the field whose value has the wrong type."""
+    for name, (kind, wanted) in fields.items():
+        value = table.get(name)
+        if value is None:
+            continue
+        ok = isinstance(value, kind) and (kind is not list
+                                          or all(isinstance(v, str) for v in value))
+        if not ok:
+            raise ReleaseError(f"{path}: {where}: {name} must be {wanted}, got {value!r:.60}")
 
 
 def pick_entry(folder: Path, entries: list[dict[str, Any]], env_id: str | None) -> dict[str, Any]:
@@ -138,6 +169,19 @@ def load_class(folder: Path, rel_entry_point: str, original: str) -> Any:
     if env_id and env_id in default_catalog and default_catalog.spec(env_id).entry_point is cls:
         default_catalog.unregister(env_id)
     return cls
+
+
+def _check_dockerfile(env_id: str, cls: Any) -> None:
+    """A ReleaseError when the env's `Terminal(dockerfile=...)` names no file: published, the
+    release would fail only later, at its first build in `run` or `validate`."""
+    spec = getattr(cls, "sandbox_spec", None)
+    if spec is None or not getattr(spec, "dockerfile", None):
+        return
+    from corral.terminal import resolve_dockerfile
+
+    path = Path(resolve_dockerfile(cls, spec).dockerfile or "")
+    if not path.is_file():
+        raise ReleaseError(f"{env_id}: dockerfile {spec.dockerfile!r} is not a file ({path})")
 
 
 def image_recipe_hash(sandbox: dict[str, Any] | None, files: dict[str, Path],
@@ -295,6 +339,7 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
     check_relative_imports(folder, files)
     rel_ep = relative_entry_point(folder, entry["entry_point"])
     cls = load_class(folder, rel_ep, entry["entry_point"])
+    _check_dockerfile(entry["id"], cls)
     if validation is None and validate_limit is not None:
         validation = run_validation(cls, validate_limit, adversarial)
     validation = _validation_dict(validation)

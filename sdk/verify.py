@@ -85,11 +85,12 @@ legitimately change one of them (`pip install` of a package shipping a `.pth`) s
 `protected_paths`, or verify `"fresh"`."""
 
 
-async def clean_exec(sandbox: Sandbox, script: str, *, timeout: float, cwd: str | None = None,
-                     env: Mapping[str, str] | None = None) -> ExecResult:
+async def clean_exec(sandbox: Sandbox, script: str, *, timeout: float | None = None,
+                     cwd: str | None = None, env: Mapping[str, str] | None = None) -> ExecResult:
     """Run `script` as root under `bash --noprofile --norc -c` with the sandbox's configured
     environment plus `VERIFIER_ENV` and `env`: nothing the agent wrote into startup files,
-    aliases or its shell's variables applies."""
+    aliases or its shell's variables applies. `timeout` (seconds) as `Sandbox.exec`'s; the
+    verify phase's own deadline bounds it either way."""
     return await sandbox.exec(["bash", "--noprofile", "--norc", "-c", script], timeout=timeout,
                               cwd=cwd, env={**VERIFIER_ENV, **(env or {})}, user="root")
 

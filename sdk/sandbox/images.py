@@ -172,13 +172,14 @@ def image_exists(tag: str) -> bool:
 
 
 def build_hint(image: str, dockerfile: str | None = None, env_id: str | None = None) -> str:
-    """The command that creates a missing image."""
+    """The command that creates a missing image: Corral's own for the base image and for a
+    Dockerfile (by env id when one is known); for an image named without a recipe (a Harbor
+    task's `docker_image`) only Docker can make it."""
     if image == BASE_IMAGE:
         return "corral image base"
-    if env_id:
-        return f"corral image build {env_id}"
     if dockerfile:
-        return f"corral image build --dockerfile {dockerfile}"
+        return f"corral image build {env_id}" if env_id else \
+            f"corral image build --dockerfile {dockerfile}"
     return f"docker build -t {image} ."
 
 

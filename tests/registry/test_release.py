@@ -230,3 +230,36 @@ def test_a_corrupt_header_is_refused(good, tmp_path: Path) -> None:
     (tmp_path / "bad.tar.gz").write_bytes(gzip.compress(bytes(raw)))
     with pytest.raises(ReleaseError, match="checksum mismatch"):
         read_release(tmp_path / "bad.tar.gz")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda toml: toml.replace('tags = ["text", "echo"]', 'tags = "terminal"'),
+     r"\[\[env\]\] 'acme/echo\d+-v1': tags must be a list of strings, got 'terminal'"),
+    (lambda toml: toml.replace("id = \"", "id = 5\nold_id = \""),
+     r"\[\[env\]\] 5: id must be a string, got 5"),
+    (lambda toml: toml.replace('license = "CC-BY-4.0"', "license = 3"),
+     "the top level: license must be a string, got 3"),
+    (lambda toml: "\n".join(line for line in toml.splitlines()
+                            if not line.startswith("entry_point")),
+     r"\[\[env\]\] 1 has no entry_point"),
+])
+def test_corral_toml_fields_of_the_wrong_type_name_the_file_and_field(
+        make_env, tmp_path: Path, edit, message: str) -> None:
+    """`tags = "terminal"` was published as the tags t, e, r, m, ...; `id = 5` failed as an
+    unexpected pydantic error naming no file."""
+    folder, _ = make_env(3)
+    toml = folder / "corral.toml"
+    toml.write_text(edit(toml.read_text()))
+    with pytest.raises(ReleaseError, match=f"{toml}: {message}"):
+        build_release(folder, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dockerfile_that_is_not_there_is_refused_at_publish(make_env, tmp_path: Path) -> None:
+    """It was published, and failed only at the first `run` or `validate` (ImageBuildError)."""
+    folder, env_id = make_env(3, extra="\nEcho.sandbox_spec = cr.Terminal(dockerfile='Nope')\n")
+    with pytest.raises(ReleaseError, match=rf"{env_id}: dockerfile 'Nope' is not a file "
+                                           rf"\({folder}/Nope\)"):
+        build_release(folder, out_dir=tmp_path / "out")
+    (folder / "Nope").write_text("FROM corral/base:bookworm\n")
+    assert build_release(folder, out_dir=tmp_path / "out").manifest.sandbox["dockerfile"] == "Nope"

@@ -47,7 +47,8 @@ def test_collect_against_a_dead_policy_server_is_an_error(tmp_path: Path) -> Non
 @pytest.mark.parametrize("policy, expected", [
     ("http://", "'http://' is not an http:// or https:// URL with a host"),
     ("http://a b:x", "'http://a b:x' is not an http:// or https:// URL with a host"),
-    ("http://h:1,http://h:1/v1", "a replica is listed twice")])
+    ("http://h:1,http://h:1/v1", "a replica is listed twice"),
+    ("ftp://x", "'ftp://x' is not an http:// or https:// URL with a host")])
 def test_collect_policy_url_of_the_wrong_form_is_a_usage_error(tmp_path: Path, policy: str,
                                                                expected: str) -> None:
     """These were accepted; every request then failed, retried, and collect exited 0. The

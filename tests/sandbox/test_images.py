@@ -101,7 +101,8 @@ def test_missing_from_image_names_the_command(dockerd, tmp_path):
 
 
 async def test_missing_image_names_the_command(dockerd, run_id):
-    with pytest.raises(ImageNotFound, match="corral image build acme/none-v1"):
+    # no recipe: `corral image build acme/none-v1` could not make it either
+    with pytest.raises(ImageNotFound, match=r"docker build -t corral/env-none:abc \."):
         await open_sandbox(Terminal(image="corral/env-none:abc"), "docker", run_id=run_id,
                            env_id="acme/none-v1")
     from corral.sandbox.images import missing_image

@@ -154,16 +154,22 @@ def test_validate_json_into_a_folder_fails_before_running(tmp_path: Path) -> Non
 
 def test_unknown_agent_and_backend_name_their_flag() -> None:
     """README: the error line names the flag at fault (`--agent`, `--backend`), not only the
-    value; `serve-env` blames `--host` for a host it cannot resolve (it said "pick another
-    --port")."""
-    line = one_line(corral("run", "corral/arithmetic-v0", "--agent", "genius"), 1)
+    value, and a value outside the flag's choices is a usage error (exit 2, as `--split` and
+    `--format`); `serve-env` blames `--host` for a host it cannot resolve (it said "pick
+    another --port")."""
+    line = one_line(corral("run", "corral/arithmetic-v0", "--agent", "genius"), 2)
     assert line.startswith("error: --agent genius: unknown agent 'genius'"), line
-    line = one_line(corral("run", "corral/arithmetic-v0", "--agent", "hack:conftst"), 1)
+    line = one_line(corral("run", "corral/arithmetic-v0", "--agent", "hack:conftst"), 2)
     assert "Did you mean 'hack:conftest'" in line and "pth-file" not in line, line  # not all
+    line = one_line(corral("profile", "corral/arithmetic-v0", "--agent", "zzz"), 2)
+    assert line.startswith("error: --agent zzz: unknown agent 'zzz'"), line  # named no flag
+    line = one_line(corral("collect", "corral/arithmetic-v0", "--sandbox-backend", "bwrp",
+                           "--run-dir", "never-made"), 2)
+    assert line.startswith("error: --sandbox-backend bwrp: no sandbox backend"), line
     for command in (["run", "corral/arithmetic-v0", "-n", "1"],
                     ["validate", "corral/arithmetic-v0", "--limit", "1"],
                     ["serve-env", "corral/arithmetic-v0"]):
-        line = one_line(corral(*command, "--backend", "bwrp"), 1)
+        line = one_line(corral(*command, "--backend", "bwrp"), 2)
         assert line.startswith("error: --backend bwrp: no sandbox backend is named 'bwrp'"), line
     line = one_line(corral("serve-env", "corral/arithmetic-v0", "--host", "nosuch.invalid",
                            "--port", "8799"), 1)
@@ -218,7 +224,7 @@ def test_validate_refuses_an_unknown_hack_and_an_env_without_tasks(tmp_path: Pat
     """`--hack NAME` is checked before anything runs and the line names --hack (it named no
     flag, after the env was loaded); an env of no tasks says so instead of "FAILED ... 0/0
     tasks" under an empty table."""
-    line = one_line(corral("validate", "corral/arithmetic-v0", "--hack", "conftst"), 1)
+    line = one_line(corral("validate", "corral/arithmetic-v0", "--hack", "conftst"), 2)
     assert line == "error: --hack conftst: unknown hack 'conftst'. Did you mean 'conftest'?"
     (tmp_path / "envs.py").write_text(
         "import corral as cr\n"

@@ -138,7 +138,7 @@ async def test_failing_build_and_missing_images(tmp_path: Path, sandboxes: str) 
         await env.areset()
 
     env = cr.make("hbbad/missing-image-v0", run_id=sandboxes)
-    with pytest.raises(ImageNotFound, match=r"corral image build hbbad/missing-image-v0"):
+    with pytest.raises(ImageNotFound, match=r"docker build -t corral/not-built:1 \."):
         await env.areset()
     report = await validate("hbbad/missing-image-v0", run_id=sandboxes)  # recorded, not raised
     assert not report.ok and report.infra_errors == 2
