@@ -424,10 +424,9 @@ def rootfs_config(rootfs: Path) -> dict[str, Any]:
 
 def touch_export(rootfs: Path) -> None:
     """Mark an export as just used (its config file's mtime), so `prune_exports` spares it."""
-    try:
+    # pruned meanwhile: its image is gone, as the caller finds out
+    with contextlib.suppress(FileNotFoundError):
         os.utime(rootfs.parent / f"{rootfs.name}.json")
-    except FileNotFoundError:  # pruned meanwhile: its image is gone, as the caller finds out
-        pass
 
 
 def prune_exports(keep: Collection[str], grace_s: float) -> int:
