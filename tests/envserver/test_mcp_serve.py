@@ -94,11 +94,11 @@ def test_bad_mcp_options_fail_in_one_line() -> None:
 
     from corral.cli import app
 
-    for args, code, expected in (  # usage errors exit 2, an unknown backend name 1
+    for args, code, expected in (  # usage errors exit 2, an unknown backend name too
             (["--mcp", "stdi"], 2, "--mcp stdi: unknown transport. Did you mean 'stdio'?"),
             (["corral/guess-number-v0", "--mcp", "stdio"], 2, "--mcp stdio serves one env; got 2"),
-            (["--backend", "bwrp"], 1, "no sandbox backend is named 'bwrp'"),  # before listening
-            (["--backend", "bwrp", "--mcp", "stdio"], 1, "Did you mean 'bwrap'?"),
+            (["--backend", "bwrp"], 2, "no sandbox backend is named 'bwrp'"),  # before listening
+            (["--backend", "bwrp", "--mcp", "stdio"], 2, "Did you mean 'bwrap'?"),
     ):
         run = CliRunner().invoke(app, ["serve-env", "corral/arithmetic-v0", *args])
         assert run.exit_code == code, run.output

@@ -42,9 +42,9 @@ def test_hack_agents_by_name() -> None:
     assert {f"hack:{h}" for h in HACKS} <= set(agent_names())
     with pytest.raises(AgentError, match=r"Did you mean 'hack:shadow-path'\?"):
         make_agent("hack:shadow-pth")
-    # `corral run --agent`: one line naming the flag, exit 1
+    # `corral run --agent`: one line naming the flag, a usage error (exit 2)
     cli = CliRunner().invoke(app, ["run", "corral/term-files-v0", "--agent", "hack:pht-file"])
-    assert cli.exit_code == 1 and "--agent hack:pht-file" in cli.output
+    assert cli.exit_code == 2 and "--agent hack:pht-file" in cli.output
     assert "Did you mean 'hack:pth-file'" in cli.output
 
 
