@@ -1,4 +1,4 @@
-"""Package mapping: each top-level folder is a subpackage of `corral` (DESIGN §1).
+"""Package mapping: each top-level folder is a subpackage of `corral`.
 
 Automatic discovery cannot follow a mapping of sibling folders onto one namespace, so the
 package list is computed here from the folders themselves; adding a subpackage needs no edit.
@@ -8,9 +8,11 @@ from setuptools import find_packages, setup
 
 ROOTS = {
     "corral": "sdk",
+    "corral.sandbox": "sandbox",
     "corral.envs": "envs",
     "corral.registry": "registry",
     "corral.integrations": "integrations",
+    "corral.serve": "serve",
     "corral.runner": "runner",
     "corral.trainer": "trainer",
     "corral.cli": "cli",

@@ -29,7 +29,7 @@ import torch
 
 from corral.runner import EpisodeLimits, Runner
 from corral.runner.policy import LocalPolicy, load_model
-from corral.runner.policy.vllm import VLLMEngine, engine_model
+from corral.runner.engines.vllm import VLLMEngine, engine_model
 from corral.trainer.lora import LoraConfig, apply_lora
 from corral.trainer.publish import VLLMPublisher
 

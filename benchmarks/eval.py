@@ -26,7 +26,7 @@ from typing import Any
 
 import corral as cr
 from corral.runner import ChatTranscript, EpisodeLimits, GenerationRequest
-from corral.runner.evaluate import aevaluate
+from corral.runner.eval.evaluation import aevaluate
 from corral.runner.policy import ScriptedPolicy
 
 ENV = "corral/term-text-v0"

@@ -128,7 +128,7 @@ class EngineRollouts:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, args: argparse.Namespace,
                  device: torch.device) -> None:
-        from corral.runner.policy.vllm import VLLMEngine
+        from corral.runner.engines.vllm import VLLMEngine
         from corral.trainer.publish import VLLMPublisher
 
         self.tokenizer = tokenizer

@@ -59,7 +59,7 @@ def info(env_id: str = typer.Argument(..., help="Environment id."),
                 "max_turns": env.max_turns,
                 "sandbox": env.sandbox_spec.model_dump() if env.sandbox_spec else None,
                 "tools": env.tool_schemas(),
-                "rewards": {n: r.weight for n, r in env._rewards.items()},
+                "rewards": {n: r.weight for n, r in env.reward_specs.items()},
                 "dataset": card}
     finally:
         env.close()

@@ -161,7 +161,7 @@ def check_run_dir(path: str | Path, flag: str = "--run-dir") -> None:
 
 def check_listen(host: str, port: int) -> None:
     """Exit with one line naming the flag at fault unless a server can listen on host:port."""
-    from corral.runner.policy.process import port_problem
+    from corral.runner.engines.process import port_problem
 
     problem = port_problem(host, port)
     if problem is not None:

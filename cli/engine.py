@@ -18,10 +18,10 @@ from corral.errors import CorralError
 from .common import check_run_dir, console, fail
 
 if TYPE_CHECKING:  # vLLM's manager loads when a command needs it
-    from corral.runner.policy.vllm import VLLMEngine
+    from corral.runner.engines.vllm import VLLMEngine
 
 ENGINES = ("vllm",)
-MAX_LORA_RANK = 512  # the largest rank vLLM 0.32 serves (`LORA_RANKS` in runner/policy/vllm.py)
+MAX_LORA_RANK = 512  # the largest rank vLLM 0.32 serves (`LORA_RANKS` in runner/engines/vllm.py)
 
 
 def check_engine(name: str, choices: tuple[str, ...] = ENGINES) -> None:
@@ -36,8 +36,8 @@ def start_vllm(model: str, *, replicas: int = 1, port: int | None = None,
                log_dir: Path | None = None, enable_lora: bool = False,
                lora_rank: int = 16) -> "VLLMEngine":
     """Start a `VLLMEngine` behind a status line; one-line failure with the cause and log."""
-    from corral.runner.policy.process import stop_on_signals
-    from corral.runner.policy.vllm import VLLMEngine
+    from corral.runner.engines.process import stop_on_signals
+    from corral.runner.engines.vllm import VLLMEngine
 
     stop_on_signals()  # SIGTERM/SIGHUP run the same clean-up as Ctrl-C
     try:

@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve ENV_IDS: a session per client, one env instance and sandbox each."""
         from corral.registry import spec
-        from corral.runner.envserver.serve import LOOPBACK, serve
+        from corral.serve.serve import LOOPBACK, serve
 
         for env_id in env_ids:
             spec(env_id)  # an unknown id fails here with "Did you mean"
@@ -68,7 +68,7 @@ def _serve_mcp(transport: str, env_ids: list[str], backend: str | None) -> None:
         fail(f"--mcp {transport} serves one env; got {len(env_ids)} ({', '.join(env_ids)})",
              code=2)
     try:
-        from corral.runner.envserver.mcp import serve_stdio
+        from corral.serve.mcp import serve_stdio
     except ImportError as exc:
         fail(f"--mcp needs the MCP SDK ({exc.name} is missing): pip install 'corral[mcp]'")
     asyncio.run(serve_stdio(env_ids[0], backend=backend))

@@ -18,7 +18,7 @@ from .common import check_device_option, check_run_dir, console, episode_limits,
 
 
 def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: str) -> Table:
-    from corral.runner.evalreport import aggregate_rows
+    from corral.runner.eval.report import aggregate_rows
 
     table = Table(title=title, title_justify="left")
     for column in (first, "tasks", "samples", "avg@k", *(f"pass@{k}" for k in ks), "turns",
@@ -30,7 +30,7 @@ def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: 
 
 
 def _task_table(summary: dict[str, Any], limit: int = 40) -> Table:
-    from corral.runner.evalreport import fmt
+    from corral.runner.eval.report import fmt
 
     ks = summary["ks"]
     table = Table(title=f"per task (first {limit})" if len(summary["tasks"]) > limit
@@ -56,8 +56,8 @@ def _show(summary: dict[str, Any], as_json: bool) -> None:
 
 
 def _reverify(run_dir: Path, as_json: bool) -> None:
-    from corral.runner.evalreport import fmt
-    from corral.runner.evalruns import reverify
+    from corral.runner.eval.report import fmt
+    from corral.runner.eval.runs import reverify
 
     with console.status(f"rescoring {run_dir} with the envs' current verifiers"):
         result = asyncio.run(reverify(run_dir))
@@ -80,8 +80,8 @@ def _reverify(run_dir: Path, as_json: bool) -> None:
 
 
 def _compare(run_a: Path, run_b: Path, as_json: bool) -> None:
-    from corral.runner.evalreport import fmt, write_compare_report
-    from corral.runner.evalruns import compare
+    from corral.runner.eval.report import fmt, write_compare_report
+    from corral.runner.eval.runs import compare
 
     result = compare(run_a, run_b)
     page = write_compare_report(run_b / f"compare-{run_a.name}.html", result)
@@ -165,7 +165,7 @@ def register(app: typer.Typer) -> None:
         limits = episode_limits(max_tokens=max_tokens, max_turns=max_turns,
                                 temperature=temperature)
         check_device_option(device)
-        from corral.runner.evaluate import aevaluate
+        from corral.runner.eval.evaluation import aevaluate
 
         check_run_dir(run_dir)
         columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),

@@ -154,10 +154,10 @@ def yank(ref: str = typer.Argument(..., help="id@version or sha256:HASH."),
          registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option()
          ) -> None:
     """Hide a release from resolution (it stays pullable by exact hash)."""
-    from corral.registry.store import Ref
+    from corral.registry.store import ReleaseRef
     from corral.registry.transfer import open_store
 
-    Ref.exact(ref)  # before the store is opened: a bare id is refused even without one
+    ReleaseRef.exact(ref)  # before the store is opened: a bare id is refused even without one
     store = open_store(registry, token=token, existing=registry is not None)
     record = store.yank(ref, reason=reason, token=token)
     console.print(f"yanked [bold]{record.ref}[/] sha256:{record.sha256}", highlight=False)
@@ -295,7 +295,7 @@ def _profile_model(env_id: str, model: str, n: int, samples: int, split: str,
     """`corral profile --model`: evaluate through the Runner (`aprofile_model`), with a bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from corral.runner.evalprofile import aprofile_model
+    from corral.runner.eval.profile import aprofile_model
 
     columns = (TextColumn(f"[bold]profile {env_id}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, console=console, transient=True) as progress:

@@ -25,7 +25,7 @@ import_app = typer.Typer(help="Import environments from other formats.", no_args
 
 
 def _load_harbor_paths(paths: list[Path], namespace: str = "harbor") -> dict[str, type]:
-    from corral.harbor import load_harbor
+    from corral.integrations.harbor import load_harbor
 
     envs: dict[str, type] = {}
     for path in paths:

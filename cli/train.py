@@ -247,7 +247,7 @@ def train_command(
         raise typer.Exit(distributed.launch(
             nproc, ["-m", "corral.cli", *distributed.strip_nproc(sys.argv[1:])]))
     if config.engine != "local":
-        from corral.runner.policy.process import stop_on_signals
+        from corral.runner.engines.process import stop_on_signals
 
         stop_on_signals()  # SIGTERM stops the engine's replicas too
     check_run_dir(config.run_dir)

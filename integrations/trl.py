@@ -30,7 +30,7 @@ import re
 from typing import Any, Callable, ClassVar, Sequence
 
 from corral import splits
-from corral._sync import run_sync
+from corral.sync import run_sync
 from corral.errors import AgentError, AuthoringError, DatasetError, InfraError
 from corral.registry import make
 from corral.types import ToolCall

@@ -16,7 +16,7 @@ from corral.catalog import (ENTRY_POINT_GROUP, Catalog, EnvSpec, default_catalog
                             make, parse_id, register, spec)
 
 
-def list(pattern: str | None = None) -> "builtins_list[EnvSpec]":  # noqa: A001 - DESIGN name
+def list(pattern: str | None = None) -> "builtins_list[EnvSpec]":  # noqa: A001 - the catalog verb, as in gymnasium
     """Registered specs matching a glob pattern, sorted by id."""
     return default_catalog.list(pattern)
 
@@ -30,22 +30,31 @@ def builtin_specs() -> "builtins_list[EnvSpec]":
 
 builtins_list = type([])
 
-# The built-in envs join the default catalog as a lazy source when the registry is imported
-# (`cr.make` imports it); the SDK's catalog itself knows nothing of `corral.envs`.
-default_catalog.add_source(builtin_specs)
-# Releases installed in the default store (`corral install`) join the default catalog lazily,
-# ahead of built-in envs of the same id; `CORRAL_LOCK=path` makes `make` enforce a lock file.
-from .install import installed_specs as _installed_specs  # noqa: E402
 
-default_catalog.add_source(_installed_specs, override=True)
-# An installed release is re-hashed before its first `make` in a process (when cheap).
-from .verify import InstallGuard as _InstallGuard  # noqa: E402
+def extend_catalog(catalog: Catalog) -> None:
+    """Add the built-in envs, installed releases and their guards to `catalog` (once).
 
-default_catalog.add_guard(_InstallGuard())
-if _os.environ.get("CORRAL_LOCK"):
-    from .lock import LockGuard as _LockGuard
+    The `corral.catalog` entry point of Corral's own distribution names this function, so the
+    default catalog calls it before its first lookup (`corral.catalog.make` works in a fresh
+    interpreter); nothing happens at import. Releases installed in the default store
+    (`corral install`) take precedence over built-in envs of the same id; an installed release
+    is re-hashed before its first `make` in a process (when cheap); `CORRAL_LOCK=path` makes
+    `make` enforce a lock file.
+    """
+    if getattr(catalog, "_corral_registry", False):
+        return
+    catalog._corral_registry = True  # type: ignore[attr-defined]
+    from .install import installed_specs
+    from .verify import InstallGuard
 
-    default_catalog.add_guard(_LockGuard(_os.environ["CORRAL_LOCK"]))
+    catalog.add_source(builtin_specs)
+    catalog.add_source(installed_specs, override=True)
+    catalog.add_guard(InstallGuard())
+    if _os.environ.get("CORRAL_LOCK"):
+        from .lock import LockGuard
+
+        catalog.add_guard(LockGuard(_os.environ["CORRAL_LOCK"]))
+
 
 _LAZY = {
     "publish": "transfer", "pull": "transfer", "open_store": "transfer", "install": "install",
@@ -65,5 +74,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["Catalog", "EnvSpec", "ENTRY_POINT_GROUP", "builtin_specs", "default_catalog",
-           "deprecate", "list",
+           "deprecate", "extend_catalog", "list",
            "make", "parse_id", "register", "spec", *_LAZY]

@@ -273,7 +273,7 @@ def _validation_dict(validation: Any) -> dict[str, Any] | None:
 def run_validation(cls: Any, limit: int, adversarial: bool = False) -> Any:
     """Validate the env class (oracle must pass, no-op must fail, with `adversarial` no hack
     may beat the no-op) on its first `limit` tasks."""
-    from corral._sync import run_sync
+    from corral.sync import run_sync
     from corral.registry.validate import validate
 
     return run_sync(validate(cls, limit=limit, adversarial=adversarial))

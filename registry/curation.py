@@ -9,7 +9,7 @@
     card = dataset_card(store, "acme/fix-perms-v1")          # the card + recorded profiles
 
 Difficulty is 1 - the pass rate of a reference agent or model on each task, recorded in a
-store (`corral profile`; a model's profile, `corral.runner.evalprofile`, also records avg@k
+store (`corral profile`; a model's profile, `corral.runner.eval.profile`, also records avg@k
 and pass@k, k and the date). A pass-rate band keeps the tasks the policy sometimes solves:
 those teach something (a GRPO group with equal rewards has no signal).
 Near-duplicates are found by MinHash over the tasks' instructions (`minhash.py`), within and

@@ -38,7 +38,7 @@ from corral.errors import CorralError, InvalidEnvId, RegistryError
 
 from .errors import (AuthError, LimitExceeded, MissingToken, ReleaseError, ReleaseNotFound,
                      VersionConflict)
-from .store import LocalStore, Profile, Ref
+from .store import LocalStore, Profile, ReleaseRef
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def create_app(store: LocalStore, tokens: Tokens, *, web: bool = True) -> FastAP
 
     @app.post("/api/yank")
     def yank(request: Request, body: YankRequest) -> Any:
-        Ref.exact(body.ref)  # a bare id is refused before anything is resolved
+        ReleaseRef.exact(body.ref)  # a bare id is refused before anything is resolved
         record = store.resolve(body.ref, include_yanked=True)  # yanked: "already yanked", 400
         tokens.check(_bearer(request), record.manifest.namespace)
         return _dump(store.yank(f"sha256:{record.sha256}", reason=body.reason))

@@ -167,7 +167,7 @@ class Profile(BaseModel):
 
 
 @dataclass(frozen=True)
-class Ref:
+class ReleaseRef:
     """A parsed release reference: `sha256:<hex>` (or a hex prefix of 8+), `ns/name-vN@X.Y.Z`,
     `ns/name-vN` (latest version) or `ns/name` (latest env version, latest release)."""
 
@@ -177,7 +177,7 @@ class Ref:
     version: str | None = None
 
     @classmethod
-    def parse(cls, ref: str) -> "Ref":
+    def parse(cls, ref: str) -> "ReleaseRef":
         ref = ref.strip()
         match = _SHA_REF.match(ref)
         if match and (ref.startswith("sha256:") or len(match[1]) == 64):
@@ -195,7 +195,7 @@ class Ref:
         return cls(ref, env_id=env_id, version=version or None)
 
     @classmethod
-    def exact(cls, ref: str) -> "Ref":
+    def exact(cls, ref: str) -> "ReleaseRef":
         """`parse`, refusing a reference that means "the newest" (an id without a version):
         what changes a release (yank) must name one."""
         parsed = cls.parse(ref)
@@ -392,7 +392,7 @@ class LocalStore:
     def resolve(self, ref: str, *, include_yanked: bool = False) -> ReleaseRecord:
         """The release a reference means; yanked releases are found only by hash, or by
         `id@version` with `include_yanked` (what `yank` uses, to say "already yanked")."""
-        parsed = Ref.parse(ref)
+        parsed = ReleaseRef.parse(ref)
         if parsed.sha:
             return self.get(parsed.sha)
         assert parsed.env_id is not None
@@ -421,7 +421,7 @@ class LocalStore:
             return self.get(best["sha256"])
         raise ReleaseNotFound(self._missing(ref, parsed, rows))
 
-    def _missing(self, ref: str, parsed: Ref, rows: list[sqlite3.Row]) -> str:
+    def _missing(self, ref: str, parsed: ReleaseRef, rows: list[sqlite3.Row]) -> str:
         if rows and all(r["yanked"] for r in rows):  # as the web catalog's page of the env
             reasons = "; ".join(f"{r['version']}: {r['yank_reason'] or 'no reason'}" for r in
                                 sorted(rows, key=lambda r: SemVer.parse(r["version"]).key))
@@ -495,7 +495,7 @@ class LocalStore:
         """Hide a release from resolution; it stays pullable by exact hash. `ref` names one
         release (`id@version` or `sha256:HASH`; a bare id is a `ReleaseError`), and yanking a
         yanked release again is one too (its reason stays)."""
-        Ref.exact(ref)
+        ReleaseRef.exact(ref)
         record = self.resolve(ref, include_yanked=True)
         if record.yanked:
             raise ReleaseError(f"{record.ref} (sha256:{record.sha256[:12]}…) is already yanked "

@@ -14,7 +14,7 @@ from typing import Any, Union
 from .build import build_release
 from .client import RegistryClient
 from .errors import ReleaseError, ReleaseNotFound
-from .store import LocalStore, PublishResult, Ref, ReleaseRecord
+from .store import LocalStore, PublishResult, ReleaseRef, ReleaseRecord
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def pull(ref: str, *, source: str | Path | Store | None,
     finally:
         if store is not source:  # opened here from a path or URL
             store.close()
-    if result.record.sha256 != record.sha256 and Ref.parse(ref).sha:
+    if result.record.sha256 != record.sha256 and ReleaseRef.parse(ref).sha:
         # `dest` already has this id@version as another archive with the same files (other
         # metadata, e.g. an attached validation report): a store holds one release per
         # version, and returning that one for a hash asked for is how `install --lock`

@@ -1,5 +1,5 @@
-"""Validation: every task's oracle must pass and a no-op agent must fail (DESIGN §5, Curation);
-with `adversarial`, no hack agent (`corral.hacks`) may score above the no-op (DESIGN §9).
+"""Validation: every task's oracle must pass and a no-op agent must fail;
+with `adversarial`, no hack agent (`corral.hacks`) may score above the no-op.
 
 Works for any env kind (text, terminal, browser): each episode gets its own env instance made
 from the catalog, episodes run concurrently on the event loop (bounded by `concurrency`), and
@@ -343,7 +343,7 @@ def provably_closed(env: Any, task: Any, hack: Any, caps: dict[str, Any]) -> str
     if not (caps.get("changes") and caps.get("kills")
             and type(env)._verify is TerminalEnv._verify and env.verify_mode(task) == "same"
             and not env.keeps_agent_processes(task)
-            and not any(r.per_step for r in env._rewards.values())
+            and not any(r.per_step for r in env.reward_specs.values())
             and bounds is not None and bounds[0] >= 0):
         return ""
     if hack.tamper_plants:
@@ -352,21 +352,12 @@ def provably_closed(env: Any, task: Any, hack: Any, caps: dict[str, Any]) -> str
             return ("skipped: the verify phase scores it 0 (its files match protected_paths "
                     f"{', '.join(hack.tamper_plants)})")
         return ""
-    if all(_reads_only_sandbox(r.fn) for r in env._rewards.values()):
+    if all(r.sandbox_only for r in env.reward_specs.values()):
         return (f"skipped: nothing of it outlives the verify phase but the {hack.leaves}"
                 if hack.leaves == "transcript" else
                 "skipped: nothing of it outlives the verify phase (processes killed, "
                 "/tests and /logs/verifier recreated)")
     return ""
-
-
-def _reads_only_sandbox(fn: Any) -> bool:
-    """Whether a reward is one of Corral's own that judge the sandbox alone (the tests-script
-    convention, the built-in families' checks), never the transcript."""
-    from corral.envs.terminal._family import TemplateFamily
-    from corral.terminal import TerminalEnv
-
-    return getattr(fn, "__func__", fn) in (TerminalEnv.tests, TemplateFamily.solved)
 
 
 async def _closed_reason(factory: Callable[[], Any], index: int, hack: Any,

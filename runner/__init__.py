@@ -1,4 +1,4 @@
-"""`corral.runner`: async rollouts, sandbox pool, policy clients and router, batches (DESIGN §6).
+"""`corral.runner`: async rollouts, sandbox pool, policy clients and router, batches.
 
 Names are imported on first use, so `import corral.runner` stays light (torch, transformers,
 FastAPI and aiohttp load only when a policy needs them). The inference engines live in the

@@ -8,7 +8,7 @@ The episode loop (`corral.runner.episode`) runs unchanged in the driver, next to
 its router (the GPU side). What it does to its env (`areset`, `astep`, the verifier, `aclose`)
 goes to a `RayEpisodeWorker` actor that holds env instances and a `SandboxPool`: sandboxes,
 their commands and the verifiers run wherever Ray places the workers, so sandbox/CPU capacity
-scales across machines apart from the GPUs. The driver sees each env through a `RemoteEnv`, a
+scales across machines apart from the GPUs. The driver sees each env through a `RayEnvProxy`, a
 thin proxy whose `episode` mirrors the actor's after every call; messages cross the wire
 incrementally. Because the loop, the tokenization and the policy calls are the same code as
 the asyncio backend, the same seeds give the same trajectories.
@@ -180,7 +180,7 @@ class RayEpisodeWorker:
             await self.pool.close()
 
 
-class RemoteEnv:
+class RayEnvProxy:
     """The driver's view of an env living in a `RayEpisodeWorker`.
 
     Pure functions of a task (`pick_task`, `instruction`, `tool_schemas`) run on a local probe
@@ -445,7 +445,7 @@ class RayExecutor:
         if self._ready is None:  # every episode waits for the same start-up
             self._ready = asyncio.ensure_future(self._wait_started())
         await asyncio.shield(self._ready)
-        env = RemoteEnv(self, item.env_index, self.probes[item.env_index])
+        env = RayEnvProxy(self, item.env_index, self.probes[item.env_index])
         pooled = self.sources[item.env_index].pooled
         try:
             if not pooled:

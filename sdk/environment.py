@@ -1,4 +1,4 @@
-"""`@cr.environment`: declare an environment in class form or function form (DESIGN §3).
+"""`@cr.environment`: declare an environment in class form or function form.
 
 Class form decorates a subclass of `cr.TextEnv`/`cr.TerminalEnv`/`cr.BrowserEnv`. Function form
 decorates a function `task -> prompt` and makes a single-turn `TextEnv`; its rewards are added

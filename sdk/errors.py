@@ -1,4 +1,4 @@
-"""One exception hierarchy users can catch (DESIGN, STYLE: `corral.errors`).
+"""One exception hierarchy users can catch.
 
 Two branches matter to a training run: `InfraError` (the sandbox died, a server answered 5xx,
 an image is missing) is retried and never counted against the agent; `AgentError` (unknown

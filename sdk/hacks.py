@@ -1,5 +1,5 @@
 """Hack agents: scripted agents that each try one known verifier exploit without solving the
-task (`corral validate --adversarial`, DESIGN §9 "Verifier integrity").
+task (`corral validate --adversarial`).
 
 A task that any of them scores above the no-op agent is hackable: RL would find the same hole.
 Each hack is a few bash commands (errors ignored: a hack that does not apply does nothing) and a

@@ -1,4 +1,4 @@
-"""`cr.TerminalEnv`: environments whose agent works in a Linux sandbox (DESIGN §3–§4).
+"""`cr.TerminalEnv`: environments whose agent works in a Linux sandbox.
 
 The agent gets two tools: `bash` (a persistent shell: `cd` and `export` carry over between calls,
 each command has its own deadline) and `write_file`. The author writes `setup` (prepare the
@@ -342,7 +342,7 @@ class TerminalEnv(Env):
         to the `tests` reward; None skips it."""
         return None
 
-    @reward
+    @reward(sandbox_only=True)
     async def tests(self, sandbox: Sandbox, task: Task, state: dict[str, Any]) -> float:
         """Run `tests_script(task)` and read its reward (see `run_tests_script`)."""
         script = self.tests_script(task)

@@ -142,12 +142,14 @@ class ToolSpec:
 
 @dataclass(slots=True)
 class RewardSpec:
-    """A reward function, its weight, and whether it runs after every step or once at the end."""
+    """A reward function, its weight, whether it runs after every step or once at the end, and
+    whether it judges the sandbox alone (never the transcript)."""
 
     fn: Callable[..., Any]
     name: str
     weight: float = 1.0
     per_step: bool = False
+    sandbox_only: bool = False
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
@@ -165,9 +167,11 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
 
 
 def reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0,
-           per_step: bool = False, name: str | None = None) -> Any:
+           per_step: bool = False, name: str | None = None, sandbox_only: bool = False) -> Any:
     """Mark a method as a reward: it returns a float (or bool); the episode's reward is the
-    weighted sum. `per_step=True` runs it after every step instead of once at the end."""
+    weighted sum. `per_step=True` runs it after every step instead of once at the end.
+    `sandbox_only=True` declares that it judges the sandbox's state alone, never the transcript
+    (`corral validate --adversarial` then skips the hacks the verify phase provably closes)."""
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
         try:
@@ -177,7 +181,7 @@ def reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0,
         if not math.isfinite(value):  # else every episode's reward would be NaN or an error
             raise AuthoringError(f"reward {getattr(f, '__qualname__', f)!s}: weight must be a "
                                  f"finite number, got {weight!r}")
-        f.__corral_reward__ = RewardSpec(f, name or f.__name__, value, per_step)  # type: ignore[attr-defined]
+        f.__corral_reward__ = RewardSpec(f, name or f.__name__, value, per_step, sandbox_only)  # type: ignore[attr-defined]
         return f
 
     return mark(fn) if fn is not None else mark

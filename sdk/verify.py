@@ -1,5 +1,5 @@
 """The verify phase of terminal envs: what happens between the agent's last command and the
-verifier's first (DESIGN §9, "Verifier integrity").
+verifier's first.
 
 An agent shares its sandbox with the verifier that judges it, so everything it left behind is
 suspect. Before any reward runs:

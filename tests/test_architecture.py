@@ -29,22 +29,34 @@ def _setup_roots() -> dict[str, str]:
 
 ROOTS = _setup_roots()
 
-# Lowest first. A module may import its own layer or a lower one. The registry sits above the
-# built-in envs: it indexes their manifests (envs never import the registry). The integrations
-# (other frameworks' adapters) need envs by id only, so they sit right above the registry.
-LAYERS = ("corral", "corral.envs", "corral.registry", "corral.integrations", "corral.runner",
-          "corral.trainer", "corral.cli")
+# Lowest first. A module may import its own layer or a lower one. The floor (errors, crash-safe
+# writes, backoff, name suggestions, sync bridging) imports nothing of the package, so everything
+# may import it; the sandboxes sit on it, below the authoring SDK that runs episodes in them. The
+# registry sits above the built-in envs: it indexes their manifests (envs never import the
+# registry). The integrations (other frameworks' adapters) need envs by id only, so they sit
+# right above the registry; serving envs needs the catalog and nothing of the runner.
+FLOOR = ("corral.errors", "corral.fileio", "corral.backoff", "corral.suggest", "corral.sync")
+LAYERS = ("corral.sandbox", "corral", "corral.envs", "corral.registry", "corral.integrations",
+          "corral.serve", "corral.runner", "corral.trainer", "corral.cli")
 # (importer, imported) pairs that may break the rule, each with its reason. Keep it empty.
 ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> int:
-    """The index in LAYERS of the deepest layer prefix of `module`."""
-    best = 0
+    """The rank of `module`'s layer: 0 for the floor, else 1 + the index in LAYERS of the
+    deepest layer prefix (`corral.sandbox` is deeper than `corral`, though below it)."""
+    if module in FLOOR:
+        return 0
+    best, depth = LAYERS.index("corral"), 0
     for rank, prefix in enumerate(LAYERS):
-        if module == prefix or module.startswith(prefix + "."):
-            best = max(best, rank)
-    return best
+        if (module == prefix or module.startswith(prefix + ".")) and prefix.count(".") > depth:
+            best, depth = rank, prefix.count(".")
+    return best + 1
+
+
+def is_private(module: str) -> bool:
+    """Whether `module` or a package on its path is named `_x` (`corral.sandbox._procs`)."""
+    return any(part.startswith("_") for part in module.split("."))
 
 
 def package_modules() -> dict[str, Path]:
@@ -160,11 +172,25 @@ def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+def test_no_private_module_is_imported_from_another_layer(graph: dict[str, set[str]]) -> None:
+    """A `_module` is its layer's own business: another layer that imports it ties itself to
+    what its owners may change at will."""
+    crossing = sorted(f"{src} -> {dst}" for src, targets in graph.items() for dst in targets
+                      if is_private(dst) and layer_of(dst) != layer_of(src)
+                      and (src, dst) not in ALLOWED)
+    assert not crossing, "private modules imported from another layer:\n" + "\n".join(crossing)
+
+
 def test_checker_catches_an_upward_import_and_a_cycle() -> None:
     graph = {"corral.env": {"corral.runner.pool"}, "corral.a": {"corral.b"},
              "corral.b": {"corral.a"}}
     assert layer_of("corral.runner.pool") > layer_of("corral.env")
     assert cycles(graph) == [["corral.a", "corral.b"]]
+    # the sandboxes sit below the SDK, the floor below both, serving between registry and runner
+    assert layer_of("corral.errors") < layer_of("corral.sandbox.docker") < layer_of("corral.env")
+    assert layer_of("corral.registry.store") < layer_of("corral.serve.app") < layer_of(
+        "corral.runner.runner")
+    assert is_private("corral.sandbox._procs") and not is_private("corral.sandbox.procs")
 
 
 def test_facade_is_lazy_and_complete() -> None:
@@ -200,4 +226,45 @@ assert again is TrainConfig and lora_again is LoraConfig
 print('ok')
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def public_classes(modules: dict[str, Path]) -> dict[str, list[str]]:
+    """Class name → the public modules that define a public class of that name at top level."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for module, path in modules.items():
+        if is_private(module):
+            continue
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found[node.name].append(module)
+    return found
+
+
+# Class names two public modules may both define, each with its reason. Keep it short.
+SHARED_CLASS_NAMES: dict[str, str] = {}
+
+
+def test_no_two_public_classes_share_a_name() -> None:
+    """One name per thing: two public classes of one name make every reader ask which is meant."""
+    shared = sorted(f"{name}: {', '.join(sorted(where))}"
+                    for name, where in public_classes(package_modules()).items()
+                    if len(where) > 1 and name not in SHARED_CLASS_NAMES)
+    assert not shared, "public classes sharing a name:\n" + "\n".join(shared)
+
+
+def test_the_catalog_makes_a_built_in_env_in_a_fresh_interpreter() -> None:
+    """`corral.catalog.make` finds the built-in envs without the registry imported first: the
+    registry extends the default catalog through its `corral.catalog` entry point."""
+    code = """
+import sys
+from corral.catalog import make
+assert 'corral.registry' not in sys.modules
+env = make('corral/arithmetic-v0')
+obs, info = env.reset(seed=0)
+assert isinstance(obs, str) and obs
+print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -1,4 +1,4 @@
-"""`corral.trainer`: GRPO-family training over runner batches (DESIGN §7).
+"""`corral.trainer`: GRPO-family training over runner batches.
 
 The pieces, each usable on its own:
 
@@ -27,7 +27,7 @@ _EXPORTS = {
     "ISWeights": "loss", "aggregate": "loss", "importance_weights": "loss", "k3": "loss",
     "policy_loss": "loss", "sft_loss": "loss", "token_logprobs": "loss",
     "AlignmentStats": "numerics", "NumericsReport": "numerics", "numerics_report": "numerics",
-    "SFTExample": "examples", "supervised_warmup": "sft",
+    "SFTExample": "sft", "supervised_warmup": "sft",
     "StalenessReport": "staleness", "ThrottleController": "staleness",
     "ThrottleSignal": "staleness", "assess_staleness": "staleness", "sample_age": "staleness",
     "sample_divergence": "staleness",

@@ -1,4 +1,4 @@
-"""The trainer's settings, as validated pydantic models (DESIGN §7), importable without torch
+"""The trainer's settings, as validated pydantic models, importable without torch
 (`corral --help` builds `corral train`'s flags from `TrainConfig` and stays fast):
 
 - `StepConfig`: how `Trainer.step` turns a batch into a weight update: optimizer, clipping,

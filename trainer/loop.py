@@ -242,7 +242,7 @@ async def _rollout_engine(config: TrainConfig, source: Any, model: Any, tokenize
         policy = await asyncio.to_thread(LocalPolicy, config.model,
                                          max_batch=config.inference_concurrency)
         return policy, LocalPublisher(policy)
-    from corral.runner.policy.vllm import VLLMEngine
+    from corral.runner.engines.vllm import VLLMEngine
 
     from .probe import check_gap, probe_gap
     from .publish import VLLMPublisher
@@ -347,7 +347,7 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
 
     source: Any = config.model
     if config.engine == "vllm":  # the same weights on both sides: "tiny" has a vLLM variant
-        from corral.runner.policy.vllm import engine_model
+        from corral.runner.engines.vllm import engine_model
 
         source = await asyncio.to_thread(engine_model, config.model)
     model, tokenizer = await asyncio.to_thread(load_model, source)
@@ -375,7 +375,7 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
             eval_log.append(result.evals[-1])
         if config.sft_steps:
             if config.sft_from:
-                from .sftdata import dataset_examples
+                from .sft import dataset_examples
 
                 vocab = int(model.get_input_embeddings().weight.shape[0])
                 examples = await asyncio.to_thread(dataset_examples, config.sft_from,

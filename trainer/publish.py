@@ -42,9 +42,9 @@ import torch
 
 from corral.errors import EngineError, PolicyError
 from corral.runner.policy.base import RELOAD_TOKEN_ENV
-from corral.runner.policy.fence import ReplicaFence
+from corral.runner.engines.fence import ReplicaFence
 from corral.runner.policy.models import load_tokenizer
-from corral.runner.policy.vllm import VLLMAdmin
+from corral.runner.engines.vllm import VLLMAdmin
 
 from .lora import is_peft, merged_state_dict, save_merged
 from .probe import DEFAULT_MAX_GAP, ProbeReport, check_gap, probe_gap

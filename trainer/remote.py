@@ -17,8 +17,8 @@ def remote_envs(env_ids: Sequence[str], servers: Sequence[str], *, oracle: bool 
     """(train env factories, held-out env factories, what the run manifest records) for envs
     served at `servers`; unknown ids fail here with the server's "Did you mean". `oracle`:
     the train envs fetch the oracle at reset (a warm-up on oracle answers needs it)."""
-    from corral.runner.envserver.client import remote_entries
-    from corral.runner.envserver.fleet import ServerPool
+    from corral.serve.client import remote_entries
+    from corral.serve.pool import ServerPool
 
     pool = ServerPool(list(servers), wait=600.0)  # a full fleet is waited on, as a sandbox slot
     train = remote_entries(list(env_ids), pool, split="train", oracle=oracle)

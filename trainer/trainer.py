@@ -42,7 +42,7 @@ from .config import StepConfig
 from .loss import importance_weights, policy_loss, sft_loss, token_logprobs
 from .numerics import NumericsReport, numerics_report
 from .prefix import cache_keyword, shared_prefix_length, suffix_logits
-from .examples import SFTExample, encode_example
+from .sft import SFTExample, encode_example
 from .staleness import StalenessReport, ThrottleController, ThrottleSignal, assess_staleness
 
 log = logging.getLogger(__name__)

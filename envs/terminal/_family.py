@@ -113,7 +113,7 @@ class TemplateFamily(cr.TerminalEnv):
     def keeps_agent_processes(self, task: FamilyTask) -> bool:
         return self.template(task).live
 
-    @cr.reward
+    @cr.reward(sandbox_only=True)
     async def solved(self, sandbox: Any, task: FamilyTask, state: dict[str, Any]) -> float:
         """1.0 when the template's check passes on the sandbox's final state (run in a clean
         root shell: nothing the agent put in startup files or on its PATH applies)."""

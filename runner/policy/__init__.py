@@ -1,8 +1,9 @@
-"""`corral.runner.policy`: the inference side of the runner (DESIGN §6).
+"""`corral.runner.policy`: the inference side of the runner: the policies episodes sample from.
 
 The runner core (episodes, executors, the `Runner`) needs only the contract in `base`: a
 `Policy` takes a `GenerationRequest` of token ids and returns a `Generation`. Everything else
-here is one engine or a helper of one:
+here is one policy or a helper of one (the engine processes some of them talk to live in
+`corral.runner.engines`):
 
 * `base`: `Policy`, `GenerationRequest`, `Generation`, `Tokenizer` (no dependencies);
 * `local` + `decode`: `LocalPolicy`, in-process transformers + torch with continuous batching;

@@ -1,4 +1,4 @@
-"""The policy contract: token ids in, token ids and behaviour log-probabilities out (DESIGN §6).
+"""The policy contract: token ids in, token ids and behaviour log-probabilities out.
 
 Multi-turn prompts are never re-tokenized: the runner keeps the token ids of everything so far
 and sends them as the prompt; a policy returns the ids it generated, their log-probabilities

@@ -13,7 +13,7 @@ whose `prompt` is the list of token ids (the runner's transcript, never re-token
 - policy version: `choices[0].policy_version`, the body's `policy_version`, or the
   `X-Policy-Version` header; servers without versions (vLLM, SGLang) are tagged from a
   `ReplicaFence` (the version each replica held when the request was sent, kept by Corral's
-  publisher; see `corral.runner.policy.fence`), else the version set with `set_version`.
+  publisher; see `corral.runner.engines.fence`), else the version set with `set_version`.
 
 A `Router` picks the replica (sticky per `session_id`). Connection failures, timeouts, 429 and
 5xx answers are retried on another replica with exponential backoff; when retries run out a
@@ -38,7 +38,7 @@ import orjson
 
 from corral.errors import PolicyError
 from .base import Generation, GenerationRequest, Policy, Tokenizer
-from .fence import ReplicaFence
+from corral.runner.engines.fence import ReplicaFence
 from .router import Router
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Browser environments (DESIGN §3): `BrowserEnv` and its BrowserGym-style actions, on the
+"""Browser environments: `BrowserEnv` and its BrowserGym-style actions, on the
 browser sandbox backend (`corral.sandbox.browser`: warm Chromium, contexts, the task-site
 server, observations).
 

@@ -17,7 +17,7 @@ from corral.errors import EngineError
 import sys
 
 from corral.runner.policy import build_tiny_model, load_model
-from corral.runner.policy.vllm import VLLMEngine, vllm_python
+from corral.runner.engines.vllm import VLLMEngine, vllm_python
 
 sys.path.insert(0, str(Path(__file__).parent))  # fake_sglang, the FAKE SGLang server
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))

@@ -47,7 +47,7 @@ def test_a_lora_rank_vllm_cannot_serve_names_the_flag() -> None:
     """`engine start --max-lora-rank 1000` said "pick a smaller --lora-rank", a flag this
     command does not have; out of range, it is a usage error naming its own flag."""
     from corral.cli.engine import MAX_LORA_RANK
-    from corral.runner.policy.vllm import LORA_RANKS
+    from corral.runner.engines.vllm import LORA_RANKS
 
     assert MAX_LORA_RANK == LORA_RANKS[-1]
     result = _corral("engine", "start", "vllm", "tiny", "--enable-lora", "--max-lora-rank",

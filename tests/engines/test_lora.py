@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from corral.runner.policy import load_model
-from corral.runner.policy.vllm import VLLMEngine
+from corral.runner.engines.vllm import VLLMEngine
 from corral.trainer import Trainer
 from corral.trainer.loop import TrainConfig, oracle_examples, train
 from corral.trainer.lora import LoraConfig, apply_lora, merged_state_dict

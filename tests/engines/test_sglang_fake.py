@@ -15,7 +15,7 @@ import uvicorn
 
 from corral.errors import PolicyError
 from corral.runner.policy import GenerationRequest, LocalPolicy, load_model
-from corral.runner.policy.process import free_port
+from corral.runner.engines.process import free_port
 from corral.runner.policy.sglang import SGLangPolicy
 from corral.trainer.publish import SGLangPublisher
 from fake_sglang import fake_sglang_app

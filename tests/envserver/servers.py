@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterator
 import httpx
 import uvicorn
 
-from corral.runner.envserver.app import EnvServer
-from corral.runner.envserver.serve import build_server
+from corral.serve.app import EnvServer
+from corral.serve.serve import build_server
 
 TEXT = "corral/arithmetic-v0"
 GAME = "corral/guess-number-v0"

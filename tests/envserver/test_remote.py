@@ -17,7 +17,7 @@ from corral.errors import AgentError, EnvServerError, InfraError, UnknownEnv
 from corral.registry.validate import validate
 from corral.runner import Runner
 from corral.runner.assembly import AssemblyConfig
-from corral.runner.envserver.protocol import ProtocolError
+from corral.serve.protocol import ProtocolError
 from corral.runner.policy import ScriptedPolicy
 from corral.runner.trajectory import Status
 
@@ -95,7 +95,7 @@ def test_resets_read_the_split_asked_for(text_server: Served) -> None:
     eval reset only on one (HeldOut rules judge a task by its id alone)."""
     from types import SimpleNamespace
 
-    from corral.runner.envserver.client import remote_entries
+    from corral.serve.client import remote_entries
     from corral.splits import rule_of
 
     rule = rule_of(cr.make(TEXT).tasks)

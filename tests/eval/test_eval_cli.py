@@ -89,7 +89,7 @@ def test_a_model_folder_is_one_model_however_it_is_spelt(env_file: Path, tmp_pat
 
 def test_model_key_resolves_local_folders_and_keeps_other_names(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.runner.evaluate import model_key
+    from corral.runner.eval.evaluation import model_key
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m").mkdir()

@@ -12,10 +12,10 @@ import pytest
 
 import length_envs
 from corral.errors import EngineError
-from corral.runner.evalstats import pass_at_k
-from corral.runner.evaluate import aevaluate
+from corral.runner.eval.stats import pass_at_k
+from corral.runner.eval.evaluation import aevaluate
 from corral.runner.policy import build_tiny_model
-from corral.runner.policy.vllm import VLLMEngine, vllm_python
+from corral.runner.engines.vllm import VLLMEngine, vllm_python
 from eval_helpers import corral
 
 ENV = "evaltest/lengths-v0"

@@ -83,7 +83,7 @@ def test_train_errors_name_the_cli_flag_and_resume_needs_a_run(tmp_path) -> None
 def test_a_model_url_needs_an_existing_tokenizer(tmp_path) -> None:
     """`--tokenizer` is checked before anything runs, naming the flag (not a 'model path')."""
     from corral.errors import CorralError
-    from corral.runner.evaluate import load_policy
+    from corral.runner.eval.evaluation import load_policy
 
     with pytest.raises(CorralError, match="needs a tokenizer"):
         load_policy("http://127.0.0.1:9")
@@ -112,7 +112,7 @@ def test_a_bad_model_leaves_an_earlier_evaluation_as_it_was(tmp_path) -> None:
     (its model, which --compare shows) is not overwritten."""
     import json
 
-    from corral.runner.evaluate import plan_eval
+    from corral.runner.eval.evaluation import plan_eval
 
     run = tmp_path / "run"
     run.mkdir()

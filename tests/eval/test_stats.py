@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from corral.runner.evalstats import (failure_category, ks_for, pass_at_k, summarize_samples,
+from corral.runner.eval.stats import (failure_category, ks_for, pass_at_k, summarize_samples,
                                      to_sample)
 from corral.runner.trajectory import Status, Trajectory
 

@@ -1,4 +1,4 @@
-"""Verifier integrity (DESIGN §9): every hack of `corral.hacks` beats a probe task written to be
+"""Verifier integrity: every hack of `corral.hacks` beats a probe task written to be
 hackable by it and loses to the same task with the hole closed; Harbor tasks keep their
 verifier's word (no exit code for a reward, no reward the agent wrote)."""
 

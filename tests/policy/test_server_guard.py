@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import pytest
 
 from corral.errors import EngineError
-from corral.runner.policy.process import ServerProcess, free_port, wait_ready
+from corral.runner.engines.process import ServerProcess, free_port, wait_ready
 
 # The server: a child of its own (a worker, in the server's group), its pid in a file, then
 # /health. It dies of SIGTERM (Python's default), as the group is told to.
@@ -38,7 +38,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 # (and so must not keep the lifeline open), prints the pids and waits to be killed.
 PARENT = r"""
 import json, os, sys, time
-from corral.runner.policy.process import ServerProcess, wait_ready
+from corral.runner.engines.process import ServerProcess, wait_ready
 spec = json.loads(sys.argv[1])
 server = ServerProcess("test server", spec["argv"], spec["url"], spec["log"])
 server.start()

@@ -1,4 +1,4 @@
-"""Validation gates publishing (DESIGN §9): a release whose validation failed is refused unless
+"""Validation gates publishing: a release whose validation failed is refused unless
 forced, and the dataset card says what validation found (and that it was forced)."""
 
 from __future__ import annotations

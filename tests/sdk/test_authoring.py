@@ -1,4 +1,4 @@
-"""An environment written only from DESIGN §3 and the docs: class form and function form."""
+"""An environment written only from the docs alone: class form and function form."""
 
 from __future__ import annotations
 

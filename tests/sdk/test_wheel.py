@@ -1,4 +1,4 @@
-"""The wheel installs into a fresh venv and every subpackage imports from it (DESIGN §1)."""
+"""The wheel installs into a fresh venv and every subpackage imports from it."""
 
 from __future__ import annotations
 

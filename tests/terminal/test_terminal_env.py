@@ -105,7 +105,7 @@ async def test_tests_script_convention(backend: str, sandboxes: str) -> None:
         await env.aclose()
     # no tests_script override: the convention's reward is absent
     assert "tests" not in cr.make("tests/term-echo-v0").tool_names + list(
-        cr.make("tests/term-echo-v0")._rewards)
+        cr.make("tests/term-echo-v0").reward_specs)
 
 
 @cr.environment("tests/term-image-v0", tasks=[{"dest": "/srv/copy.txt"}],

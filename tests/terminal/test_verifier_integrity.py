@@ -1,4 +1,4 @@
-"""Verifier integrity on the real envs (DESIGN §9): every built-in terminal env and a Harbor
+"""Verifier integrity on the real envs: every built-in terminal env and a Harbor
 import pass `validate --adversarial` on both backends; Harbor tasks score only what their
 verifier writes, strictly parsed."""
 

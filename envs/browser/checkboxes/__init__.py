@@ -9,7 +9,7 @@ from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WORDS, WebTask, form, sample, submitted
 
 
-class Task(WebTask):
+class CheckboxesTask(WebTask):
     items: list[str]
     targets: list[str]
 
@@ -21,21 +21,21 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-checkboxes-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=10,
+                task_type=CheckboxesTask, sandbox=cr.Browser(), max_turns=10,
                 tags=["browser", "web", "form", "checkbox"])
 class Checkboxes(BrowserEnv):
     """Tick exactly the listed checkboxes and submit."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: CheckboxesTask) -> dict[str, str]:
         boxes = "".join(f"<p><label><input type='checkbox' name='pick' value='{w}'> {w}</label>"
                         "</p>" for w in task.items)
         return {"/": html_page("Choices", "<h1>Pick items</h1>" + form(boxes))}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: CheckboxesTask) -> str:
         return f"Tick exactly these boxes: {', '.join(task.targets)}; then submit."
 
     @cr.reward
-    def ticked(self, site, task: Task) -> float:
+    def ticked(self, site, task: CheckboxesTask) -> float:
         sent = submitted(site, "/submit")
         if sent is None:
             return 0.0
@@ -43,6 +43,6 @@ class Checkboxes(BrowserEnv):
         picked = sorted([picked] if isinstance(picked, str) else picked)
         return float(picked == task.targets)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: CheckboxesTask) -> list[cr.ToolCall]:
         calls = [cr.ToolCall.of("check", bid=Ref("checkbox", w)) for w in task.targets]
         return [*calls, cr.ToolCall.of("click", bid=Ref("button", "Submit"))]

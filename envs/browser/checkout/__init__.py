@@ -25,7 +25,7 @@ function render() {
 render();"""
 
 
-class Task(WebTask):
+class CheckoutTask(WebTask):
     products: list[str]
     target: str
     name: str
@@ -41,12 +41,12 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-checkout-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=10,
+                task_type=CheckoutTask, sandbox=cr.Browser(), max_turns=10,
                 tags=["browser", "web", "shopping", "multi-page", "form"])
 class Checkout(BrowserEnv):
     """Add a product to the cart, go through the cart and checkout pages, and order it."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: CheckoutTask) -> dict[str, str]:
         nav = "<nav><a href='/'>Shop</a> | <a id='cart-link' href='/cart'>Cart</a></nav>"
         cards = "".join(
             f"<li>{escape(p)} <button aria-label='Add {escape(p)} to cart' "
@@ -66,12 +66,12 @@ class Checkout(BrowserEnv):
                                    CART_JS),
         }
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: CheckoutTask) -> str:
         return (f"Buy one \"{task.target}\": add it to the cart, open the cart, go to checkout "
                 f"and order it for {task.name}, {task.address}.")
 
     @cr.reward
-    def ordered(self, site, task: Task) -> float:
+    def ordered(self, site, task: CheckoutTask) -> float:
         order = submitted(site, "/order")
         if order is None:
             return 0.0
@@ -82,7 +82,7 @@ class Checkout(BrowserEnv):
         return float(items == [task.target] and order.get("name") == task.name
                      and order.get("address") == task.address)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: CheckoutTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("click", bid=Ref("button", f"Add {task.target} to cart")),
                 cr.ToolCall.of("click", bid=Ref("link", "Cart (1)")),
                 cr.ToolCall.of("click", bid=Ref("link", "Checkout")),

@@ -10,7 +10,7 @@ from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import MARK_JS, SIZE, WORDS, WebTask, mark_of, sample
 
 
-class Task(WebTask):
+class ClickButtonTask(WebTask):
     labels: list[str]
     target: str
 
@@ -21,22 +21,22 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-click-button-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=4,
+                task_type=ClickButtonTask, sandbox=cr.Browser(), max_turns=4,
                 tags=["browser", "web", "click"])
 class ClickButton(BrowserEnv):
     """Click the button with the given label among distractors."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: ClickButtonTask) -> dict[str, str]:
         buttons = "".join(f"<button onclick=\"mark('clicked', this.textContent)\">"
                           f"{escape(label)}</button>" for label in task.labels)
         return {"/": html_page("Buttons", f"<h1>Buttons</h1><div>{buttons}</div>", MARK_JS)}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: ClickButtonTask) -> str:
         return f"Click the button labelled \"{task.target}\"."
 
     @cr.reward
-    async def clicked(self, page, task: Task) -> float:
+    async def clicked(self, page, task: ClickButtonTask) -> float:
         return float(await mark_of(page, "clicked") == task.target)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: ClickButtonTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("click", bid=Ref("button", task.target))]

@@ -11,7 +11,7 @@ from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WORDS, WebTask, sample
 
 
-class Task(WebTask):
+class ClickLinkTask(WebTask):
     links: list[str]
     target: str
 
@@ -22,12 +22,12 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-click-link-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=4,
+                task_type=ClickLinkTask, sandbox=cr.Browser(), max_turns=4,
                 tags=["browser", "web", "click", "navigation"])
 class ClickLink(BrowserEnv):
     """Follow the link with the given text to its page."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: ClickLinkTask) -> dict[str, str]:
         items = "".join(f"<li><a href=\"/page/{w}\">{escape(w.title())}</a></li>"
                         for w in task.links)
         pages = {"/": html_page("Links", f"<h1>Places</h1><ul>{items}</ul>")}
@@ -36,12 +36,12 @@ class ClickLink(BrowserEnv):
                                             "<p>You arrived.</p>")
         return pages
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: ClickLinkTask) -> str:
         return f"Open the page of the link \"{task.target.title()}\"."
 
     @cr.reward
-    def arrived(self, page, task: Task) -> float:
+    def arrived(self, page, task: ClickLinkTask) -> float:
         return float(page is not None and urlsplit(page.url).path == f"/page/{task.target}")
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: ClickLinkTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("click", bid=Ref("link", task.target.title()))]

@@ -17,7 +17,7 @@ function show(i) {
 }"""
 
 
-class Task(WebTask):
+class ClickTabTask(WebTask):
     tabs: list[str]
     links: list[list[str]]
     tab: int
@@ -34,12 +34,12 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-click-tab-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=5,
+                task_type=ClickTabTask, sandbox=cr.Browser(), max_turns=5,
                 tags=["browser", "web", "tabs", "click"])
 class ClickTab(BrowserEnv):
     """Switch to an in-page tab, then click a link shown on it."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: ClickTabTask) -> dict[str, str]:
         tabs = "".join(f"<button role='tab' aria-selected='{str(i == 0).lower()}' "
                        f"onclick='show({i})'>{escape(t)}</button>"
                        for i, t in enumerate(task.tabs))
@@ -50,13 +50,13 @@ class ClickTab(BrowserEnv):
         body = f"<h1>Sections</h1><div role='tablist'>{tabs}</div>{panels}"
         return {"/": html_page("Tabs", body, TABS_JS)}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: ClickTabTask) -> str:
         return f"Open the tab \"{task.tabs[task.tab]}\" and click the link \"{task.target}\"."
 
     @cr.reward
-    async def clicked(self, page, task: Task) -> float:
+    async def clicked(self, page, task: ClickTabTask) -> float:
         return float(await mark_of(page, "clicked") == task.target)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: ClickTabTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("click", bid=Ref("tab", task.tabs[task.tab])),
                 cr.ToolCall.of("click", bid=Ref("link", task.target))]

@@ -12,7 +12,7 @@ from corral.envs.browser.common import SIZE, WebTask, form, submitted, text_fiel
 EVENTS = ("Arrival", "Departure", "Birthday", "Meeting", "Deadline", "Appointment")
 
 
-class Task(WebTask):
+class DateEntryTask(WebTask):
     event: str
     date: str  # ISO
 
@@ -23,23 +23,23 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-date-entry-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=5,
+                task_type=DateEntryTask, sandbox=cr.Browser(), max_turns=5,
                 tags=["browser", "web", "form", "date"])
 class DateEntry(BrowserEnv):
     """Enter a date given in words into a date field and submit."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: DateEntryTask) -> dict[str, str]:
         field = text_field(f"{task.event} date", "date", "date")
         return {"/": html_page("Dates", f"<h1>{task.event}</h1>" + form(field))}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: DateEntryTask) -> str:
         day = datetime.date.fromisoformat(task.date)
         return f"Set the {task.event.lower()} date to {day:%B} {day.day}, {day.year} and submit."
 
     @cr.reward
-    def entered(self, site, task: Task) -> float:
+    def entered(self, site, task: DateEntryTask) -> float:
         return float(submitted(site, "/submit") == {"date": task.date})
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: DateEntryTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("fill", bid=Ref("textbox", f"{task.event} date"), text=task.date),
                 cr.ToolCall.of("click", bid=Ref("button", "Submit"))]

@@ -12,7 +12,7 @@ from corral.envs.browser.common import (CITIES, FIRST, LAST, SIZE, WebTask, form
 FIELDS = (("First name", "first"), ("Last name", "last"), ("Email", "email"), ("City", "city"))
 
 
-class Task(WebTask):
+class FillFormTask(WebTask):
     values: dict[str, str]
     order: list[int]
 
@@ -25,26 +25,26 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-fill-form-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=8,
+                task_type=FillFormTask, sandbox=cr.Browser(), max_turns=8,
                 tags=["browser", "web", "form"])
 class FillForm(BrowserEnv):
     """Fill in a contact form with the given values and submit it."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: FillFormTask) -> dict[str, str]:
         fields = "".join(text_field(FIELDS[i][0], FIELDS[i][1],
                                     "email" if FIELDS[i][1] == "email" else "text")
                          for i in task.order)
         return {"/": html_page("Contact", "<h1>Contact details</h1>" + form(fields))}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: FillFormTask) -> str:
         wanted = ", ".join(f"{label}: {task.values[name]}" for label, name in FIELDS)
         return f"Fill in the form with {wanted}, then submit it."
 
     @cr.reward
-    def submitted_values(self, site, task: Task) -> float:
+    def submitted_values(self, site, task: FillFormTask) -> float:
         return float(submitted(site, "/submit") == task.values)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: FillFormTask) -> list[cr.ToolCall]:
         calls = [cr.ToolCall.of("fill", bid=Ref("textbox", label), text=task.values[name])
                  for label, name in FIELDS]
         return [*calls, cr.ToolCall.of("click", bid=Ref("button", "Submit"))]

@@ -14,7 +14,7 @@ STYLE = (".menu{display:inline-block;position:relative;margin-right:24px}"
          ".menu:hover .items{display:block}")
 
 
-class Task(WebTask):
+class HoverRevealTask(WebTask):
     menus: list[str]
     entries: list[list[str]]
     menu: int
@@ -30,26 +30,26 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-hover-reveal-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=5,
+                task_type=HoverRevealTask, sandbox=cr.Browser(), max_turns=5,
                 tags=["browser", "web", "hover", "click"])
 class HoverReveal(BrowserEnv):
     """Hover over a menu to reveal its entries, then click one."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: HoverRevealTask) -> dict[str, str]:
         menus = "".join(
             f"<div class='menu'><button>{escape(m)}</button><div class='items'>" + "".join(
                 f"<button onclick=\"mark('picked', '{w}')\">{w}</button>" for w in words) +
             "</div></div>" for m, words in zip(task.menus, task.entries))
         return {"/": html_page("Menus", f"<h1>Menus</h1>{menus}", MARK_JS, STYLE)}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: HoverRevealTask) -> str:
         return (f"In the menu \"{task.menus[task.menu]}\" (its entries show when the mouse is "
                 f"over it), click \"{task.target}\".")
 
     @cr.reward
-    async def picked(self, page, task: Task) -> float:
+    async def picked(self, page, task: HoverRevealTask) -> float:
         return float(await mark_of(page, "picked") == task.target)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: HoverRevealTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("hover", bid=Ref("button", task.menus[task.menu])),
                 cr.ToolCall.of("click", bid=Ref("button", task.target))]

@@ -9,7 +9,7 @@ from corral.browser import BrowserEnv, Ref, Request, html_page
 from corral.envs.browser.common import FIRST, SIZE, WORDS, WebTask, form, submitted, text_field
 
 
-class Task(WebTask):
+class LoginTask(WebTask):
     username: str
     password: str
 
@@ -21,12 +21,12 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-login-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=6,
+                task_type=LoginTask, sandbox=cr.Browser(), max_turns=6,
                 tags=["browser", "web", "form", "login"])
 class Login(BrowserEnv):
     """Log in with the given username and password."""
 
-    def site(self, task: Task) -> dict:
+    def site(self, task: LoginTask) -> dict:
         fields = text_field("Username", "username") + text_field("Password", "password",
                                                                  "password")
 
@@ -40,15 +40,15 @@ class Login(BrowserEnv):
         return {"/": html_page("Sign in", "<h1>Sign in</h1>" + form(fields, "/login", "Log in")),
                 "/login": login}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: LoginTask) -> str:
         return (f"Log in as \"{task.username}\" with the password \"{task.password}\".")
 
     @cr.reward
-    def logged_in(self, site, task: Task) -> float:
+    def logged_in(self, site, task: LoginTask) -> float:
         sent = submitted(site, "/login")
         return float(sent == {"username": task.username, "password": task.password})
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: LoginTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("fill", bid=Ref("textbox", "Username"), text=task.username),
                 cr.ToolCall.of("fill", bid=Ref("textbox", "Password"), text=task.password),
                 cr.ToolCall.of("click", bid=Ref("button", "Log in"))]

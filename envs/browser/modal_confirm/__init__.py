@@ -21,7 +21,7 @@ function answer(yes) {
 }"""
 
 
-class Task(WebTask):
+class ModalConfirmTask(WebTask):
     entries: list[str]
     target: str
 
@@ -32,12 +32,12 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-modal-confirm-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=5,
+                task_type=ModalConfirmTask, sandbox=cr.Browser(), max_turns=5,
                 tags=["browser", "web", "dialog", "click"])
 class ModalConfirm(BrowserEnv):
     """Delete an entry: click its Delete button, then confirm in the dialog."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: ModalConfirmTask) -> dict[str, str]:
         rows = "".join(f"<li id='row-{w}'>{w} <button aria-label='Delete {w}' "
                        f"onclick=\"ask('{w}')\">Delete</button></li>" for w in task.entries)
         dialog = ("<div id='dialog' role='dialog' aria-label='Confirm' hidden>"
@@ -45,13 +45,13 @@ class ModalConfirm(BrowserEnv):
                   "<button onclick='answer(false)'>Cancel</button></div>")
         return {"/": html_page("Files", f"<h1>Files</h1><ul>{rows}</ul>{dialog}", DIALOG_JS)}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: ModalConfirmTask) -> str:
         return f"Delete \"{task.target}\" (confirm when asked)."
 
     @cr.reward
-    async def deleted(self, page, task: Task) -> float:
+    async def deleted(self, page, task: ModalConfirmTask) -> float:
         return float(await mark_of(page, "deleted") == task.target)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: ModalConfirmTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("click", bid=Ref("button", f"Delete {task.target}")),
                 cr.ToolCall.of("click", bid=Ref("button", "Confirm"))]

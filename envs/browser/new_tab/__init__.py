@@ -9,7 +9,7 @@ from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WebTask, form, submitted, text_field
 
 
-class Task(WebTask):
+class NewTabTask(WebTask):
     code: str
 
 
@@ -18,26 +18,26 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-new-tab-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=7,
+                task_type=NewTabTask, sandbox=cr.Browser(), max_turns=7,
                 tags=["browser", "web", "tabs", "form"])
 class NewTab(BrowserEnv):
     """Open a page in a new tab, read a code there, switch back and enter it."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: NewTabTask) -> dict[str, str]:
         body = ("<h1>Verify</h1><p><a href='/code' target='_blank'>Show my code</a> "
                 "(opens in a new tab)</p>" + form(text_field("Code", "code"), button="Verify"))
         return {"/": html_page("Verify", body),
                 "/code": html_page("Your code", f"<h1>Your code</h1><p>{task.code}</p>")}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: NewTabTask) -> str:
         return ("Open \"Show my code\" (it opens a new tab), read the code, go back to the first "
                 "tab, enter the code and press Verify.")
 
     @cr.reward
-    def verified(self, site, task: Task) -> float:
+    def verified(self, site, task: NewTabTask) -> float:
         return float(submitted(site, "/submit") == {"code": task.code})
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: NewTabTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("click", bid=Ref("link", "Show my code")),
                 cr.ToolCall.of("tab_focus", index=0),
                 cr.ToolCall.of("fill", bid=Ref("textbox", "Code"), text=task.code),

@@ -22,7 +22,7 @@ document.addEventListener('keydown', e => {
 });"""
 
 
-class Task(WebTask):
+class PressKeyTask(WebTask):
     combo: str
 
 
@@ -31,21 +31,21 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-press-key-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=4,
+                task_type=PressKeyTask, sandbox=cr.Browser(), max_turns=4,
                 tags=["browser", "web", "keyboard"])
 class PressKey(BrowserEnv):
     """Press a given key or key combination (the first one pressed counts)."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: PressKeyTask) -> dict[str, str]:
         return {"/": html_page("Keys", "<h1>Keyboard</h1><p id='log'>Press a key.</p>",
                                KEYS_JS)}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: PressKeyTask) -> str:
         return f"Press {task.combo} (only the first key press counts)."
 
     @cr.reward
-    async def pressed(self, page, task: Task) -> float:
+    async def pressed(self, page, task: PressKeyTask) -> float:
         return float(await mark_of(page, "combo") == task.combo)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: PressKeyTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("press", key=task.combo)]

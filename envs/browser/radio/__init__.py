@@ -9,7 +9,7 @@ from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WORDS, WebTask, form, sample, submitted
 
 
-class Task(WebTask):
+class RadioTask(WebTask):
     choices: list[str]
     target: str
 
@@ -20,25 +20,25 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-radio-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=5,
+                task_type=RadioTask, sandbox=cr.Browser(), max_turns=5,
                 tags=["browser", "web", "form", "radio"])
 class Radio(BrowserEnv):
     """Choose the given radio button and submit."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: RadioTask) -> dict[str, str]:
         radios = "".join(f"<p><label><input type='radio' name='choice' value='{w}'> {w}</label>"
                          "</p>" for w in task.choices)
         body = "<h1>Survey</h1>" + form(f"<fieldset><legend>Favourite</legend>{radios}"
                                          "</fieldset>")
         return {"/": html_page("Survey", body)}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: RadioTask) -> str:
         return f"Choose \"{task.target}\" and submit."
 
     @cr.reward
-    def chosen(self, site, task: Task) -> float:
+    def chosen(self, site, task: RadioTask) -> float:
         return float(submitted(site, "/submit") == {"choice": task.target})
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: RadioTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("check", bid=Ref("radio", task.target)),
                 cr.ToolCall.of("click", bid=Ref("button", "Submit"))]

@@ -28,7 +28,7 @@ window.addEventListener('scroll', () => {
 });"""
 
 
-class Task(WebTask):
+class ScrollFindTask(WebTask):
     entries: list[str]
     target: int
 
@@ -39,25 +39,25 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-scroll-find-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=10,
+                task_type=ScrollFindTask, sandbox=cr.Browser(), max_turns=10,
                 tags=["browser", "web", "scroll"])
 class ScrollFind(BrowserEnv):
     """Scroll a list that loads more entries as it is scrolled, until an entry appears."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: ScrollFindTask) -> dict[str, str]:
         script = f"const ENTRIES = {json.dumps(task.entries)};" + FEED_JS % (BATCH, BATCH)
         return {"/": html_page("Feed", "<h1>Feed</h1><ul id='feed'></ul>", script,
                                "li{height:40px}")}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: ScrollFindTask) -> str:
         return (f"Click the entry \"{task.entries[task.target]}\". The list loads more entries "
                 "when you scroll to its end.")
 
     @cr.reward
-    async def picked(self, page, task: Task) -> float:
+    async def picked(self, page, task: ScrollFindTask) -> float:
         return float(await mark_of(page, "picked") == task.entries[task.target])
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: ScrollFindTask) -> list[cr.ToolCall]:
         scrolls = task.target // BATCH
         return [*[cr.ToolCall.of("scroll", dx=0, dy=100_000)] * scrolls,
                 cr.ToolCall.of("click", bid=Ref("button", task.entries[task.target]))]

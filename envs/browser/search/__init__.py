@@ -15,7 +15,7 @@ SEARCH_FORM = ("<form method='get' action='/search' role='search'><input type='s
                "aria-label='Search'> <button type='submit'>Search</button></form>")
 
 
-class Task(WebTask):
+class SearchTask(WebTask):
     items: list[str]
     target: str
 
@@ -30,12 +30,12 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-search-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=6,
+                task_type=SearchTask, sandbox=cr.Browser(), max_turns=6,
                 tags=["browser", "web", "search", "navigation"])
 class Search(BrowserEnv):
     """Search a catalogue for an item, then open the item's page from the results."""
 
-    def site(self, task: Task) -> dict:
+    def site(self, task: SearchTask) -> dict:
         def results(request: Request) -> str:
             query = request.arg("q").strip().lower()
             hits = [i for i in task.items if query and query in i.lower()]
@@ -51,14 +51,14 @@ class Search(BrowserEnv):
                                                      "<p>In stock.</p>")
         return pages
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: SearchTask) -> str:
         return f"Find \"{task.target}\" with the search box and open its page."
 
     @cr.reward
-    def opened(self, page, task: Task) -> float:
+    def opened(self, page, task: SearchTask) -> float:
         return float(page is not None and urlsplit(page.url).path == f"/item/{slug(task.target)}")
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: SearchTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("fill", bid=Ref("searchbox", "Search"), text=task.target),
                 cr.ToolCall.of("click", bid=Ref("button", "Search")),
                 cr.ToolCall.of("click", bid=Ref("link", task.target))]

@@ -12,7 +12,7 @@ from corral.envs.browser.common import CITIES, FIRST, SIZE, WebTask, form, submi
 COLUMNS = ("Name", "City", "Age")
 
 
-class Task(WebTask):
+class TableAnswerTask(WebTask):
     rows: list[list[str]]
     row: int
     column: int
@@ -26,12 +26,12 @@ def make_task(rng: random.Random, index: int) -> dict:
 
 
 @cr.environment("corral/web-table-answer-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=Task, sandbox=cr.Browser(), max_turns=5,
+                task_type=TableAnswerTask, sandbox=cr.Browser(), max_turns=5,
                 tags=["browser", "web", "reading", "form"])
 class TableAnswer(BrowserEnv):
     """Read a value from a table and type it as the answer."""
 
-    def site(self, task: Task) -> dict[str, str]:
+    def site(self, task: TableAnswerTask) -> dict[str, str]:
         head = "".join(f"<th>{c}</th>" for c in COLUMNS)
         body = "".join("<tr>" + "".join(f"<td>{escape(v)}</td>" for v in row) + "</tr>"
                        for row in task.rows)
@@ -39,18 +39,18 @@ class TableAnswer(BrowserEnv):
         return {"/": html_page("People", "<h1>People</h1>" + table +
                                form(text_field("Answer", "answer")))}
 
-    def instruction(self, task: Task) -> str:
+    def instruction(self, task: TableAnswerTask) -> str:
         name = task.rows[task.row][0]
         return (f"What is the {COLUMNS[task.column].lower()} of {name}? Type it in the Answer "
                 "field and submit.")
 
     @cr.reward
-    def correct(self, site, task: Task) -> float:
+    def correct(self, site, task: TableAnswerTask) -> float:
         sent = submitted(site, "/submit")
         want = task.rows[task.row][task.column]
         return float(sent is not None and str(sent.get("answer", "")).strip() == want)
 
-    def solution(self, task: Task) -> list[cr.ToolCall]:
+    def solution(self, task: TableAnswerTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("fill", bid=Ref("textbox", "Answer"),
                                text=task.rows[task.row][task.column]),
                 cr.ToolCall.of("click", bid=Ref("button", "Submit"))]

@@ -5,12 +5,12 @@
 
 The tasks (the first `tasks` of the dataset's `split`, "train" by default: the tasks training
 draws, the ones a difficulty band filters) are evaluated `samples` times each by
-`corral.runner.evaluate.aevaluate` (the same Runner, sandboxes, crash-safe store and statistics
-as `corral eval`), and each task's solved share, avg@k and unbiased pass@k go into the store
-as a `Profile(kind="model")` under the model's name, with k, the split, the env's release and
-the date. The registry shows it on the release's dataset card (`dataset_card`, the web
-catalog); `cr.mix(..., filter={"pass_rate": (lo, hi)})` and `corral train --difficulty LO:HI`
-keep the tasks whose pass rate lies in the band.
+`corral.runner.eval.evaluation.aevaluate` (the same Runner, sandboxes, crash-safe store
+and statistics as `corral eval`), and each task's solved share, avg@k and unbiased pass@k go
+into the store as a `Profile(kind="model")` under the model's name, with k, the split, the
+env's release and the date. The registry shows it on the release's dataset card
+(`dataset_card`, the web catalog); `cr.mix(..., filter={"pass_rate": (lo, hi)})` and
+`corral train --difficulty LO:HI` keep the tasks whose pass rate lies in the band.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from corral.errors import CorralError
 from corral.registry.store import Profile, TaskPassRate
-from corral.runner.evaluate import EvalResult, aevaluate
+from corral.runner.eval.evaluation import EvalResult, aevaluate
 from corral.runner.policy import Policy
 
 log = logging.getLogger(__name__)

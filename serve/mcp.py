@@ -38,8 +38,8 @@ from mcp.server.stdio import stdio_server
 from pydantic import ValidationError
 
 from corral.errors import AgentError, AuthoringError, CorralError, InfraError, UnknownTool
-from corral.runner.envserver import ops
-from corral.runner.envserver.protocol import ProtocolError, ResetRequest
+from corral.serve import ops
+from corral.serve.protocol import ProtocolError, ResetRequest
 from corral.suggest import closest
 from corral.types import ToolCall
 

@@ -24,9 +24,9 @@ from fastapi import Body, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.errors import EnvServerBusy
-from corral.runner.envserver import ops
-from corral.runner.envserver.app import EnvServer, WebSocketSession, _brief
-from corral.runner.envserver.protocol import ProtocolError, ResetRequest, StepRequest
+from corral.serve import ops
+from corral.serve.app import EnvServer, WebSocketSession, _brief
+from corral.serve.protocol import ProtocolError, ResetRequest, StepRequest
 
 PREFIX = "/openenv"
 

@@ -14,7 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
 from corral.errors import EnvServerError
-from corral.runner.envserver.protocol import raise_remote
+from corral.serve.protocol import raise_remote
 
 
 def base_url(url: str) -> str:

@@ -10,7 +10,7 @@ import html
 from pathlib import Path
 from typing import Any, Sequence
 
-from corral.runner.evalstats import CATEGORIES
+from corral.runner.eval.stats import CATEGORIES
 from corral.runner.report import html_table, pyplot
 
 STYLE = """<style>body{font-family:sans-serif;margin:2em;max-width:1200px}

@@ -34,9 +34,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.websockets import WebSocketDisconnect
 
 from corral.errors import CorralError
-from corral.runner.envserver import ops
-from corral.runner.envserver.protocol import (
-    AuthError,
+from corral.serve import ops
+from corral.serve.protocol import (
+    EnvServerAuthError,
     EnvInfo,
     ErrorBody,
     FinishRequest,
@@ -51,7 +51,7 @@ from corral.runner.envserver.protocol import (
     error_body,
     status_of,
 )
-from corral.runner.envserver.sessions import Session, SessionManager
+from corral.serve.sessions import Session, SessionManager
 
 OPEN_PATHS = ("/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
 
@@ -121,8 +121,9 @@ class EnvServer:
                         ) -> Response:
             if request.url.path not in OPEN_PATHS and not token_ok(
                     self.token, request.headers, request.query_params):
-                return _error(AuthError("missing or wrong token: send 'Authorization: Bearer "
-                                        "<token>' (the server's --token)"))
+                return _error(EnvServerAuthError(
+                    "missing or wrong token: send 'Authorization: Bearer <token>' (the "
+                    "server's --token)"))
             return await call_next(request)
 
         # CorralError (nearly every error) is answered by the exception middleware; a bare
@@ -191,7 +192,7 @@ class EnvServer:
             req = body or ResetRequest()
             return await on(session_id, lambda env: ops.reset(env, req), request)
 
-        @app.post("/v1/sessions/{session_id}/step", response_model=ops.StepResult)
+        @app.post("/v1/sessions/{session_id}/step", response_model=ops.StepReply)
         async def step(session_id: str, body: StepRequest, request: Request) -> Any:
             return await on(session_id, lambda env: ops.step(env, body), request)
 

@@ -35,7 +35,7 @@ import httpx
 
 from corral.errors import EngineError
 from .fence import ReplicaFence
-from .models import TINY, build_tiny_model, resolve_model_path, tiny_model_path
+from corral.runner.policy.models import TINY, build_tiny_model, resolve_model_path, tiny_model_path
 from .process import ServerProcess, free_port, port_problem, stop_all, wait_ready
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ class VLLMEngine:
 
     def policy(self, tokenizer: Any = None, **kwargs: Any) -> Any:
         """An `OpenAIPolicy` over the replicas: pinned sampling, per-replica version tags."""
-        from .openai import OpenAIPolicy
+        from corral.runner.policy.openai import OpenAIPolicy
 
         extra = {**SAMPLING_PINS, **kwargs.pop("extra_body", {})}
         return OpenAIPolicy(self.urls, tokenizer if tokenizer is not None else self.model,
@@ -267,7 +267,7 @@ class VLLMEngine:
 
     def replica_policy(self, url: str, tokenizer: Any = None) -> Any:
         """A policy over the replica at `url` alone, without fence or retries (probes)."""
-        from .openai import OpenAIPolicy
+        from corral.runner.policy.openai import OpenAIPolicy
 
         return OpenAIPolicy([url], tokenizer if tokenizer is not None else self.model,
                             model=self.request_model, extra_body=dict(SAMPLING_PINS),

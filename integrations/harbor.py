@@ -35,11 +35,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .dataset import Dataset
-from .errors import AuthoringError, DatasetError, DuplicateRegistration
-from .sandbox.spec import Terminal
-from .terminal import TerminalEnv, Verifier, bash
-from .types import Task, ToolCall
+from corral.dataset import Dataset
+from corral.errors import AuthoringError, DatasetError, DuplicateRegistration
+from corral.sandbox.spec import Terminal
+from corral.terminal import TerminalEnv, Verifier, bash
+from corral.types import Task, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ def load_harbor(path: str | Path, namespace: str = "harbor",
     the default catalog (`cr.make("harbor/<task>-v0")`). Returns {env id: env class}.
     Raises DatasetError naming the file and the problem for malformed tasks.
     """
-    from .catalog import default_catalog, parse_id
+    from corral.catalog import default_catalog, parse_id
 
     root = Path(path)
     if not root.is_dir():

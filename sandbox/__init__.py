@@ -1,4 +1,4 @@
-"""Sandboxes: where an episode's commands run (DESIGN §4).
+"""Sandboxes: where an episode's commands run.
 
 The one call most code needs::
 

@@ -1,4 +1,4 @@
-"""The sandbox contract every backend implements (DESIGN §4).
+"""The sandbox contract every backend implements.
 
 A sandbox is one isolated place where an episode's commands run. A backend is two classes in
 its own module: a `Sandbox` (one running sandbox) and a `Backend` (opens sandboxes for specs and

@@ -9,7 +9,7 @@ from typing import Any
 from corral import splits
 from corral.dataset import ExplicitEval
 from corral.errors import AgentError, DatasetError
-from corral.runner.envserver.protocol import (
+from corral.serve.protocol import (
     EnvInfo,
     EpisodeState,
     FinishRequest,
@@ -17,7 +17,7 @@ from corral.runner.envserver.protocol import (
     ResetRequest,
     ResetResult,
     StepRequest,
-    StepResult,
+    StepReply,
     ToolRequest,
 )
 from corral.types import ToolCall
@@ -101,14 +101,14 @@ def split_task(env: Any, split: str, index: int) -> Any:
     raise DatasetError(f"the eval split of {env.env_id} has no task")
 
 
-async def step(env: Any, request: StepRequest) -> StepResult:
+async def step(env: Any, request: StepRequest) -> StepReply:
     action = request.action
     if not isinstance(action, str):
         calls = action if isinstance(action, list) else [action]
         action = [ToolCall(**c.model_dump()) for c in calls]
     before = len(env.episode.messages) if env.episode is not None else 0
     observation, reward, terminated, truncated, info = await env.astep(action)
-    return StepResult(observation=observation, reward=_finite(reward), terminated=terminated,
+    return StepReply(observation=observation, reward=_finite(reward), terminated=terminated,
                       truncated=truncated, info=info,
                       messages=[dict(m) for m in env.episode.messages[before:]],
                       episode=episode_state(env))

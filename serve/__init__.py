@@ -1,4 +1,4 @@
-"""Environments as network services (DESIGN §9): `corral serve-env` and `cr.remote`.
+"""Environments as network services: `corral serve-env` and `cr.remote`.
 
 `serve` builds and runs the server (`app`: HTTP + WebSocket session protocols, `openenv`:
 OpenEnv's protocol), `sessions` owns the env

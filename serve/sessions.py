@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
 
 from corral.errors import EnvServerBusy, UnknownEnv
-from corral.runner.envserver.protocol import SessionError
+from corral.serve.protocol import SessionError
 from corral.suggest import closest
 
 log = logging.getLogger(__name__)

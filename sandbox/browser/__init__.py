@@ -1,4 +1,4 @@
-"""The browser sandbox backend (DESIGN §4): Playwright's async API over Debian's Chromium, many
+"""The browser sandbox backend: Playwright's async API over Debian's Chromium, many
 isolated contexts per warm browser, or Chromium in a container reached over CDP.
 
 Modules, one job each: `chromium` (which binary, which switches), `pool` (warm browsers and

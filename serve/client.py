@@ -10,7 +10,7 @@ server session (an env instance and its sandbox over there) opens at the first r
 closes with `aclose()`. Calling a `RemoteEnv` makes another one of the same env, so it is
 the `EnvFactory` that `Runner(envs=[...])` and `validate(...)` take. With several servers
 (`Runner(env_servers=[...])`) each session goes to the server with most free capacity, and
-a server that died is avoided by the retried episode (`corral.runner.envserver.fleet`).
+a server that died is avoided by the retried episode (`corral.serve.pool`).
 The oracle stays on the server: ask for it with `oracle=True` (validation does). With
 `split="train"` (or "eval") the task index a reset draws is read in that split of the
 server's dataset, so a trainer's rollouts never get a task of the env's eval split.
@@ -23,9 +23,9 @@ from typing import Any, Sequence
 from corral.dataset import Dataset
 from corral.env import Action, Env, Episode
 from corral.errors import AgentError, AuthoringError
-from corral.runner.envserver.connection import Connection, get_json
-from corral.runner.envserver.fleet import ServerPool
-from corral.runner.envserver.protocol import EnvInfo, EpisodeState, ProtocolError
+from corral.serve.connection import Connection, get_json
+from corral.serve.pool import ServerPool
+from corral.serve.protocol import EnvInfo, EpisodeState, ProtocolError
 from corral.types import Task, ToolCall
 
 

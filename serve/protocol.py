@@ -112,7 +112,7 @@ class ResetResult(BaseModel):
     solution: list[Any] | None = None
 
 
-class StepResult(BaseModel):
+class StepReply(BaseModel):
     observation: str
     reward: float
     terminated: bool
@@ -159,7 +159,7 @@ class SessionError(cerrors.CorralError, LookupError):
         self.forbidden = forbidden
 
 
-class AuthError(cerrors.CorralError, PermissionError):
+class EnvServerAuthError(cerrors.CorralError, PermissionError):
     """A request without the server's token."""
 
 
@@ -169,7 +169,7 @@ def error_kind(exc: BaseException) -> str:
         (cerrors.EnvServerBusy, "busy"), (cerrors.InfraError, "infra"),
         (cerrors.AgentError, "agent"), (cerrors.EpisodeTruncated, "truncated"),
         (cerrors.RegistryError, "registry"), (ProtocolError, "protocol"),
-        (SessionError, "session"), (AuthError, "auth"),
+        (SessionError, "session"), (EnvServerAuthError, "auth"),
     ]
     for cls, kind in table:
         if isinstance(exc, cls):
@@ -194,7 +194,7 @@ _BY_KIND: dict[str, type[Exception]] = {
     # a session the server no longer has (reaped, closed) is lost infrastructure to a client
     "registry": cerrors.RegistryError, "protocol": ProtocolError,
     "session": cerrors.EnvServerError,
-    "auth": AuthError, "truncated": cerrors.EpisodeTruncated,
+    "auth": EnvServerAuthError, "truncated": cerrors.EpisodeTruncated,
 }
 
 

@@ -10,7 +10,7 @@ choices). Group `g` of the run is planned task `g` (`_PlannedRunner`), with `sam
 so the run is the same trajectory store as `corral collect`: a killed evaluation resumes from
 it, re-running only what was not stored. The plan goes to `RUN_DIR/eval_plan.json` (tasks as
 data, pass thresholds, families): statistics, `--reverify` and `--compare` read it back without
-the model. Results: `RUN_DIR/eval.json` (see `corral.runner.evalstats`) and `eval.html`.
+the model. Results: `RUN_DIR/eval.json` (see `corral.runner.eval.stats`) and `eval.html`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from corral.errors import CorralError
 from corral.fileio import write_json_atomic
 from corral.runner.episode import EpisodeLimits
-from corral.runner.evalstats import Sample, ks_for, summarize_samples, to_sample
+from corral.runner.eval.stats import Sample, ks_for, summarize_samples, to_sample
 from corral.runner.policy import Policy
 from corral.runner.runner import Runner
 from corral.runner.store import load_run
@@ -242,7 +242,7 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
     summary = await asyncio.to_thread(summarize_run, root)
     page = None
     if report:
-        from corral.runner.evalreport import write_eval_report
+        from corral.runner.eval.report import write_eval_report
 
         page = await asyncio.to_thread(write_eval_report, root, summary)
     return EvalResult(root, summary, page, len(collected), time.perf_counter() - started)

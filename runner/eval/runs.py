@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from corral.fileio import write_json_atomic
-from corral.runner.evalstats import ks_for, summarize_samples
-from corral.runner.evaluate import plan_samples, read_plan, summarize_run
+from corral.runner.eval.stats import ks_for, summarize_samples
+from corral.runner.eval.evaluation import plan_samples, read_plan, summarize_run
 from corral.runner.store import load_run
 from corral.runner.trajectory import Status, Trajectory
 

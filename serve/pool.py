@@ -24,8 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from corral.errors import EnvServerBusy, EnvServerError, RegistryError
-from corral.runner.envserver.connection import Connection, aget_json, base_url, get_json
-from corral.runner.envserver.protocol import EnvInfo
+from corral.serve.connection import Connection, aget_json, base_url, get_json
+from corral.serve.protocol import EnvInfo
 
 
 def split_token(url: str) -> tuple[str, str | None]:

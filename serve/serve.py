@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import uvicorn
 
 from corral.errors import CorralError
-from corral.runner.envserver import ops
-from corral.runner.envserver.app import EnvServer
-from corral.runner.envserver.sessions import SessionManager
+from corral.serve import ops
+from corral.serve.app import EnvServer
+from corral.serve.sessions import SessionManager
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def build_server(env_ids: Sequence[str], *, max_sessions: int = 8, token: str | 
                              idle_timeout=idle_timeout, max_waiting=max_waiting)
     server = EnvServer(manager, infos, token=token)
     if openenv:
-        from corral.runner.envserver.openenv import mount_openenv
+        from corral.serve.openenv import mount_openenv
 
         mount_openenv(server)
     return server

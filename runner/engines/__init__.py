@@ -1,0 +1,31 @@
+"""`corral.runner.engines`: inference engine processes Corral starts, and their weight fences.
+
+* `vllm`: `VLLMEngine` (vLLM replicas, one `ServerProcess` each) and `VLLMAdmin` (the admin
+  calls a weight publish makes: pause, reload, reset the prefix cache, resume);
+* `process`: `ServerProcess`, one server started, watched and stopped with its process group;
+* `guard`: the process every server runs through, so that none outlives Corral;
+* `fence`: `ReplicaFence`, each replica's weight version and the fence a publish raises.
+
+The clients that talk to these servers (`OpenAIPolicy`, `Router`) are policies, in
+`corral.runner.policy`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {"VLLMEngine": "vllm", "VLLMAdmin": "vllm", "ServerProcess": "process",
+         "ReplicaFence": "fence"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -1,0 +1,30 @@
+"""`corral.runner.eval`: evaluating a model on registered envs.
+
+* `evaluation`: `evaluate` / `aevaluate` (avg@k and pass@k on an env's eval split), `EvalResult`,
+  the resumable run directory's plan and summary;
+* `stats`: pass@k, failure categories, per-task and per-env summaries;
+* `report`: `eval.html` and the comparison page;
+* `profile`: per-task pass rates under a model, for the dataset card (`corral profile`);
+* `runs`: re-verifying and comparing finished eval runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {"evaluate": "evaluation", "aevaluate": "evaluation", "EvalResult": "evaluation",
+         "pass_at_k": "stats", "aprofile_model": "profile", "reverify": "runs",
+         "compare": "runs"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
