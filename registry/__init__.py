@@ -10,10 +10,21 @@ Releases and stores (loaded on first use): `publish`, `pull`, `install`, `open_s
 from __future__ import annotations
 
 import os as _os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.catalog import (ENTRY_POINT_GROUP, Catalog, EnvSpec, default_catalog, deprecate,
                             make, parse_id, register, spec)
+
+if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
+    from corral.registry.build import build_release
+    from corral.registry.client import RegistryClient
+    from corral.registry.curation import (Mixture, dataset_card, find_near_duplicates, mix,
+                                          pick_profile, profile_env)
+    from corral.registry.install import install
+    from corral.registry.lock import Lock, require_lock
+    from corral.registry.release import ReleaseManifest
+    from corral.registry.store import LocalStore
+    from corral.registry.transfer import open_store, publish, pull
 
 
 def list(pattern: str | None = None) -> "builtins_list[EnvSpec]":  # noqa: A001 - the catalog verb, as in gymnasium

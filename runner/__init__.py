@@ -8,9 +8,19 @@ FastAPI and aiohttp load only when a policy needs them). The inference engines l
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import policy as _policy  # light: the contract only; its engines are lazy in turn
+
+if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
+    from corral.runner.assembly import AssemblyConfig, BatchAssembler
+    from corral.runner.episode import EpisodeLimits, WorkItem, run_episode
+    from corral.runner.executor import Executor, LocalExecutor
+    from corral.runner.pool import SandboxPool
+    from corral.runner.report import write_report
+    from corral.runner.runner import Runner
+    from corral.runner.store import TrajectoryStore, load_run
+    from corral.runner.trajectory import Batch, Span, Status, Trajectory
 
 _EXPORTS = {
     # the inference side keeps its own table of public names; they are the runner's too

@@ -136,6 +136,10 @@ case "$cmd" in
     # sandboxes of dead processes and rootfs exports of images Docker no longer has
     "$VENV/bin/corral" sandbox gc >/dev/null || log "corral sandbox gc failed; going on"
     "$VENV/bin/ruff" check --quiet . || { log "ruff check failed (fix the lines above)"; exit 1; }
+    # the docs and their API reference build without a warning (a broken link, a moved name)
+    site=$(mktemp -d)
+    "$VENV/bin/python" -m mkdocs build --strict -q -d "$site" || { rm -rf "$site"; log "mkdocs build --strict failed"; exit 1; }
+    rm -rf "$site"
     # the slowest tests are listed: the suite is kept under 25 minutes
     exec "$VENV/bin/python" -m pytest -q --durations=25 "$@" ;;
   *) log "usage: bash scripts/dev.sh demo|test|setup [ARGS]"; exit 2 ;;

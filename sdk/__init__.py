@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .dataset import Dataset
@@ -25,6 +25,15 @@ from .environment import environment
 from .sandbox.spec import Browser, Terminal
 from .tools import Tools, reward, tool
 from .types import Task, ToolCall
+
+if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
+    from corral.browser.env import BrowserEnv
+    from corral.integrations.harbor import load_harbor
+    from corral.registry import deprecate, make, register, spec
+    from corral.registry.curation import mix
+    from corral.runner.eval.evaluation import evaluate
+    from corral.serve.client import remote
+    from corral.terminal import TerminalEnv
 
 __version__ = "0.1.0"
 

@@ -72,6 +72,20 @@ def package_modules() -> dict[str, Path]:
     return modules
 
 
+# The facade (`import corral as cr`) names upper layers by string for its lazy attributes, and
+# imports them under `if TYPE_CHECKING:` so editors resolve `cr.make`; nothing of that runs.
+FACADES = {"corral"}
+
+
+def facade_type_imports(tree: ast.Module) -> set[int]:
+    """Ids of the import nodes inside the module's top-level `if TYPE_CHECKING:` blocks."""
+    found: set[int] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            found.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    return found
+
+
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     """importer → the package modules it imports (a name resolves to its longest module)."""
     graph: dict[str, set[str]] = defaultdict(set)
@@ -83,7 +97,11 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
 
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        hidden = facade_type_imports(tree) if module in FACADES else set()
+        for node in ast.walk(tree):
+            if id(node) in hidden:
+                continue
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]

@@ -18,7 +18,22 @@ torch, so the CLI can build `corral train`'s flags without paying torch's import
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
+    from corral.trainer.batching import TensorBatch, build_tensor_batch, group_advantages
+    from corral.trainer.config import LoraConfig, StepConfig, TrainConfig
+    from corral.trainer.loop import TrainResult, train
+    from corral.trainer.loss import (ISWeights, aggregate, importance_weights, k3, policy_loss,
+                                     sft_loss, token_logprobs)
+    from corral.trainer.numerics import AlignmentStats, NumericsReport, numerics_report
+    from corral.trainer.publish import (LocalPublisher, SGLangPublisher, ServePolicyPublisher,
+                                        VLLMPublisher)
+    from corral.trainer.sft import SFTExample, supervised_warmup
+    from corral.trainer.staleness import (StalenessReport, ThrottleController, ThrottleSignal,
+                                          assess_staleness, sample_age, sample_divergence)
+    from corral.trainer.tasks import TaskSlice
+    from corral.trainer.trainer import Publisher, StepResult, Trainer, resolve_dtype
 
 # public name -> the submodule that defines it
 _EXPORTS = {

@@ -13,7 +13,12 @@ The clients that talk to these servers (`OpenAIPolicy`, `Router`) are policies, 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
+    from corral.runner.engines.fence import ReplicaFence
+    from corral.runner.engines.process import ServerProcess
+    from corral.runner.engines.vllm import VLLMAdmin, VLLMEngine
 
 _LAZY = {"VLLMEngine": "vllm", "VLLMAdmin": "vllm", "ServerProcess": "process",
          "ReplicaFence": "fence"}

@@ -11,7 +11,13 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
+    from corral.runner.eval.evaluation import EvalResult, aevaluate, evaluate
+    from corral.runner.eval.profile import aprofile_model
+    from corral.runner.eval.runs import compare, reverify
+    from corral.runner.eval.stats import pass_at_k
 
 _LAZY = {"evaluate": "evaluation", "aevaluate": "evaluation", "EvalResult": "evaluation",
          "pass_at_k": "stats", "aprofile_model": "profile", "reverify": "runs",

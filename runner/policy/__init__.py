@@ -23,10 +23,18 @@ transformers, FastAPI or aiohttp.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import Generation, GenerationRequest, Policy, Tokenizer
 from .chat import ChatTranscript
+
+if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
+    from corral.runner.policy.local import LocalPolicy
+    from corral.runner.policy.models import build_tiny_model, load_model, load_tokenizer
+    from corral.runner.policy.openai import OpenAIPolicy
+    from corral.runner.policy.router import Router
+    from corral.runner.policy.scripted import ByteTokenizer, ScriptedCall, ScriptedPolicy
+    from corral.runner.policy.serve import PolicyServer, create_app
 
 _LAZY = {
     "LocalPolicy": "local", "OpenAIPolicy": "openai", "Router": "router",
