@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 
@@ -209,3 +210,18 @@ def check_backend_option(name: str | None, kind: str | None = None,
             check_backend(name, kind)
         except CorralError as exc:
             fail(f"{flag} {name}: {exc}", code=2)
+
+
+_SERVE_GROUPS: dict[int, typer.Typer] = {}
+
+
+def serve_group(app: typer.Typer) -> typer.Typer:
+    """The `corral serve` group of `app`: every server Corral starts from the command line is
+    `corral serve KIND` (env, policy, registry, engine); made on first use."""
+    group = _SERVE_GROUPS.get(id(app))
+    if group is None:
+        group = typer.Typer(help="Start a server: an env server, a policy server, a registry "
+                            "or rollout-engine replicas.", no_args_is_help=True)
+        app.add_typer(group, name="serve")
+        _SERVE_GROUPS[id(app)] = group
+    return group

@@ -15,7 +15,7 @@ import typer
 
 from corral.errors import CorralError
 
-from .common import check_run_dir, console, fail
+from .common import check_run_dir, console, fail, serve_group
 
 if TYPE_CHECKING:  # vLLM's manager loads when a command needs it
     from corral.runner.engines.vllm import VLLMEngine
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
     """Add the `engine` command group to `app`."""
     group = typer.Typer(help="Rollout engines (vLLM) started and stopped by Corral.",
                         no_args_is_help=True)
-    app.add_typer(group, name="engine")
+    app.add_typer(group, name="engine", hidden=True)  # the older `engine start`
 
     @group.command("start")
     def start(
@@ -91,3 +91,5 @@ def register(app: typer.Typer) -> None:
             console.print("stopping")
         finally:
             started.stop()
+
+    serve_group(app).command("engine")(start)  # `corral serve engine vllm MODEL`

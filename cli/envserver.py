@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import typer
 
-from .common import check_backend_option, check_listen, console, fail
+from .common import check_backend_option, check_listen, console, fail, serve_group
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `serve-env` command to `app`."""
+    """Add `corral serve env` (and its older spelling `serve-env`) to `app`."""
 
-    @app.command("serve-env")
+    @serve_group(app).command("env")
     def serve_env(
         env_ids: list[str] = typer.Argument(..., help="Env ids to serve (ns/name-vN)."),
         host: str = typer.Option("127.0.0.1", help="Interface to listen on (loopback unless "
@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
                       f"(docs: /docs, WebSocket: /v1/ws, OpenEnv: /openenv/<id>)")
         serve(env_ids, host=host, port=port, max_sessions=max_sessions, token=token,
               idle_timeout=idle_timeout, max_waiting=max_waiting, backend=backend)
+
+    app.command("serve-env", hidden=True)(serve_env)  # the older spelling
 
 
 MCP_TRANSPORTS = ("stdio",)

@@ -6,13 +6,13 @@ import typer
 
 from corral.errors import CorralError
 from corral.runner.policy.base import RELOAD_TOKEN_ENV
-from .common import check_device_option, check_listen, fail
+from .common import check_device_option, check_listen, fail, serve_group
 
 
 def register(app: typer.Typer) -> None:
-    """Add the `serve-policy` command to `app`."""
+    """Add `corral serve policy` (and its older spelling `serve-policy`) to `app`."""
 
-    @app.command("serve-policy")
+    @serve_group(app).command("policy")
     def serve_policy(
         model: str = typer.Argument(..., help="A local model directory (save_pretrained) or "
                                     "'tiny'."),
@@ -54,3 +54,5 @@ def register(app: typer.Typer) -> None:
         except (CorralError, ValueError, RuntimeError) as exc:
             fail(str(exc))
         serve(policy, host=host, port=port, log_level=log_level, config=config)
+
+    app.command("serve-policy", hidden=True)(serve_policy)  # the older spelling

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import FlagError, check_listen, console, episode_limits, fail
+from .common import FlagError, check_listen, console, episode_limits, fail, serve_group
 
 REGISTRY_HELP = "Local store path or registry URL (default: $CORRAL_REGISTRY or ~/.corral)."
 registry_app = typer.Typer(help="Run a registry server.", no_args_is_help=True)
@@ -387,4 +387,5 @@ def register(app: typer.Typer) -> None:
                      ("search", search), ("lock", lock), ("profile", profile), ("dedup", dedup),
                      ("verify", verify)):
         app.command(name)(fn)
-    app.add_typer(registry_app, name="registry")
+    app.add_typer(registry_app, name="registry", hidden=True)  # the older `registry serve`
+    serve_group(app).command("registry")(serve)

@@ -93,7 +93,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.cli", "serve-env", *env_ids, "--port",
+            [sys.executable, "-m", "corral.cli", "serve", "env", *env_ids, "--port",
              str(self.port), *extra], start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:

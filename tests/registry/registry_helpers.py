@@ -129,10 +129,10 @@ def free_port() -> int:
 
 
 def serve_process(store: Path, port: int) -> subprocess.Popen:
-    """`corral registry serve` in its own process (to kill it, or to watch its memory);
+    """`corral serve registry` in its own process (to kill it, or to watch its memory);
     TOKEN may publish in `acme`."""
     code = "from corral.cli import main; main()"
-    return subprocess.Popen([sys.executable, "-c", code, "registry", "serve", "--registry",
+    return subprocess.Popen([sys.executable, "-c", code, "serve", "registry", "--registry",
                              str(store), "--port", str(port), "--token", f"acme:{TOKEN}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -152,3 +152,27 @@ def test_help_paragraphs_are_reflowed() -> None:
     assert line.rstrip(" │").endswith("print their rewards.")
     # an extra to install is text, not rich markup (it read "Needs corral.")
     assert "corral[mcp]" in corral("serve-env", "--help").stdout
+
+
+def test_every_server_starts_as_corral_serve_kind_and_the_older_spellings_still_work() -> None:
+    """One way to start a server: `corral serve env|policy|registry|engine`; `serve-env`,
+    `serve-policy`, `registry serve` and `engine start` are the same commands (hidden)."""
+    from typer.testing import CliRunner
+
+    from corral.cli import app
+
+    runner = CliRunner()
+    listing = runner.invoke(app, ["serve", "--help"])
+    assert listing.exit_code == 0, listing.output
+    for kind in ("env", "policy", "registry", "engine"):
+        assert kind in listing.output
+    pairs = [(["serve", "env"], ["serve-env"]), (["serve", "policy"], ["serve-policy"]),
+             (["serve", "registry"], ["registry", "serve"]),
+             (["serve", "engine"], ["engine", "start"])]
+    for new, old in pairs:
+        a, b = runner.invoke(app, [*new, "--help"]), runner.invoke(app, [*old, "--help"])
+        assert a.exit_code == b.exit_code == 0, (a.output, b.output)
+        options = lambda out: sorted(w for w in out.split() if w.startswith("--"))  # noqa: E731
+        assert options(a.output) == options(b.output) and options(a.output), (new, old)
+    top = runner.invoke(app, ["--help"]).output
+    assert "serve-env" not in top and "serve-policy" not in top
