@@ -75,19 +75,23 @@ def _reflow(text: str) -> str:
         else " ".join(p.split("\n")) for p in paragraphs)
 
 
-def _reflow_help(group: typer.Typer) -> None:
+def _reflow_help(group: typer.Typer, done: set[int] | None = None) -> None:
     """Reflow every command's help, and escape what rich would read as markup in it and in its
-    options' help ("pip install 'corral[mcp]'" lost its "[mcp]")."""
+    options' help ("pip install 'corral[mcp]'" lost its "[mcp]"). A command registered under
+    two names (`serve env` and `serve-env`) shares its options: each is escaped once."""
+    done = set() if done is None else done
     for command in group.registered_commands:
         text = command.help or inspect.getdoc(command.callback)
-        if text:
+        if text and id(command) not in done:
             command.help = escape(_reflow(text))
+            done.add(id(command))
         for param in inspect.signature(command.callback).parameters.values():
             info = param.default
-            if isinstance(info, typer.models.ParameterInfo) and info.help:
+            if isinstance(info, typer.models.ParameterInfo) and info.help and id(info) not in done:
                 info.help = escape(info.help)
+                done.add(id(info))
     for sub in group.registered_groups:
-        _reflow_help(sub.typer_instance)
+        _reflow_help(sub.typer_instance, done)
 
 
 _register_all()

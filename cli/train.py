@@ -6,7 +6,7 @@ every other field gets a generated option (`cli/trainflags.py`: typed from the f
 description as the help), so a new field has a flag the moment it is added. To write a
 field's option by hand instead, add a parameter named like the field to `train_command` (its
 value goes to the field as is) or list the field in `WRITTEN` and set it in `_written_fields`.
-`tests/train/test_cli_parity.py` checks that every field is reachable from the command line.
+`tests/cli/test_train_parity.py` checks that every field is reachable from the command line.
 """
 
 from __future__ import annotations

@@ -68,14 +68,12 @@ def extra_dockerds(base_image: str):
     """Two extra dockerd on this machine for sandbox-fleet tests (`benchmarks/faultkit/
     fleetd.py`: roots under /tmp/corral-fleet-*, own bridges, no iptables), the base image loaded
     into each; started once, killed at the end (their data roots stay, so the next session
-    skips the image load: deleting them takes ~25 s here; `python -m faultkit.fleetd stop`
-    removes them). The machine's dockerd is never touched."""
-    import sys
+    skips the image load: deleting them takes ~25 s here;
+    `python -m benchmarks.faultkit.fleetd stop` removes them). The machine's dockerd is never
+    touched."""
     from concurrent.futures import ThreadPoolExecutor
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from faultkit.fleetd import daemons
+    from benchmarks.faultkit.fleetd import daemons
 
     extra = daemons(2)
     try:

@@ -13,7 +13,7 @@ tag the new tokens with `version`.
 * `SGLangPublisher(url, checkpoint_dir, token=ADMIN_KEY)`: `save_pretrained`, then SGLang's
   `POST /update_weights_from_disk {"model_path", "load_format": "auto", "weight_version"}`;
   `SGLangPolicy` reads the version back from `meta_info.weight_version`. Tested against a
-  fake of SGLang's protocol (tests/engines/fake_sglang.py), not a real SGLang.
+  fake of SGLang's protocol (tests/runner/engines/fake_sglang.py), not a real SGLang.
 * `VLLMPublisher(urls, checkpoint_dir, fence=...)` (or `VLLMPublisher.for_engine(engine,
   dir)`): weights saved once, then a fenced reload on every replica in parallel (pause with
   `mode=wait` → `reload_weights` with `weights_path` → reset prefix cache → resume), the

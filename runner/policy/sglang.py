@@ -11,7 +11,7 @@ SGLang's `/v1/completions` returns no token ids, so Corral talks to `/generate`:
   `corral.trainer.publish.SGLangPublisher`).
 
 Routing, retries and the `abort` retry are `OpenAIPolicy`'s. No SGLang runs in Corral's test
-suite: it is tested against `tests/engines/fake_sglang.py`, a fake that speaks exactly this
+suite: it is tested against `tests/runner/engines/fake_sglang.py`, a fake that speaks exactly this
 protocol (docs/policies.md).
 """
 

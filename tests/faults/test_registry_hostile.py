@@ -18,7 +18,6 @@ import re
 import shutil
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -32,11 +31,9 @@ from corral.registry.server import Tokens
 from corral.registry.store import LocalStore
 from corral.registry.transfer import pull
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "registry"))  # the registry tests' helpers
-from registry_helpers import (TOKEN, LiveServer, free_port, is_up, serve_process,  # noqa: E402
+from hostile_archives import CASES, ENV_PY, SMALL, MiB, manifest_json, write_all
+from registry_helpers import (TOKEN, LiveServer, free_port, is_up, serve_process,  # tests/support
                               store_is_empty, wait_for)
-
-from hostile_archives import CASES, ENV_PY, SMALL, MiB, manifest_json, write_all  # noqa: E402
 
 BOUND = 64 * MiB  # peak memory growth allowed while refusing any of these
 

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+from benchmarks.faultkit import census
+from benchmarks.faultkit.dockerd import restart_dockerd, start_dockerd
 
-from faultkit import census  # noqa: E402
-from faultkit.dockerd import restart_dockerd, start_dockerd  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the collector imports benchmarks.faultkit from here
 
 N, GROUP = 24, 4
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(420)]
@@ -31,9 +30,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(420)]
 
 def _collector(run_dir: Path, backend: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, census.MARKER: run_dir.name,
-           "PYTHONPATH": f"{BENCHMARKS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "faultkit.collector", str(run_dir), "--n",
-                             str(N), "--group", str(GROUP), "--backend", backend],
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.faultkit.collector", str(run_dir),
+                             "--n", str(N), "--group", str(GROUP), "--backend", backend],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 

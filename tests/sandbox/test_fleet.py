@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -30,9 +29,8 @@ from corral.sandbox.fleet import (DockerFleet, DockerHost, DockerHostConfig, Tok
 from corral.sandbox.reaper import gc_containers
 from corral.sandbox.spec import Terminal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from faultkit.env import Note, solver_policy  # noqa: E402
-from faultkit.sshd import LocalSshd  # noqa: E402
+from benchmarks.faultkit.env import Note, solver_policy
+from benchmarks.faultkit.sshd import LocalSshd
 
 MAIN = "unix:///var/run/docker.sock"
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]

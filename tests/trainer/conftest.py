@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaForCausalLM
 from trainer_helpers import tiny_model
+import train_envs  # noqa: F401  (registers traintest/digits-v0, the graded text env; tests/support)
 
 from corral.trainer import StepConfig
 

@@ -129,6 +129,6 @@ async def test_class_form_env_with_dockerfile(sandboxes: str) -> None:
     from corral.registry.validate import validate
 
     env = cr.make("tests/term-image-v0")
-    assert env.sandbox_spec.dockerfile.endswith("tests/terminal/envimage/Dockerfile")
+    assert env.sandbox_spec.dockerfile.endswith("tests/sdk/terminal/envimage/Dockerfile")
     report = await validate("tests/term-image-v0", backend="docker", run_id=sandboxes)
     assert report.ok, [t.problem for t in report.failures]

@@ -29,7 +29,7 @@ from corral.errors import CorralError
 from corral.trainer import checkpoint as ckpt
 
 HERE = Path(__file__).parent
-ENVS_FILE = str(HERE / "train_envs.py")
+ENVS_FILE = str(HERE.parent / "support" / "train_envs.py")
 REPLAY = str(HERE / "dp_replay.py")
 CLI = [sys.executable, "-m", "corral.cli", "-i", ENVS_FILE, "train", "-e", "traintest/digits-v0",
        "--batch", "8", "--group", "4", "--lr", "1e-3", "--max-tokens", "8", "--async-level", "0"]
@@ -167,7 +167,7 @@ def replays(killed_and_resumed, tmp_path_factory) -> dict[str, Any]:
     two ranks (`two_from_two`) and by one process (`one_from_two`, and `one_fresh_from_two`
     with the optimizer state dropped: a control), `ck1` by two ranks (`two_from_one`). Each
     result: the OUT.json of dp_replay and its final weights."""
-    import dp_replay  # tests/train is on sys.path (conftest)
+    import dp_replay  # beside this file (pytest puts the folder on sys.path)
 
     source = str(killed_and_resumed["run"])
     assert len(dp_replay.batches(Path(source), 2)) >= 4, "the run should yield 4 batches"

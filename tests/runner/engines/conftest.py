@@ -13,15 +13,10 @@ from typing import Iterator
 import pytest
 import torch
 
+import train_envs  # noqa: F401  (registers traintest/digits-v0, a graded text env; tests/support)
 from corral.errors import EngineError
-import sys
-
-from corral.runner.policy import build_tiny_model, load_model
 from corral.runner.engines.vllm import VLLMEngine, vllm_python
-
-sys.path.insert(0, str(Path(__file__).parent))  # fake_sglang, the FAKE SGLang server
-sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-import train_envs  # noqa: E402,F401  (registers traintest/digits-v0, a graded text env)
+from corral.runner.policy import build_tiny_model, load_model
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import train_envs  # noqa: F401  (registers traintest/digits-v0; tests/support)
 import typer.main
 from typer.testing import CliRunner
 
@@ -20,7 +21,7 @@ from corral.cli.train import flag_of
 from corral.cli.trainflags import field_kind, unwrap_optional
 from corral.trainer.loop import TrainConfig
 
-ENV = "traintest/digits-v0"  # registered by conftest (train_envs.py)
+ENV = "traintest/digits-v0"  # registered by train_envs
 # Fields whose flags parse text into structured values (cli/train.py writes them out): the
 # argv that sets each and the value the field must then hold.
 WRITTEN = {

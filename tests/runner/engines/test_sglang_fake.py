@@ -1,4 +1,4 @@
-"""The SGLang adapter against a FAKE SGLang server (tests/engines/fake_sglang.py): token ids
+"""The SGLang adapter against a FAKE SGLang server (tests/runner/engines/fake_sglang.py): token ids
 and logprobs from `/generate`, the weight version from `meta_info.weight_version`, a publish
 through `/update_weights_from_disk` with the admin key. Not a real SGLang."""
 
@@ -18,7 +18,7 @@ from corral.runner.policy import GenerationRequest, LocalPolicy, load_model
 from corral.runner.engines.process import free_port
 from corral.runner.policy.sglang import SGLangPolicy
 from corral.trainer.publish import SGLangPublisher
-from fake_sglang import fake_sglang_app
+from .fake_sglang import fake_sglang_app
 
 KEY = "admin-secret"
 

@@ -19,7 +19,7 @@ from corral.trainer import StepConfig, Trainer
 from corral.trainer.publish import ServePolicyPublisher
 
 # Not imported from conftest: with tests/trainer collected too, `conftest` names that one.
-ENVS_FILE = str(Path(__file__).parent / "train_envs.py")
+ENVS_FILE = str(Path(__file__).parents[1] / "support" / "train_envs.py")
 CLI = [sys.executable, "-m", "corral.cli", "-i", ENVS_FILE, "train", "-e", "traintest/digits-v0",
        "--batch", "8", "--group", "4", "--lr", "1e-3", "--max-tokens", "8",
        "--checkpoint-every", "2"]

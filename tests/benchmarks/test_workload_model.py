@@ -4,17 +4,13 @@ and the lower bound. The benchmark's figures are only as good as these."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from workload.bounds import lower_bound  # noqa: E402
-from workload.inference import BLOCK, CostModel, Replica  # noqa: E402
-from workload.plans import Command, Plan  # noqa: E402
+from benchmarks.workload.bounds import lower_bound
+from benchmarks.workload.inference import BLOCK, CostModel, Replica
+from benchmarks.workload.plans import Command, Plan
 
 
 async def test_replica_spends_the_cost_model_and_caches_prefixes() -> None:

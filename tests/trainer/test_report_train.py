@@ -20,7 +20,7 @@ from corral.cli import app
 from corral.errors import CorralError
 from corral.trainer.sinks import open_sinks
 
-ENVS_FILE = str(Path(__file__).parent / "train_envs.py")
+ENVS_FILE = str(Path(__file__).parents[1] / "support" / "train_envs.py")
 STEPS = 8
 CLI = [sys.executable, "-m", "corral.cli", "-i", ENVS_FILE, "train", "-e", "traintest/digits-v0",
        "--steps", str(STEPS), "--batch", "8", "--group", "4", "--lr", "1e-3", "--max-tokens", "8",

@@ -5,9 +5,7 @@ dataset card and web page show them; `cr.mix` and `corral train` keep a difficul
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
@@ -25,8 +23,7 @@ from corral.trainer.loop import TrainConfig, train
 from eval_helpers import corral
 from length_envs import SOURCE, TASKS
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "registry"))
-from registry_helpers import LiveServer  # noqa: E402
+from registry_helpers import LiveServer  # tests/support
 
 ENV = "evalweb/lengths-v0"
 TOKEN = "test-token-evalweb-0001"

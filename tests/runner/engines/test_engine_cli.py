@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import train_envs  # tests/support: the graded text env, passed to subprocesses as a file
 
 CORRAL = [sys.executable, "-m", "corral.cli"]
-ENVS_FILE = str(Path(__file__).parents[1] / "train" / "train_envs.py")
+ENVS_FILE = str(Path(train_envs.__file__))  # tests/support
 
 
 def _corral(*args: str, env: dict[str, str] | None = None, timeout: float = 600

@@ -13,7 +13,7 @@ from corral.runner import AssemblyConfig, Runner
 from corral.runner.policy import ScriptedCall, ScriptedPolicy
 from corral.runner.trajectory import Status
 
-from test_ray_backend import binary_search  # noqa: E402  (tests/ray is on sys.path)
+from test_ray_backend import binary_search  # beside this file (pytest puts the folder on sys.path)
 
 SANDBOXES_PER_NODE = 2
 
