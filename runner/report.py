@@ -2,7 +2,7 @@
 
 Reads the run's store (`trajectories.jsonl` through a `StoreDigest`, `manifest.json`) and
 `metrics.json` when present (batch records, sandbox and policy/router stats; a run still going
-has none yet, and those sections say so). Charts are inline SVG (`corral.runner.charts`), aggregated
+has none yet, and those sections say so). Charts are inline SVG (`corral.charts`), aggregated
 before drawing so the page stays readable and fast at tens of thousands of trajectories: the
 timeline is the number of trajectories in each phase per time bucket, with latency
 percentiles and throughput per bucket, never one bar per trajectory. The page is written
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from corral.errors import CorralError
 from corral.fileio import write_text_atomic
-from corral.runner.charts import STYLE, bar_chart, line_chart, stacked_bars
+from corral.charts import STYLE, bar_chart, line_chart, stacked_bars
 from corral.runner.digest import StoreDigest, TrajectoryDigest
 from corral.runner.metrics import PHASES, histogram, summarize
 from corral.runner.store import MANIFEST, METRICS, read_manifest
@@ -34,16 +34,6 @@ BUCKETS = 80        # time buckets of the timeline, whatever the number of traje
 MAX_ROWS = 30       # rows of a per-batch / per-step table; the rest is summarised above it
 
 Section = tuple[str, str]   # (heading, HTML body)
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend (no display needed), imported on first use."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def html_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> str:

@@ -30,12 +30,14 @@ def _setup_roots() -> dict[str, str]:
 ROOTS = _setup_roots()
 
 # Lowest first. A module may import its own layer or a lower one. The floor (errors, crash-safe
-# writes, backoff, name suggestions, sync bridging) imports nothing of the package, so everything
-# may import it; the sandboxes sit on it, below the authoring SDK that runs episodes in them. The
-# registry sits above the built-in envs: it indexes their manifests (envs never import the
-# registry). The integrations (other frameworks' adapters) need envs by id only, so they sit
-# right above the registry; serving envs needs the catalog and nothing of the runner.
-FLOOR = ("corral.errors", "corral.fileio", "corral.backoff", "corral.suggest", "corral.sync")
+# writes, backoff, name suggestions, sync bridging, SVG charts) imports nothing of the package,
+# so everything may import it; the sandboxes sit on it, below the authoring SDK that runs
+# episodes in them. The registry sits above the built-in envs: it indexes their manifests
+# (envs never import the registry). The integrations (other frameworks' adapters) need envs by
+# id only, so they sit right above the registry; serving envs needs the catalog and nothing of
+# the runner.
+FLOOR = ("corral.errors", "corral.fileio", "corral.backoff", "corral.suggest", "corral.sync",
+         "corral.charts")
 LAYERS = ("corral.sandbox", "corral", "corral.envs", "corral.registry", "corral.integrations",
           "corral.serve", "corral.runner", "corral.trainer", "corral.cli")
 # (importer, imported) pairs that may break the rule, each with its reason. Keep it empty.

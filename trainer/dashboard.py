@@ -2,7 +2,7 @@
 
 Each function takes the run's logs as parsed lists (`train.jsonl` steps, `eval.jsonl`,
 `sft.jsonl`, `usage.jsonl`, `engine.jsonl`) and the run's `TrainConfig` as a dict, and returns
-a `(heading, body)` section of inline SVG charts (`corral.runner.charts`) and tables. A chart
+a `(heading, body)` section of inline SVG charts (`corral.charts`) and tables. A chart
 with nothing to draw says why (the flag that would fill it, or that the run has not got there
 yet). `corral.trainer.report` loads the files and writes the page.
 """
@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from typing import Any, Sequence
 
-from corral.runner.charts import bar_chart, line_chart
+from corral.charts import bar_chart, line_chart
 from corral.runner.report import Section, html_table, key_values, last_rows
 
 Records = Sequence[dict[str, Any]]

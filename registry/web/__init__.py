@@ -14,11 +14,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from corral.catalog import parse_id
+from corral.charts import STYLE as CHART_STYLE
+from corral.charts import bar_chart
 
 from ..errors import ReleaseNotFound
 from ..curation import dataset_card
 from ..store import LocalStore
-from .plot import histogram_svg
 
 HERE = Path(__file__).parent
 
@@ -66,8 +67,7 @@ def env_page(store: LocalStore, env_id: str, version: str | None, base_url: str)
         return render("yanked.html", env_id=env_id, versions=yanked, base_url=base_url)
     versions = [r for r in store.releases() if r.id == record.id]
     card = dataset_card(store, f"sha256:{record.sha256}")
-    profiles = [(p, histogram_svg(_histogram(p), title=f"pass rate per task · {p['name']}"))
-                for p in card["profiles"]]
+    profiles = [(p, _difficulty_chart(p)) for p in card["profiles"]]
     validation = record.manifest.validation or {}
     return render("env.html", record=record, m=record.manifest, versions=versions,
                   profiles=profiles, validation=validation, base_url=base_url)
@@ -88,6 +88,14 @@ def _histogram(profile: dict[str, Any], bins: int = 10) -> list[int]:
     return counts
 
 
+def _difficulty_chart(profile: dict[str, Any], bins: int = 10) -> str:
+    """The profile's tasks per pass-rate bin, as an inline SVG bar chart."""
+    labels = [f"{i / bins:.1f}-{(i + 1) / bins:.1f}" for i in range(bins)]
+    return bar_chart(labels, _histogram(profile, bins),
+                     title=f"pass rate per task · {profile['name']}", xlabel="pass rate",
+                     ylabel="tasks", why_empty="no task of this profile was played")
+
+
 def mount(app: FastAPI, store: LocalStore) -> None:
     """Add the catalog pages to the registry app."""
 
@@ -106,4 +114,5 @@ def mount(app: FastAPI, store: LocalStore) -> None:
 
     @app.get("/static/style.css")
     def style() -> Response:
-        return Response((HERE / "style.css").read_text(), media_type="text/css")
+        # the page's own rules, then the charts' (corral.charts draws every chart Corral shows)
+        return Response((HERE / "style.css").read_text() + CHART_STYLE, media_type="text/css")

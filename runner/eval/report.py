@@ -1,7 +1,7 @@
 """HTML pages for evaluations: `eval.html` (one run) and `compare.html` (two runs per task).
 
-Plots are PNGs drawn with matplotlib's Agg backend (`corral.runner.report.pyplot`), tables
-are escaped HTML (`html_table`). Every section with nothing to show says why.
+Charts are inline SVG (`corral.charts`, as in every report), tables are escaped HTML
+(`html_table`). Every section with nothing to show says why.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from corral.runner.eval.stats import CATEGORIES
-from corral.runner.report import html_table, pyplot
+from corral.charts import STYLE as CHART_STYLE
+from corral.charts import bar_chart, line_chart
+from corral.runner.report import html_table
 
 STYLE = """<style>body{font-family:sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;
@@ -32,57 +34,36 @@ def aggregate_rows(groups: dict[str, dict[str, Any]], ks: Sequence[int]) -> list
             for name, g in groups.items()]
 
 
-def _pass_curves(summary: dict[str, Any], path: Path) -> Path:
-    plt = pyplot()
+def _pass_curves(summary: dict[str, Any]) -> str:
     ks = summary["ks"]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, agg in summary["envs"].items():
-        ax.plot(ks, [agg["pass"][str(k)] or 0.0 for k in ks], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ks, [str(k) for k in ks])
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("k (samples)")
-    ax.set_ylabel("pass@k (mean over tasks)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    series = {name: [(k, agg["pass"][str(k)] or 0.0) for k in ks]
+              for name, agg in summary["envs"].items()}
+    return line_chart(series, title="pass@k (mean over tasks)", xlabel="k (samples)",
+                      ylabel="pass@k", why_empty="no task has a finished sample", markers=True)
 
 
-def _bars(values: dict[str, float], path: Path, *, title: str, xlabel: str) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar([str(k) for k in values], list(values.values()), color="#1e88e5")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.tick_params(axis="x", labelsize=7, rotation=45)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+def _bars(values: dict[str, float], *, title: str, xlabel: str) -> str:
+    return bar_chart([str(k) for k in values], list(values.values()), title=title,
+                     xlabel=xlabel, ylabel="samples", why_empty="nothing to count yet")
 
 
 def write_eval_report(run_dir: str | Path, summary: dict[str, Any]) -> Path:
-    """Write `RUN_DIR/eval.html` (and `RUN_DIR/eval/*.png`) for an evaluation summary."""
+    """Write `RUN_DIR/eval.html` for an evaluation summary."""
     root = Path(run_dir)
-    out = root / "eval"
-    out.mkdir(parents=True, exist_ok=True)
     ks = summary["ks"]
     head = ["tasks", "samples", "avg@k", *(f"pass@{k}" for k in ks), "turns", "tokens",
             "failures"]
     envs = html_table(aggregate_rows(summary["envs"], ks), ["env", *head])
     sections = [f"<h2>Per env</h2>{envs}"]
     if summary["tasks"]:
-        _pass_curves(summary, out / "pass_at_k.png")
         rewards = dict(sorted((str(r), c) for r, c in summary["rewards"]))
-        _bars(rewards, out / "rewards.png", title="Reward distribution", xlabel="reward")
-        _bars(summary["overall"]["failures"], out / "failures.png",
-              title="Failures (samples not solved)", xlabel="category")
-        sections += ['<h2>pass@k</h2><img src="eval/pass_at_k.png" alt="pass@k">',
-                     '<h2>Rewards</h2><img src="eval/rewards.png" alt="rewards">',
-                     '<h2>Failure taxonomy</h2><img src="eval/failures.png" alt="failures">'
-                     f'<p>{", ".join(CATEGORIES)}: see docs/evaluation.md</p>']
+        sections += [f"<h2>pass@k</h2>{_pass_curves(summary)}",
+                     "<h2>Rewards</h2>" + _bars(rewards, title="Reward distribution",
+                                               xlabel="reward"),
+                     "<h2>Failure taxonomy</h2>" + _bars(
+                         summary["overall"]["failures"], title="Failures (samples not solved)",
+                         xlabel="category")
+                     + f'<p>{", ".join(CATEGORIES)}: see docs/evaluation.md</p>']
     else:
         sections.append('<p class="why">No trajectories stored yet: the plots need at least '
                         'one finished sample.</p>')
@@ -98,7 +79,8 @@ def write_eval_report(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     sections.append(f"<h2>Splits</h2>{html_table(splits, ['env', 'split', 'rule'])}")
     title = f"Evaluation: {summary.get('model', '?')} ({root.name})"
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-            f"</title>{STYLE}</head><body><h1>{html.escape(title)}</h1>"
+            f"</title>{STYLE}<style>{CHART_STYLE}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1>"
             + "\n".join(sections) + "</body></html>\n")
     path = root / "eval.html"
     path.write_text(page, encoding="utf-8")

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral.errors import SandboxDied
 from corral.runner.pool import span_sink
-
-if TYPE_CHECKING:
-    from corral.runner.ray_backend.executor import RayExecutor
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +19,8 @@ class RayEnvProxy:
     instance of the same env; everything that touches the episode goes to the actor.
     """
 
-    def __init__(self, executor: "RayExecutor", env_index: int, probe: Any) -> None:
+    def __init__(self, executor: Any, env_index: int, probe: Any) -> None:
+        # `executor` is the `RayExecutor` that owns the workers (not imported: it imports this)
         self._executor, self._index, self._probe = executor, env_index, probe
         self._worker: int | None = None  # picked at the first remote call (after admission)
         self._actor: Any = None  # the actor holding this episode (a replacement holds none)

@@ -54,7 +54,7 @@ async def test_report_has_timeline_histograms_and_stats(tmp_path: Path,
 def test_timeline_is_aggregated_into_buckets() -> None:
     """Phases in flight per time bucket: the busy seconds of every span are conserved, and
     the chart has one bar stack per bucket whatever the number of trajectories."""
-    from corral.runner.charts import stacked_bars
+    from corral.charts import stacked_bars
     from corral.runner.digest import TrajectoryDigest
     from corral.runner.report import BUCKETS, timeline
 

@@ -1,4 +1,5 @@
-"""Inline SVG charts for the HTML reports (`corral report`, a training run's `report.html`).
+"""Inline SVG charts for every HTML page Corral writes: run reports (`corral report`, a training
+run's `report.html`), evaluations (`eval.html`) and the registry's web catalog.
 
 Charts are strings of SVG put straight into the page: a report is one self-contained file that
 can be replaced atomically while a run writes it, draws without a plotting library, and stays
@@ -183,7 +184,7 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], *, title: str, xla
     step = max(1, math.ceil(len(labels) / 8))  # labels never overlap
     for i, (label, value) in enumerate(zip(labels, values)):
         x0, x1 = frame.x(i), frame.x(i + 1)
-        body.append(f'<rect x="{x0 + 1:.1f}" y="{frame.y(value):.1f}" '
+        body.append(f'<rect class="bar" x="{x0 + 1:.1f}" y="{frame.y(value):.1f}" '
                     f'width="{max(x1 - x0 - 2, 0.5):.1f}" '
                     f'height="{frame.y(0) - frame.y(value):.1f}" fill="{color}">'
                     f'<title>{html.escape(label)}: {_fmt(value)}</title></rect>')
