@@ -8,8 +8,8 @@
 How work flows: the runner plans groups deterministically from `seed` (group `g` is task
 `task_index` of env `env_index`, drawn from `Random(f"corral:{seed}:{g}")`; its `group`
 samples get their own sampling seeds; with `AssemblyConfig.dynamic_sampling` a task whose
-groups keep coming back with equal rewards is drawn less, and a resumed run re-collects a
-stored sample whose group now plans another task) and keeps at least `ceil(groups_per_batch * (1 +
+groups keep coming back with equal rewards is drawn less, and a resumed run keeps the plans
+its store holds) and keeps at least `ceil(groups_per_batch * (1 +
 overprovision))` groups launched ahead of the consumer (`AssemblyConfig`). Beyond that it
 keeps the executor saturated: when its envs run in pooled sandboxes and fewer work items are
 in flight than sandbox capacity plus warm spares plus one group, it launches the next group,
@@ -215,6 +215,7 @@ class Runner:
         self.streak = RolloutTally()
         self._since_batch = RolloutTally()
         self._no_signal: dict[tuple[int, int], int] = {}  # (env, task) -> such groups in a row
+        self._stored_plans: dict[int, tuple[int, int]] = {}  # a resumed store's group plans
         self._changed: asyncio.Event | None = None
         self._crash: BaseException | None = None
         self._listeners: list[TrajectoryCallback] = []
@@ -262,6 +263,7 @@ class Runner:
             self.store = TrajectoryStore(self.run_dir)
             stored = await asyncio.to_thread(self.store.open, self.config())
             self._stored = {t.id: t for t in stored}
+            self._stored_plans = self._plans_of(stored)
             self._consumed = list(self.store.cursor.get("consumed_groups", []))
             self._consumed_set = set(self._consumed)
             self.counts["batches"] = int(self.store.cursor.get("batches", 0))
@@ -360,8 +362,10 @@ class Runner:
         with `assembly.dynamic_sampling` below 1 of the no-signal history too (a task whose
         last n groups all got equal rewards is kept with probability `dynamic_sampling ** n`,
         else another is drawn, at most `REDRAWS` times)."""
-        rng = random.Random(f"corral:{self.seed}:{group}")
         keep = self.assembly.dynamic_sampling
+        if keep < 1 and group in self._stored_plans:  # resumed: the plan it was stored under
+            return self._stored_plans[group]
+        rng = random.Random(f"corral:{self.seed}:{group}")
         for _ in range(REDRAWS if keep < 1 else 1):
             env_index = (rng.choices(range(len(self.sources)), weights=self.env_weights)[0]
                          if self.env_weights else rng.randrange(len(self.sources)))
@@ -371,6 +375,19 @@ class Runner:
                 break
             self.counts["resampled"] += 1
         return chosen
+
+    def _plans_of(self, stored: Iterable[Trajectory]) -> dict[int, tuple[int, int]]:
+        """(env index, task index) of each stored group, from its trajectories' ids and
+        metadata: under dynamic sampling a group's plan depends on what had come back when it
+        was launched, so a resumed run reuses the stored plan rather than redrawing it."""
+        index = {source.label: i for i, source in enumerate(self.sources)}
+        plans: dict[int, tuple[int, int]] = {}
+        for traj in stored:
+            task = traj.metadata.get("task_index")
+            if traj.group_id.startswith("g") and traj.group_id[1:].isdigit() and \
+                    traj.env_id in index and isinstance(task, int):
+                plans.setdefault(int(traj.group_id[1:]), (index[traj.env_id], task))
+        return plans
 
     def work_items(self, group: int, size: int) -> list[WorkItem]:
         """The `size` samples of group `group` (deterministic ids and sampling seeds)."""

@@ -219,3 +219,29 @@ async def test_dynamic_sampling_draws_tasks_without_signal_less() -> None:
     assert share["uniform"] > 0.35 and share["dynamic"] < 0.6 * share["uniform"], share
     with pytest.raises(ValueError, match="dynamic_sampling must lie in"):
         AssemblyConfig(dynamic_sampling=0.0)
+
+
+async def test_a_resumed_run_keeps_its_dynamically_sampled_plans(tmp_path) -> None:
+    """Under dynamic sampling a group's task depends on what had come back when it was
+    launched; a resumed run plans every stored group as it was stored, so none of its samples
+    is matched to another task or collected again."""
+    import json
+    from functools import partial
+
+    import corral as cr
+
+    tasks = [{"expression": expr, "answer": eval(expr), "level": 1}
+             for expr in ("2 + 1", "4 + 1", "3 + 1", "5 + 1")]
+    env = partial(cr.make, "corral/arithmetic-v0", tasks=tasks)
+    config = AssemblyConfig(dynamic_sampling=0.05)
+    async with Runner([env], ScriptedPolicy(solver_by_task), seed=3, assembly=config,
+                      run_dir=tmp_path) as runner:
+        async for _ in runner.batches(size=8, group=4, max_batches=4):
+            pass
+        redrawn = runner.counts["resampled"]
+    stored = {int(t["group_id"][1:]): t["metadata"]["task_index"] for t in
+              map(json.loads, (tmp_path / "trajectories.jsonl").read_text().splitlines())}
+    async with Runner([env], ScriptedPolicy(solver_by_task), seed=3, assembly=config,
+                      run_dir=tmp_path) as resumed:
+        replanned = {group: resumed.plan_group(group)[1] for group in stored}
+    assert redrawn > 0 and replanned == stored
