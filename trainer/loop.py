@@ -10,6 +10,7 @@ throttle signal says divergence is rising, in-flight rollouts are cut.
 
 Files in `run_dir`: the runner's store (`trajectories.jsonl`, `manifest.json`,
 `metrics.json`), `train.jsonl` (one JSON line per step), `sft.jsonl` (warm-up steps),
+`rft.jsonl` (rejection-sampling fine-tuning rounds, `corral.trainer.rft`),
 `eval.jsonl` (held-out evaluations; with a warm-up, the first is taken before it, marked
 `"stage": "before_sft"`), `checkpoint/` (every `checkpoint_every` steps and at
 the end), `train_config.json`, `usage.jsonl` (CPU / GPU / sandbox samples) and `report.html`
