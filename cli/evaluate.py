@@ -18,11 +18,10 @@ from .common import check_device_option, check_run_dir, console, episode_limits,
 
 
 def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: str) -> Table:
-    from corral.runner.eval.report import aggregate_rows
+    from corral.runner.eval.report import aggregate_head, aggregate_rows
 
     table = Table(title=title, title_justify="left")
-    for column in (first, "tasks", "samples", "avg@k", *(f"pass@{k}" for k in ks), "turns",
-                   "tokens", "failures"):
+    for column in (first, *aggregate_head(ks)):
         table.add_column(column)
     for row in aggregate_rows(groups, ks):
         table.add_row(*row)
@@ -30,16 +29,17 @@ def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: 
 
 
 def _task_table(summary: dict[str, Any], limit: int = 40) -> Table:
-    from corral.runner.eval.report import fmt
+    from corral.runner.eval.report import components, fmt
 
     ks = summary["ks"]
     table = Table(title=f"per task (first {limit})" if len(summary["tasks"]) > limit
                   else "per task", title_justify="left")
-    for column in ("task", "solved/usable", "avg@k", *(f"pass@{k}" for k in ks), "failures"):
+    for column in ("task", "solved/usable", "avg@k", *(f"pass@{k}" for k in ks), "rewards",
+                   "failures"):
         table.add_column(column)
     for key, t in list(summary["tasks"].items())[:limit]:
         table.add_row(key, f"{t['solved']}/{t['usable']}", fmt(t["avg"]),
-                      *(fmt(t["pass"][str(k)]) for k in ks),
+                      *(fmt(t["pass"][str(k)]) for k in ks), components(t),
                       ", ".join(f"{c} {n}" for c, n in t["failures"].items()) or "-")
     return table
 

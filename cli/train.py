@@ -101,6 +101,25 @@ def parse_slice(where: list[str], length: list[str], env_ids: list[str],
                        for e in exc.errors()), code=2)
 
 
+def _figure(value: Any, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
+def step_line(record: dict[str, Any]) -> str:
+    """What a step shows: the reward and pass rate of every rollout, the latest held-out
+    figure, then the mean of the groups it trained on (filtered: equal-reward groups left
+    out, so it sits near 0.5 whatever the policy's skill), the loss and a skip reason."""
+    held = record.get("held_out")
+    loss = record["metrics"].get("loss")
+    return (f"v{record['version']} rollouts {_figure(record.get('rollout_reward_mean'))}"
+            f" (pass {_figure(record.get('rollout_pass_rate'), 2)})"
+            + (f" · held-out {_figure(held['reward_mean'])} (pass "
+               f"{_figure(held.get('pass_rate'), 2)}, step {held['step']})" if held else "")
+            + f" · trained groups {record['reward_mean']:.3f}"
+            + (f" · loss {loss:.4f}" if isinstance(loss, float) else "")
+            + ("" if record["applied"] else f" (skipped: {record['skipped_reason']})"))
+
+
 def run_training(config: Any, *, resume: bool) -> Any:
     """Run `train` with a progress bar of steps; returns the `TrainResult`."""
     from corral.trainer.loop import train
@@ -113,11 +132,7 @@ def run_training(config: Any, *, resume: bool) -> Any:
         task = progress.add_task("train", total=config.steps, info="starting")
 
         def on_step(record: dict[str, Any]) -> None:
-            loss = record["metrics"].get("loss")
-            info = (f"v{record['version']} reward {record['reward_mean']:.3f}"
-                    + (f" loss {loss:.4f}" if isinstance(loss, float) else "")
-                    + ("" if record["applied"] else f" (skipped: {record['skipped_reason']})"))
-            progress.update(task, completed=record["step"] + 1, info=info)
+            progress.update(task, completed=record["step"] + 1, info=step_line(record))
 
         return asyncio.run(train(config, resume=resume, on_step=on_step))
 
@@ -255,9 +270,15 @@ def train_command(
     if int(os.environ.get("RANK", "0")) > 0:
         return  # a data-parallel rank > 0: rank 0 reports
     last = result.records[-1] if result.records else None
+    held = [e for e in result.evals if e.get("stage") != "before_sft"]
     console.print(f"trained to step {result.steps}, version {result.version} in "
-                  f"{result.wall_s:.1f} s" + (f"; last batch reward {last['reward_mean']:.3f}"
-                                              if last else "") + f"; logs in {config.run_dir}")
+                  f"{result.wall_s:.1f} s"
+                  + (f"; held-out reward {held[-1]['reward_mean']:.3f} (pass "
+                     f"{_figure(held[-1].get('pass_rate'), 2)})" if held else "")
+                  + (f"; last batch: rollouts {_figure(last.get('rollout_reward_mean'))} "
+                     f"(pass {_figure(last.get('rollout_pass_rate'), 2)}), trained groups "
+                     f"{last['reward_mean']:.3f}" if last else "")
+                  + f"; logs in {config.run_dir}")
 
 
 def build_command() -> Any:

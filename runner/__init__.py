@@ -26,7 +26,7 @@ _EXPORTS = {
     # the inference side keeps its own table of public names; they are the runner's too
     **dict.fromkeys(_policy.__all__, "policy"),
     "Runner": "runner", "SandboxPool": "pool",
-    "BatchAssembler": "assembly", "AssemblyConfig": "assembly",
+    "BatchAssembler": "assembly", "AssemblyConfig": "assembly", "RolloutTally": "assembly",
     "TrajectoryStore": "store", "load_run": "store", "write_report": "report",
     "WorkItem": "episode", "EpisodeLimits": "episode", "run_episode": "episode",
     "Executor": "executor", "LocalExecutor": "executor",

@@ -90,6 +90,15 @@ class AssemblyConfig:
     retry_budget: float = 60.0
     """Seconds after a sample's first infrastructure failure within which its retries may
     start; a retry whose pause would end later is not made and the failure is final."""
+    first_signal_groups: int | None = None
+    """Before the first batch, `Runner.batches` gives up (`NoTrainableGroups`, with the pass
+    rate it saw) after this many complete groups in a row were filtered or discarded: a run
+    that cannot learn says so within a bounded number of episodes. None: the bound of later
+    batches, 20 look-aheads + 100 groups."""
+    dynamic_sampling: float = 1.0
+    """Online difficulty filtering, as DAPO's dynamic sampling: a task whose last n groups
+    all got equal rewards (all solved or all failed) is drawn again with probability
+    `dynamic_sampling ** n` (a redraw takes another task); 1 draws every task alike."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.retries, int) and self.retries >= 0):
@@ -102,6 +111,11 @@ class AssemblyConfig:
             raise ValueError("min_group_trainable must be at least 1")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError("max_staleness must be >= 0 (or None)")
+        if self.first_signal_groups is not None and self.first_signal_groups < 1:
+            raise ValueError("first_signal_groups must be at least 1 (or None)")
+        if not 0 < self.dynamic_sampling <= 1:
+            raise ValueError(f"dynamic_sampling must lie in (0, 1], got "
+                             f"{self.dynamic_sampling!r}")
 
     def backoff(self) -> Backoff:
         """The pause schedule between the retries of one sample."""
@@ -198,6 +212,56 @@ class BatchAssembler:
 
     def group_ids(self, batch: Batch) -> list[str]:
         return sorted({t.group_id for t in batch.trajectories})
+
+
+@dataclass
+class RolloutTally:
+    """What complete groups of rollouts scored: every trainable member, whether its group
+    went on to a batch or was filtered (the policy's own pass rate, which a batch of
+    filtered groups does not show), and the groups' fates."""
+
+    groups: int = 0
+    episodes: int = 0
+    reward_sum: float = 0.0
+    solved: int = 0
+    all_solved: int = 0        # filtered groups whose members all solved the task
+    all_failed: int = 0        # filtered groups whose members all failed it
+    discarded: int = 0         # groups without enough trainable members (infra failures)
+
+    def add(self, rewards: list[float], solved: list[bool], fate: str) -> None:
+        """Count one complete group: its trainable members' rewards and whether each solved
+        the task; `fate` is the assembler's ("ready", "filtered", "discarded")."""
+        self.groups += 1
+        self.episodes += len(rewards)
+        self.reward_sum += sum(rewards)
+        self.solved += sum(solved)
+        if fate == "discarded":
+            self.discarded += 1
+        elif fate == "filtered":
+            if solved and all(solved):
+                self.all_solved += 1
+            elif not any(solved):
+                self.all_failed += 1
+
+    @property
+    def reward_mean(self) -> float | None:
+        return self.reward_sum / self.episodes if self.episodes else None
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.solved / self.episodes if self.episodes else None
+
+    def describe(self) -> str:
+        """One clause for messages: pass rate, mean reward and the groups' fates."""
+        rate, mean = self.pass_rate, self.reward_mean
+        seen = (f"pass rate {rate:.2f} ({self.solved} of {self.episodes} episodes solved), "
+                f"mean reward {mean:.3f}" if rate is not None and mean is not None
+                else "no trainable episode")
+        return (f"{seen}; {self.all_failed} groups all failed, {self.all_solved} all solved, "
+                f"{self.discarded} lost to infrastructure failures")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "reward_mean": self.reward_mean, "pass_rate": self.pass_rate}
 
 
 def staleness(batch: Batch) -> list[int]:

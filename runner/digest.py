@@ -39,6 +39,7 @@ class TrajectoryDigest:
     attempts: int
     generated_tokens: int
     spans: list[tuple[str, float, float]] = field(default_factory=list)  # phase, start, end
+    rewards: dict[str, float] = field(default_factory=dict)  # each reward function's value
 
     def phase_seconds(self) -> dict[str, float]:
         """Total seconds spent per phase."""
@@ -66,7 +67,8 @@ def digest_line(raw: bytes) -> TrajectoryDigest | None:
             reward=float(data.get("reward", 0.0)), turns=int(data.get("turns", 0)),
             attempts=int(data.get("attempts", 1)),
             generated_tokens=mask.group(1).count(b"1") if mask else 0,  # 0/1 values only
-            spans=[(s["phase"], s["start"], s["end"]) for s in data.get("spans", [])])
+            spans=[(s["phase"], s["start"], s["end"]) for s in data.get("spans", [])],
+            rewards={str(k): float(v) for k, v in (data.get("rewards") or {}).items()})
     except (TypeError, ValueError, KeyError) as exc:
         raise ValueError(f"trajectory {data['id']} cannot be read "
                          f"({type(exc).__name__}: {exc})") from None

@@ -49,6 +49,7 @@ class EnvSource:
     factory: EnvFactory
     num_tasks: int
     spec: Any  # its default SandboxSpec, or None
+    threshold: float = 1.0  # the env's pass_threshold: a reward at least this solved it
 
     @property
     def pooled(self) -> bool:
@@ -97,7 +98,8 @@ def resolve_envs(envs: Sequence[str | EnvFactory]) -> tuple[list[EnvSource], lis
         num_tasks = len(env.tasks)
         if num_tasks == 0:
             raise CorralError(f"environment {label} has no tasks; give it a dataset")
-        sources.append(EnvSource(label, factory, num_tasks, env.sandbox_spec))
+        sources.append(EnvSource(label, factory, num_tasks, env.sandbox_spec,
+                                 float(getattr(env, "pass_threshold", 1.0))))
         probes.append(env)
     return sources, probes
 

@@ -141,14 +141,24 @@ def timeline_charts(trajectories: Sequence[TrajectoryDigest]) -> str:
                    ylabel="trajectories finished per second", why_empty=why)))
 
 
+def reward_components(trajectories: Sequence[TrajectoryDigest]) -> str:
+    """The mean of each reward function's value, unweighted: `correct 0.600, format 0.100`
+    ('-' when the trajectories record none)."""
+    names = sorted({name for t in trajectories for name in t.rewards})
+    means = {name: sum(t.rewards.get(name, 0.0) for t in trajectories) / len(trajectories)
+             for name in names}
+    return ", ".join(f"{name} {mean:.3f}" for name, mean in means.items()) or "-"
+
+
 def per_env_rows(trajectories: Sequence[TrajectoryDigest]) -> list[tuple[Any, ...]]:
-    """Per env: trajectories, mean reward, share with reward > 0, mean turns and tokens."""
+    """Per env: trajectories, mean reward, share with reward > 0, each reward component's
+    mean, mean turns and tokens."""
     by_env: dict[str, list[TrajectoryDigest]] = defaultdict(list)
     for traj in trajectories:
         by_env[traj.env_id].append(traj)
     return [(env, len(ts), sum(t.reward for t in ts) / len(ts),
-             sum(t.reward > 0 for t in ts) / len(ts), sum(t.turns for t in ts) / len(ts),
-             sum(t.generated_tokens for t in ts) / len(ts))
+             sum(t.reward > 0 for t in ts) / len(ts), reward_components(ts),
+             sum(t.turns for t in ts) / len(ts), sum(t.generated_tokens for t in ts) / len(ts))
             for env, ts in sorted(by_env.items())]
 
 
@@ -233,7 +243,8 @@ def runner_sections(run_dir: str | os.PathLike[str],
     return [
         ("Rollouts", html_table(summary_rows)),
         ("Rollouts per env", html_table(env_rows, ["env", "trajectories", "mean reward",
-                                                   "reward > 0", "turns", "generated tokens"])
+                                                   "reward > 0", "rewards", "turns",
+                                                   "generated tokens"])
          if env_rows else f'<p class="why">{no_traj}</p>'),
         ("Timeline", timeline_charts(trajectories)),
         ("Time per phase", html_table(phase_rows, ["phase", "mean s", "p50", "p90", "p99",

@@ -7,7 +7,9 @@
 
 How work flows: the runner plans groups deterministically from `seed` (group `g` is task
 `task_index` of env `env_index`, drawn from `Random(f"corral:{seed}:{g}")`; its `group`
-samples get their own sampling seeds) and keeps at least `ceil(groups_per_batch * (1 +
+samples get their own sampling seeds; with `AssemblyConfig.dynamic_sampling` a task whose
+groups keep coming back with equal rewards is drawn less, and a resumed run keeps the plans
+its store holds) and keeps at least `ceil(groups_per_batch * (1 +
 overprovision))` groups launched ahead of the consumer (`AssemblyConfig`). Beyond that it
 keeps the executor saturated: when its envs run in pooled sandboxes and fewer work items are
 in flight than sandbox capacity plus warm spares plus one group, it launches the next group,
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 from corral.errors import CorralError
-from corral.runner.assembly import AssemblyConfig, batch_summary
+from corral.runner.assembly import AssemblyConfig, RolloutTally, batch_summary
 from corral.runner.episode import EpisodeLimits, WorkItem
 from corral.runner.executor import EnvFactory, EnvSource, Executor, LocalExecutor, resolve_envs
 from corral.runner.metrics import RunMetrics, policy_stats
@@ -61,14 +63,20 @@ from corral.sandbox.reaper import reap_run
 
 log = logging.getLogger(__name__)
 
+REDRAWS = 16  # most draws of a group's task under dynamic sampling (then the last is taken)
+
 
 class NoTrainableGroups(CorralError):
     """`batches()` gave up: every group for a long while was filtered (equal rewards) or
-    discarded (infrastructure failures); `streak` groups in a row."""
+    discarded (infrastructure failures); `streak` groups in a row, whose rollouts `seen`
+    tallies (pass rate, mean reward, fates)."""
 
-    def __init__(self, message: str, streak: int) -> None:
+    def __init__(self, message: str, streak: int, seen: RolloutTally | None = None,
+                 first: bool = False) -> None:
         super().__init__(message)
         self.streak = streak
+        self.seen = seen if seen is not None else RolloutTally()
+        self.first = first  # no batch had been handed out yet
 
 TrajectoryCallback = Callable[[Trajectory], None]
 
@@ -191,7 +199,8 @@ class Runner:
         self._own_pool = pool is None
         self.executor: Executor | None = None
         self.store: TrajectoryStore | None = None
-        self.counts = {"launched": 0, "finished": 0, "resumed": 0, "cut": 0, "batches": 0}
+        self.counts = {"launched": 0, "finished": 0, "resumed": 0, "cut": 0, "batches": 0,
+                       "resampled": 0}
         self._flights: dict[str, _Flight] = {}
         self._results: dict[str, Trajectory] = {}
         self._stored: dict[str, Trajectory] = {}
@@ -202,7 +211,11 @@ class Runner:
         # batches(): group size, groups per batch, look-ahead, saturation (items in flight)
         self._stream: tuple[int, int, int, int] | None = None
         self._topping_up = False
-        self._dropped_streak = 0
+        # complete groups in a row without a trainable one, and since the last batch
+        self.streak = RolloutTally()
+        self._since_batch = RolloutTally()
+        self._no_signal: dict[tuple[int, int], int] = {}  # (env, task) -> such groups in a row
+        self._stored_plans: dict[int, tuple[int, int]] = {}  # a resumed store's group plans
         self._changed: asyncio.Event | None = None
         self._crash: BaseException | None = None
         self._listeners: list[TrajectoryCallback] = []
@@ -250,6 +263,7 @@ class Runner:
             self.store = TrajectoryStore(self.run_dir)
             stored = await asyncio.to_thread(self.store.open, self.config())
             self._stored = {t.id: t for t in stored}
+            self._stored_plans = self._plans_of(stored)
             self._consumed = list(self.store.cursor.get("consumed_groups", []))
             self._consumed_set = set(self._consumed)
             self.counts["batches"] = int(self.store.cursor.get("batches", 0))
@@ -344,11 +358,36 @@ class Runner:
 
     # --- planning ------------------------------------------------------------------------------
     def plan_group(self, group: int) -> tuple[int, int]:
-        """(env index, task index) of group number `group`: a pure function of the seed."""
+        """(env index, task index) of group number `group`: a pure function of the seed, and
+        with `assembly.dynamic_sampling` below 1 of the no-signal history too (a task whose
+        last n groups all got equal rewards is kept with probability `dynamic_sampling ** n`,
+        else another is drawn, at most `REDRAWS` times)."""
+        keep = self.assembly.dynamic_sampling
+        if keep < 1 and group in self._stored_plans:  # resumed: the plan it was stored under
+            return self._stored_plans[group]
         rng = random.Random(f"corral:{self.seed}:{group}")
-        env_index = (rng.choices(range(len(self.sources)), weights=self.env_weights)[0]
-                     if self.env_weights else rng.randrange(len(self.sources)))
-        return env_index, rng.randrange(self.sources[env_index].num_tasks)
+        for _ in range(REDRAWS if keep < 1 else 1):
+            env_index = (rng.choices(range(len(self.sources)), weights=self.env_weights)[0]
+                         if self.env_weights else rng.randrange(len(self.sources)))
+            chosen = env_index, rng.randrange(self.sources[env_index].num_tasks)
+            flat = self._no_signal.get(chosen, 0)
+            if not flat or rng.random() < keep ** flat:
+                break
+            self.counts["resampled"] += 1
+        return chosen
+
+    def _plans_of(self, stored: Iterable[Trajectory]) -> dict[int, tuple[int, int]]:
+        """(env index, task index) of each stored group, from its trajectories' ids and
+        metadata: under dynamic sampling a group's plan depends on what had come back when it
+        was launched, so a resumed run reuses the stored plan rather than redrawing it."""
+        index = {source.label: i for i, source in enumerate(self.sources)}
+        plans: dict[int, tuple[int, int]] = {}
+        for traj in stored:
+            task = traj.metadata.get("task_index")
+            if traj.group_id.startswith("g") and traj.group_id[1:].isdigit() and \
+                    traj.env_id in index and isinstance(task, int):
+                plans.setdefault(int(traj.group_id[1:]), (index[traj.env_id], task))
+        return plans
 
     def work_items(self, group: int, size: int) -> list[WorkItem]:
         """The `size` samples of group `group` (deterministic ids and sampling seeds)."""
@@ -367,6 +406,9 @@ class Runner:
             self.assembler.expect(group, size)
         for item in items:
             stored = self._stored.pop(item.id, None)
+            if stored is not None and (stored.env_id, stored.metadata.get("task_index")) != (
+                    item.env_id, item.task_index):
+                stored = None  # planned another task this time (dynamic sampling): rerun
             if stored is not None:  # resumed: already collected before a restart
                 self.counts["resumed"] += 1
                 self._accept(stored, item)
@@ -426,15 +468,31 @@ class Runner:
         if item.group in self._collect_groups:
             self._results[traj.id] = traj  # until collect() hands it over
         else:
+            state = self.assembler.groups[item.group]
             fate = self.assembler.add(traj, item.group)
-            if fate == "ready":
-                self._dropped_streak = 0
-            elif fate is not None:
-                self._dropped_streak += 1
+            if fate is not None:
+                self._judged(state.trainable(), fate, item)
         for listener in self._listeners:
             listener(traj)
         self._top_up()
         self._notify()
+
+    def _judged(self, members: list[Trajectory], fate: str, item: WorkItem) -> None:
+        """Tally a complete group (the streak without signal, the rollouts since the last
+        batch) and its task's no-signal history (dynamic sampling)."""
+        threshold = self.sources[item.env_index].threshold
+        rewards = [t.reward for t in members]
+        solved = [r >= threshold - 1e-9 for r in rewards]
+        if fate == "ready":
+            self.streak = RolloutTally()
+        else:
+            self.streak.add(rewards, solved, fate)
+        self._since_batch.add(rewards, solved, fate)
+        task = (item.env_index, item.task_index)
+        if fate == "filtered":
+            self._no_signal[task] = self._no_signal.get(task, 0) + 1
+        elif fate == "ready":
+            self._no_signal.pop(task, None)
 
     def _top_up(self) -> None:
         """Launch groups for the active `batches()` stream: the look-ahead, then saturation."""
@@ -510,7 +568,7 @@ class Runner:
         await self._record_group(group)
         needed = size // group
         ahead = max(needed, math.ceil(needed * (1 + self.assembly.overprovision)))
-        give_up = 20 * ahead + 100
+        later_give_up = 20 * ahead + 100
         produced = 0
         # runs without sandboxes keep only the look-ahead (see module docstring)
         pooled = any(source.pooled for source in self.sources)
@@ -527,12 +585,17 @@ class Runner:
                     batch = self.assembler.take(needed, self.policy.version)
                     if batch is not None:
                         break
-                    if self._dropped_streak > give_up:
+                    first = self.counts["batches"] == 0
+                    give_up = (self.assembly.first_signal_groups
+                               if first and self.assembly.first_signal_groups else
+                               later_give_up)
+                    if self.streak.groups >= give_up:
                         raise NoTrainableGroups(
-                            f"{self._dropped_streak} groups in a row were filtered or discarded "
-                            "(equal rewards or infrastructure failures); check the env and "
-                            "policy, or pass assembly=AssemblyConfig(filter_zero_variance=False)",
-                            self._dropped_streak)
+                            f"{self.streak.groups} groups in a row were filtered or discarded "
+                            f"(equal rewards or infrastructure failures; "
+                            f"{self.streak.describe()}); check the env and policy, or pass "
+                            "assembly=AssemblyConfig(filter_zero_variance=False)",
+                            self.streak.groups, dataclasses.replace(self.streak), first)
                     await self._wait_change()
                 batch.stats.update(self._batch_stats(batch, time.perf_counter() - asked))
                 self.metrics.record_batch(batch.stats)
@@ -550,9 +613,13 @@ class Runner:
             self._stream = None
 
     def _batch_stats(self, batch: Batch, waited: float) -> dict[str, Any]:
+        """A batch's figures; `rollouts` tallies every complete group since the previous
+        batch, filtered ones included (the policy's own pass rate and mean reward)."""
+        rollouts, self._since_batch = self._since_batch, RolloutTally()
         return {"index": self.counts["batches"], "time_to_batch": waited,
                 "inflight": len(self._flights), "policy_version": batch.policy_version,
-                "assembled_at": time.time(), **batch_summary(batch)}
+                "assembled_at": time.time(), "rollouts": rollouts.as_dict(),
+                **batch_summary(batch)}
 
     # --- policy updates ------------------------------------------------------------------------
     def on_policy_update(self, version: int) -> int:

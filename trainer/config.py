@@ -199,6 +199,29 @@ class TrainConfig(BaseModel):
                                         "can be resumed)")
     filter_zero_variance: bool = Field(True, description="drop groups with equal rewards in "
                                        "the runner (False: the trainer logs them as skips)")
+    zero_signal_groups: int = Field(
+        16, ge=1, description="before the first trainable batch, complete groups in a row "
+        "whose rewards were all equal (all solved or all failed) or lost to infrastructure "
+        "failures after which the run stops, or warns (zero_signal), with the pass rate it "
+        "saw and what to change: a run that cannot learn says so within this many groups")
+    zero_signal: Literal["stop", "warn"] = Field(
+        "stop", description="what zero_signal_groups groups without signal do: 'stop' the "
+        "run (an error), or 'warn' and keep collecting (the runner still gives up after 20 "
+        "batches' worth of groups + 100)")
+    dynamic_sampling: float = Field(
+        0.5, gt=0, le=1, description="online difficulty filtering, as DAPO's dynamic "
+        "sampling: a task whose last n groups all got equal rewards (all solved or all "
+        "failed) is drawn again with probability dynamic_sampling**n, so training spends "
+        "its rollouts where they carry signal; 1 draws every task alike")
+    rft_rounds: int = Field(
+        0, ge=0, description="rejection-sampling fine-tuning before RL: each round collects "
+        "rft_episodes episodes of the training tasks with the current policy, keeps those "
+        "that solved their task and takes rft_steps supervised steps on them (the loop of "
+        "`corral export --filter success` then --sft-from, in one run)")
+    rft_episodes: int = Field(64, ge=1, description="episodes collected per RFT round "
+                              "(groups of `group` samples per task)")
+    rft_steps: int = Field(20, ge=1, description="supervised steps per RFT round on its "
+                           "solved episodes (sft_batch episodes each, at sft_lr)")
     # torch.set_num_threads refuses a count below 1 mid-run (and `train` would skip a 0
     # silently): refused here; None leaves torch's own setting
     torch_threads: int | None = Field(1, ge=1, description="torch CPU threads, >= 1 (1 suits "
@@ -250,6 +273,9 @@ class TrainConfig(BaseModel):
         if self.env_servers and (self.tasks is not None or self.difficulty is not None):
             raise ValueError("--env-server: the servers pick the tasks; --where/--length and "
                              "--difficulty select from a local dataset and cannot be combined")
+        if self.sft_from and not self.sft_steps:  # it would be read and never trained on
+            raise ValueError("--sft-from needs --sft-steps N, the supervised steps to take "
+                             "on it")
         if self.inference_concurrency is None:  # a whole batch's rollouts decode together
             self.inference_concurrency = self.batch_size
         return self

@@ -51,13 +51,16 @@ def run_section(config: dict[str, Any], manifest: dict[str, Any]) -> Section:
 
 
 def reward_section(steps: Records, evals: Records, config: dict[str, Any]) -> Section:
-    """Batch reward (all envs and per env) and held-out reward (all and per env)."""
-    batch = {"all envs": metric(steps, "reward_mean")}
+    """Held-out reward (all and per env) first; then the reward of every rollout, beside
+    the trained groups' (after equal-reward groups were filtered out: near 0.5 whatever the
+    policy's skill, so never the run's score) and per env."""
+    batch = {"all rollouts": metric(steps, "rollout_reward_mean"),
+             "trained groups (filtered)": metric(steps, "reward_mean")}
     envs = sorted({e for r in steps for e in r.get("reward_by_env", {})})
-    if len(envs) > 1 or (envs and not batch["all envs"]):
+    if len(envs) > 1:
         for env in envs:
-            batch[env] = [(float(r["step"]), float(r["reward_by_env"][env])) for r in steps
-                          if env in r.get("reward_by_env", {})]
+            batch[f"{env} (trained)"] = [(float(r["step"]), float(r["reward_by_env"][env]))
+                                         for r in steps if env in r.get("reward_by_env", {})]
     rl = [e for e in evals if e.get("stage") != "before_sft"]
     held = {"all envs": [(float(e["step"]), float(e["reward_mean"])) for e in rl]}
     for env in sorted({e for r in rl for e in r.get("by_env", {})}):
@@ -67,14 +70,16 @@ def reward_section(steps: Records, evals: Records, config: dict[str, Any]) -> Se
     why_held = ("no held-out evaluation: eval_every is 0 (set --eval-every)" if not every
                 else "no held-out evaluation yet (the first runs before step 0 ends)")
     rows = [(e["step"], e.get("stage", "rl"), e.get("version"), e.get("tasks"), e["reward_mean"],
+             e.get("pass_rate", ""),
              ", ".join(f"{k}={v:.3g}" for k, v in e.get("by_env", {}).items()))
             for e in evals]
-    body = (line_chart(batch, title="Batch reward (rollouts)", xlabel="RL step",
-                       ylabel="mean reward", why_empty=NO_STEP, markers=len(steps) < 30)
-            + line_chart(held, title="Held-out reward", xlabel="RL step", ylabel="mean reward",
-                         why_empty=why_held, markers=True)
+    body = (line_chart(held, title="Held-out reward", xlabel="RL step", ylabel="mean reward",
+                       why_empty=why_held, markers=True)
+            + line_chart(batch, title="Rollout reward",
+                         xlabel="RL step", ylabel="mean reward", why_empty=NO_STEP,
+                         markers=len(steps) < 30)
             + (html_table(rows, ["step", "stage", "version", "held-out tasks", "reward",
-                                 "per env"]) if rows else ""))
+                                 "pass rate", "per env"]) if rows else ""))
     return ("Reward", body)
 
 

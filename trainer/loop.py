@@ -10,6 +10,7 @@ throttle signal says divergence is rising, in-flight rollouts are cut.
 
 Files in `run_dir`: the runner's store (`trajectories.jsonl`, `manifest.json`,
 `metrics.json`), `train.jsonl` (one JSON line per step), `sft.jsonl` (warm-up steps),
+`rft.jsonl` (rejection-sampling fine-tuning rounds, `corral.trainer.rft`),
 `eval.jsonl` (held-out evaluations; with a warm-up, the first is taken before it, marked
 `"stage": "before_sft"`), `checkpoint/` (every `checkpoint_every` steps and at
 the end), `train_config.json`, `usage.jsonl` (CPU / GPU / sandbox samples) and `report.html`
@@ -55,6 +56,7 @@ from .sinks import open_sinks
 from .tasks import split_envs
 from .trainer import StepResult, Trainer
 from .usage import UsageSampler
+from .zerosignal import nothing_to_learn, zero_signal_warner
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class TrainResult:
     version: int                       # policy version at the end
     records: list[dict[str, Any]] = field(default_factory=list)   # this call's step lines
     sft: list[dict[str, Any]] = field(default_factory=list)
+    rft: list[dict[str, Any]] = field(default_factory=list)   # one record per RFT round
     evals: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None    # step of the checkpoint resumed from
     wall_s: float = 0.0
@@ -174,10 +177,15 @@ def _rewind(run_dir: Path, extra: dict[str, Any]) -> None:
 def _record(result: StepResult, batch: Batch, timing: dict[str, float],
             runner_stats: dict[str, Any]) -> dict[str, Any]:
     rewards = [t.reward for g in batch.groups for t in g]
+    rollouts = batch.stats.get("rollouts") or {}
     record: dict[str, Any] = {
         "step": result.step, "version": result.version, "applied": result.applied,
         "skipped_reason": result.skipped_reason,
-        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        # every rollout of the groups completed since the last batch, filtered ones included
+        "rollout_reward_mean": rollouts.get("reward_mean"),
+        "rollout_pass_rate": rollouts.get("pass_rate"),
+        "rollout_episodes": rollouts.get("episodes", 0),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,  # the trained groups
         "batch_index": batch.stats.get("index"), "batch_version": batch.policy_version,
         "trajectories": len(rewards), **timing,
         "reward_by_env": _by_env(batch.trajectories),
@@ -225,9 +233,12 @@ async def _evaluate(config: TrainConfig, policy: Any, step: int, envs: list[EnvE
                       limits=config.episode_limits(), seed=config.seed + 1_000_003,
                       env_weights=config.env_weights()) as ev:
         trajs = await ev.collect(config.eval_tasks, group=1)
+        thresholds = {source.label: source.threshold for source in ev.sources}
     rewards = [t.reward for t in trajs]
+    solved = sum(t.reward >= thresholds.get(t.env_id, 1.0) - 1e-9 for t in trajs)
     return {"step": step, "stage": stage, "version": policy.version, "tasks": len(rewards),
-            "reward_mean": sum(rewards) / max(1, len(rewards)), "by_env": _by_env(trajs)}
+            "reward_mean": sum(rewards) / max(1, len(rewards)),
+            "pass_rate": solved / max(1, len(rewards)), "by_env": _by_env(trajs)}
 
 
 async def _rollout_engine(config: TrainConfig, source: Any, model: Any, tokenizer: Any,
@@ -370,7 +381,8 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
             log.info("no checkpoint in %s: starting from scratch", run_dir)
         trainer = await asyncio.to_thread(distributed.build_trainer, model, tokenizer,
                                           config.step_config(), publish)
-        if config.sft_steps and config.eval_every:  # the warm-up's own gain, reported apart
+        warm = config.sft_steps or config.rft_rounds
+        if warm and config.eval_every:  # the warm-up's own gain, reported apart
             result.evals.append(await _evaluate(config, policy, 0, eval_envs, "before_sft"))
             eval_log.append(result.evals[-1])
         if config.sft_steps:
@@ -394,7 +406,17 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
                        "applied": r.applied}
                 sft_log.append(rec)
                 result.sft.append(rec)
-            trainer.step_count = 0  # RL steps are counted from 0; warm-up has its own log
+        if config.rft_rounds:
+            from .rft import rft_round
+
+            rft_log = _Log(run_dir / "rft.jsonl")
+            for index in range(1, config.rft_rounds + 1):
+                record = await rft_round(config, index, policy, trainer, train_envs,
+                                         lambda rec: (sft_log.append(rec),
+                                                      result.sft.append(rec)))
+                rft_log.append(record)
+                result.rft.append(record)
+        trainer.step_count = 0  # RL steps are counted from 0; warm-ups have their own logs
     ev_every = config.eval_every
     if ev_every and result.resumed_from is None:
         result.evals.append(await _evaluate(config, policy, 0, eval_envs))
@@ -403,8 +425,14 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
     runner = Runner(train_envs, policy, sandbox_capacity=config.sandbox_capacity,
                     inference_concurrency=config.inference_concurrency,
                     limits=config.episode_limits(),
-                    assembly=AssemblyConfig(filter_zero_variance=config.filter_zero_variance),
+                    assembly=AssemblyConfig(
+                        filter_zero_variance=config.filter_zero_variance,
+                        first_signal_groups=(config.zero_signal_groups
+                                             if config.zero_signal == "stop" else None),
+                        dynamic_sampling=config.dynamic_sampling),
                     run_dir=run_dir, seed=config.seed, env_weights=config.env_weights())
+    if config.zero_signal == "warn":
+        runner.add_listener(zero_signal_warner(config, runner))
     async with runner:
         if runner.store is not None:
             runner.store.manifest["splits"] = split_record
@@ -418,25 +446,13 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
             await _drive(config, runner, trainer, step_log, eval_log, policy, result, on_step,
                          eval_envs, started)
         except NoTrainableGroups as exc:
-            raise CorralError(nothing_to_learn(config, exc.streak)) from None
+            raise CorralError(nothing_to_learn(config, exc.streak, exc.seen,
+                                               first=exc.first)) from None
         await asyncio.to_thread(trainer.save_checkpoint, ckpt_dir, trainer.extra)
     await refresher.finish()
     result.steps, result.version = trainer.step_count, trainer.version
     result.wall_s = time.perf_counter() - started
     return result
-
-
-def nothing_to_learn(config: TrainConfig, streak: int) -> str:
-    """Why a run stopped without a trainable batch, and what to change (CLI flags)."""
-    seen = f"{streak} groups in a row ({streak * config.group} episodes)"
-    if not config.filter_zero_variance:
-        return (f"{seen} ended in infrastructure failures; nothing to train on: see the "
-                f"runner's logs in {config.run_dir} and check the env's sandboxes")
-    return (f"{seen} gave every sample the same reward (or failed), so no group teaches "
-            "anything: the policy always or never solves these tasks. Warm up first "
-            "(--sft-steps N), pick tasks it sometimes solves (--where, or --difficulty 0.05:0.95 "
-            "after `corral profile ENV --model M`), or pass --keep-zero-variance to train on "
-            "them anyway")
 
 
 async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _Log,
@@ -506,8 +522,6 @@ async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _
                 record["publish"] = published
             size = step_log.append(record)
             result.records.append(record)
-            if on_step is not None:
-                on_step(record)
             trainer.extra = {"cursor": cursor, "log_bytes": size}
             if trainer.step_count % config.checkpoint_every == 0:
                 await asyncio.to_thread(trainer.save_checkpoint, config.run_dir / CHECKPOINT,
@@ -518,6 +532,9 @@ async def _drive(config: TrainConfig, runner: Any, trainer: Trainer, step_log: _
                 result.evals.append(await _evaluate(config, policy, trainer.step_count,
                                                     eval_envs))
                 eval_log.append(result.evals[-1])
+            if on_step is not None:  # with the latest held-out figure, for progress displays
+                held = [e for e in result.evals if e.get("stage") != "before_sft"]
+                on_step({**record, "held_out": held[-1] if held else None})
             if over:
                 log.warning("time budget of %.0f s reached after step %d; stopping here",
                             config.time_budget_s, trainer.step_count)

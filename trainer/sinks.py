@@ -4,9 +4,13 @@
 --log-to`) returns `MetricSinks`; the loop hands it every step line of `train.jsonl`, every
 held-out evaluation and every warm-up step. Names of the scalars:
 
-    reward/batch, reward/batch/<env>        mean reward of the step's batch (and per env)
+    reward/rollouts, pass_rate/rollouts     every rollout since the previous batch,
+                                            filtered groups included
+    reward/batch, reward/batch/<env>        mean reward of the groups the step trained on
+                                            (equal-reward groups filtered out; per env)
     reward/held_out, reward/held_out/<env>  held-out evaluations (before a warm-up:
-                                            reward/held_out_before_sft[/<env>])
+                                            reward/held_out_before_sft[/<env>]), and their
+                                            pass_rate/held_out[_before_sft]
     train/loss, train/grad_norm, ...        the trainer's step metrics without a prefix
     staleness/..., numerics/..., time/...   the trainer's prefixed metrics as they are
     engine/probe_max_abs, engine/probe_kl   the engine-vs-trainer probe after a publish
@@ -42,6 +46,10 @@ def _number(value: Any) -> float | None:
 def step_scalars(record: dict[str, Any]) -> dict[str, float]:
     """The scalars of one `train.jsonl` line (see the module docstring for the names)."""
     out = {"reward/batch": float(record["reward_mean"])}
+    for key, name in (("rollout_reward_mean", "reward/rollouts"),
+                      ("rollout_pass_rate", "pass_rate/rollouts")):
+        if _number(record.get(key)) is not None:
+            out[name] = float(record[key])
     for env, value in (record.get("reward_by_env") or {}).items():
         out[f"reward/batch/{env}"] = float(value)
     for key, value in (record.get("metrics") or {}).items():
@@ -64,6 +72,8 @@ def eval_scalars(record: dict[str, Any]) -> dict[str, float]:
     name = ("reward/held_out_before_sft" if record.get("stage") == "before_sft"
             else "reward/held_out")
     out = {name: float(record["reward_mean"])}
+    if _number(record.get("pass_rate")) is not None:
+        out[name.replace("reward/", "pass_rate/")] = float(record["pass_rate"])
     for env, value in (record.get("by_env") or {}).items():
         out[f"{name}/{env}"] = float(value)
     return out
@@ -114,7 +124,8 @@ class WandbSink:
         for axis in ("rl_step", "sft_step"):
             self.run.define_metric(axis)
         self.run.define_metric("sft/*", step_metric="sft_step")
-        for prefix in ("reward", "train", "staleness", "numerics", "time", "throttle", "engine"):
+        for prefix in ("reward", "pass_rate", "train", "staleness", "numerics", "time",
+                       "throttle", "engine"):
             self.run.define_metric(f"{prefix}/*", step_metric="rl_step")
 
     def log(self, scalars: dict[str, float], step: int, axis: str) -> None:

@@ -73,6 +73,13 @@ def same_text(path: str, expected: str) -> str:
     return f'[ -f {q(path)} ] && [ "$(cat {q(path)})" = "$(echo {data} | base64 -d)" ]'
 
 
+def same_number(path: str, expected: int) -> str:
+    """Bash test: the file holds the integer `expected`, whitespace around it ignored (` 12`,
+    `12\\n\\n` and `12` all pass; `12.5`, `012` and `12 items` do not)."""
+    return (f'[ -f {q(path)} ] && [ "$(tr -d "[:space:]" < {q(path)})" = '
+            f'{q(str(int(expected)))} ]')
+
+
 def word(rng: random.Random, length: int = 6) -> str:
     """A random lowercase word."""
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(length))

@@ -6,7 +6,7 @@ import random
 
 import corral as cr
 
-from .answers import final_answer
+from .answers import CONTENT_WEIGHT, FORMAT_WEIGHT, final_number, is_exactly
 
 OPS = ("+", "-", "*")
 
@@ -50,14 +50,26 @@ def _evaluate(numbers: list[int], ops: list[str]) -> int:
                 task_type=ArithmeticTask, max_turns=1, tags=["text", "math", "single-turn"],
                 register=True)
 class Arithmetic(cr.TextEnv):
-    """Integer arithmetic with exact answers."""
+    """Integer arithmetic with exact answers.
+
+    `correct` (weight 0.8) reads the number the reply answers with (`9 - 6 = 3`, `**3**`,
+    `\\boxed{3}` and "The answer is 3." all answer 3; `answers.final_number`); `format`
+    (weight 0.2) pays the requested form, the number alone. Solved means correct
+    (`pass_threshold` 0.8), whatever the form."""
+
+    pass_threshold = CONTENT_WEIGHT
 
     def instruction(self, task: ArithmeticTask) -> str:
         return f"Compute {task.expression}. Reply with the number only."
 
-    @cr.reward(weight=1.0)
+    @cr.reward(weight=CONTENT_WEIGHT)
     def correct(self, task: ArithmeticTask, completion: str) -> float:
-        return float(final_answer(completion) == str(task.answer))
+        return float(final_number(completion) == task.answer)
+
+    @cr.reward(weight=FORMAT_WEIGHT)
+    def format(self, completion: str) -> float:
+        """The reply is the number alone, as asked."""
+        return float(is_exactly(completion, r"-?\d+"))
 
     def solution(self, task: ArithmeticTask) -> str:
         return str(task.answer)

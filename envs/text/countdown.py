@@ -5,15 +5,22 @@ from __future__ import annotations
 import ast
 import operator
 import random
+import re
 from collections import Counter
 from fractions import Fraction
 
 import corral as cr
 
-from .answers import final_answer
+from .answers import CONTENT_WEIGHT, FORMAT_WEIGHT, answer_region, is_exactly
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.Div: operator.truediv}
+# how models write the operators: LaTeX and Unicode spellings of * / -
+_SPELLINGS = (("\\times", "*"), ("\\cdot", "*"), ("×", "*"), ("·", "*"), ("∗", "*"),
+              ("\\div", "/"), ("÷", "/"), ("−", "-"), ("\\left", ""), ("\\right", ""))
+_RUN = re.compile(r"[\d\s+\-*/()]+")                        # a stretch of arithmetic
+_OPERATION = re.compile(r"\d\s*\)*\s*[+\-*/]\s*\(*\s*\d")      # two numbers and an operator
+EXPRESSION_ONLY = r"[\d\s+\-*/()]*\d\s*\)*\s*[+\-*/][\d\s+\-*/()]*"
 
 
 class CountdownTask(cr.Task):
@@ -62,6 +69,39 @@ def make_task(rng: random.Random, index: int) -> dict:
             return {"numbers": numbers, "target": int(value), "reference": reference}
 
 
+def _balanced(text: str) -> str:
+    """`text` without the parentheses that close nothing or are never closed."""
+    keep = [True] * len(text)
+    opened: list[int] = []
+    for i, ch in enumerate(text):
+        if ch == "(":
+            opened.append(i)
+        elif ch == ")":
+            if opened:
+                opened.pop()
+            else:
+                keep[i] = False
+    for i in opened:
+        keep[i] = False
+    return "".join(ch for ch, kept in zip(text, keep) if kept).strip()
+
+
+def answer_expression(completion: str) -> str | None:
+    """The expression a reply answers with: in its marked answer (`\\boxed{}`, `<answer>`,
+    "Answer: ...") the first stretch of arithmetic with an operator, else the last one in the
+    reply; `=` ends a stretch (`(5 + 3) * 2 = 16` answers `(5 + 3) * 2`), LaTeX and Unicode
+    operators (`\\times`, `÷`) read as * and /, unmatched parentheses are dropped. None if the
+    reply has no such stretch."""
+    region, marked = answer_region(completion)
+    for spelling, op in _SPELLINGS:
+        region = region.replace(spelling, op)
+    found = [_balanced(run) for part in region.split("=") for run in _RUN.findall(part)
+             if _OPERATION.search(run)]
+    if not found:
+        return None
+    return found[0] if marked else found[-1]
+
+
 def check(task: CountdownTask, expression: str) -> bool:
     """True if `expression` uses only the task's numbers (each at most once) and hits the target."""
     try:
@@ -78,16 +118,29 @@ def check(task: CountdownTask, expression: str) -> bool:
                 task_type=CountdownTask, max_turns=1,
                 tags=["text", "math", "search", "single-turn"])
 class Countdown(cr.TextEnv):
-    """Reach a target number with the given numbers and + - * /."""
+    """Reach a target number with the given numbers and + - * /.
+
+    `reaches_target` (weight 0.8) checks the expression the reply answers with
+    (`answer_expression`: `(5 + 3) * 2 = 16`, `$5 \\times 3$` and "Answer: 50 - 3" count);
+    `format` (weight 0.2) pays the requested form, the expression alone. Solved means the
+    target is reached (`pass_threshold` 0.8), whatever the form."""
+
+    pass_threshold = CONTENT_WEIGHT
 
     def instruction(self, task: CountdownTask) -> str:
         numbers = ", ".join(map(str, task.numbers))
         return (f"Using some of the numbers {numbers} (each at most once) and + - * / with "
                 f"parentheses, make {task.target}. Reply with the expression only.")
 
-    @cr.reward(weight=1.0)
+    @cr.reward(weight=CONTENT_WEIGHT)
     def reaches_target(self, task: CountdownTask, completion: str) -> float:
-        return float(check(task, final_answer(completion).split("=")[0]))
+        expression = answer_expression(completion)
+        return float(expression is not None and check(task, expression))
+
+    @cr.reward(weight=FORMAT_WEIGHT)
+    def format(self, completion: str) -> float:
+        """The reply is an expression alone, as asked."""
+        return float(is_exactly(completion, EXPRESSION_ONLY))
 
     def solution(self, task: CountdownTask) -> str:
         return task.reference

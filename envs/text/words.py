@@ -6,7 +6,7 @@ import random
 
 import corral as cr
 
-from .answers import final_answer
+from .answers import CONTENT_WEIGHT, FORMAT_WEIGHT, words_in
 
 VOCABULARY = (
     "apple river stone cloud maple tiger lemon candle orbit piano garden silver window "
@@ -30,20 +30,39 @@ def expected(task: WordTask) -> str:
     return " ".join(words)
 
 
+def answer_words(task: WordTask, completion: str) -> list[str]:
+    """The task's words as the reply's answer lists them: the last `len(task.words)` of the
+    task's words found in its answer region, case, commas, numbering and line breaks
+    ignored (`1. Apple\\n2. River` lists apple, river)."""
+    found = words_in(completion, set(task.words))
+    return found[-len(task.words):]
+
+
 @cr.environment("corral/word-sort-v0",
                 tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
                 task_type=WordTask, max_turns=1, tags=["text", "strings", "single-turn"])
 class WordSort(cr.TextEnv):
-    """Sort or reverse a list of words."""
+    """Sort or reverse a list of words.
+
+    `exact` (weight 0.8) compares the words the reply's answer lists, in order, normalised
+    (`answer_words`); `format` (weight 0.2) pays the requested form: the task's words alone,
+    separated by single spaces. Solved means the right order (`pass_threshold` 0.8)."""
+
+    pass_threshold = CONTENT_WEIGHT
 
     def instruction(self, task: WordTask) -> str:
         how = "in alphabetical order" if task.operation == "sort" else "in reverse order"
         return (f"Write these words {how}, separated by single spaces: "
                 f"{' '.join(task.words)}")
 
-    @cr.reward(weight=1.0)
+    @cr.reward(weight=CONTENT_WEIGHT)
     def exact(self, task: WordTask, completion: str) -> float:
-        return float(" ".join(final_answer(completion).replace(",", " ").split()) == expected(task))
+        return float(" ".join(answer_words(task, completion)) == expected(task))
+
+    @cr.reward(weight=FORMAT_WEIGHT)
+    def format(self, task: WordTask, completion: str) -> float:
+        """The reply is the task's words alone, in some order, separated by single spaces."""
+        return float(sorted(completion.strip().split(" ")) == sorted(task.words))
 
     def solution(self, task: WordTask) -> str:
         return expected(task)

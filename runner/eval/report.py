@@ -26,10 +26,28 @@ def fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def components(row: dict[str, Any]) -> str:
+    """A row's reward components for tables: `correct 0.600, format 0.100` ('-' for none)."""
+    parts = [f"{name} {fmt(value)}" for name, value in row.get("components", {}).items()]
+    return ", ".join(parts) or "-"
+
+
+AGGREGATE_HEAD = ("tasks", "samples", "avg@k", "pass@{k}", "rewards", "turns", "tokens",
+                  "failures")
+
+
+def aggregate_head(ks: Sequence[int]) -> list[str]:
+    """The column names of `aggregate_rows` after the name column."""
+    return [c for head in AGGREGATE_HEAD
+            for c in ([head.format(k=k) for k in ks] if "{k}" in head else [head])]
+
+
 def aggregate_rows(groups: dict[str, dict[str, Any]], ks: Sequence[int]) -> list[list[str]]:
-    """Table rows of aggregates (env or family): tasks, samples, avg@k, pass@k..., failures."""
+    """Table rows of aggregates (env or family): tasks, samples, avg@k, pass@k..., the mean of
+    each reward component, turns, tokens, failures (`aggregate_head`)."""
     return [[name, str(g["tasks"]), str(g["samples"]), fmt(g["avg"]),
-             *(fmt(g["pass"][str(k)]) for k in ks), fmt(g["turns"]), fmt(g["tokens"]),
+             *(fmt(g["pass"][str(k)]) for k in ks), components(g), fmt(g["turns"]),
+             fmt(g["tokens"]),
              ", ".join(f"{c} {n}" for c, n in g["failures"].items() if n) or "none"]
             for name, g in groups.items()]
 
@@ -51,8 +69,7 @@ def write_eval_report(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     """Write `RUN_DIR/eval.html` for an evaluation summary."""
     root = Path(run_dir)
     ks = summary["ks"]
-    head = ["tasks", "samples", "avg@k", *(f"pass@{k}" for k in ks), "turns", "tokens",
-            "failures"]
+    head = aggregate_head(ks)
     envs = html_table(aggregate_rows(summary["envs"], ks), ["env", *head])
     sections = [f"<h2>Per env</h2>{envs}"]
     if summary["tasks"]:
@@ -70,10 +87,11 @@ def write_eval_report(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     families = html_table(aggregate_rows(summary["families"], ks), ["family", *head])
     sections.append(f"<h2>Per family</h2>{families}")
     task_rows = [[key, str(t["usable"]), str(t["solved"]), fmt(t["avg"]),
-                  *(fmt(t["pass"][str(k)]) for k in ks),
+                  *(fmt(t["pass"][str(k)]) for k in ks), components(t),
                   ", ".join(f"{c} {n}" for c, n in t["failures"].items()) or "none"]
                  for key, t in summary["tasks"].items()]
-    task_head = ["task", "usable", "solved", "avg@k", *(f"pass@{k}" for k in ks), "failures"]
+    task_head = ["task", "usable", "solved", "avg@k", *(f"pass@{k}" for k in ks), "rewards",
+                 "failures"]
     sections.append(f"<h2>Per task</h2>{html_table(task_rows, task_head)}")
     splits = [[env, s["split"], s["rule"]] for env, s in summary.get("splits", {}).items()]
     sections.append(f"<h2>Splits</h2>{html_table(splits, ['env', 'split', 'rule'])}")

@@ -4,8 +4,10 @@ pass@k is the unbiased estimator of Chen et al. (2021): with `n` samples of a ta
 `c` solved it, `1 - C(n-c, k) / C(n, k)`, the chance that k samples drawn without replacement
 from the n include a solution. It needs n >= k; a task with fewer usable samples (the rest
 ended as infrastructure errors, which say nothing about the model) reports no pass@k for that
-k. avg@k is the mean reward over a task's usable samples. An aggregate (family, env, overall)
-is the mean of its tasks' values, so a task sampled more often does not weigh more.
+k. avg@k is the mean reward over a task's usable samples, and `components` the mean of each
+reward function's own value (a text env's `correct` and `format`: how often the content and
+how often the requested form was right). An aggregate (family, env, overall) is the mean of
+its tasks' values, so a task sampled more often does not weigh more.
 
 Every sample that did not solve its task gets one failure category, the first that applies:
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from corral.runner.trajectory import Status, Trajectory
@@ -76,6 +78,7 @@ class Sample:
     turns: int
     tokens: int
     category: str | None  # failure category when not solved
+    components: dict[str, float] = field(default_factory=dict)  # reward name -> value
 
 
 def to_sample(traj: Trajectory, threshold: float, family: str) -> Sample:
@@ -85,7 +88,17 @@ def to_sample(traj: Trajectory, threshold: float, family: str) -> Sample:
     solved = usable and traj.reward >= threshold - 1e-9
     return Sample(traj.task_id, traj.env_id, family, float(traj.reward), solved, usable,
                   int(traj.turns), int(traj.generated_tokens),
-                  None if solved else failure_category(traj))
+                  None if solved else failure_category(traj),
+                  {name: float(value) for name, value in traj.rewards.items()})
+
+
+def _components(samples: Sequence[Sample]) -> dict[str, float]:
+    """The mean of each reward component (`@cr.reward` function) over `samples`, unweighted:
+    e.g. `{"correct": 0.6, "format": 0.1}` says how often the content and the form were
+    right."""
+    names = sorted({name for s in samples for name in s.components})
+    return {name: statistics.fmean(s.components.get(name, 0.0) for s in samples)
+            for name in names}
 
 
 def _task_row(samples: Sequence[Sample], ks: Sequence[int]) -> dict[str, Any]:
@@ -96,6 +109,7 @@ def _task_row(samples: Sequence[Sample], ks: Sequence[int]) -> dict[str, Any]:
             "usable": n, "solved": c,
             "avg": statistics.fmean(rewards) if rewards else None,
             "pass": {str(k): pass_at_k(n, c, k) for k in ks},
+            "components": _components(usable),
             "turns": statistics.fmean(s.turns for s in usable) if usable else None,
             "tokens": statistics.fmean(s.tokens for s in usable) if usable else None,
             "failures": dict(Counter(s.category for s in samples if s.category))}
@@ -110,9 +124,12 @@ def _aggregate(rows: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, A
     failures: Counter[str] = Counter()
     for row in rows:
         failures.update(row["failures"])
+    names = sorted({name for r in rows for name in r.get("components", {})})
     return {"tasks": len(rows), "samples": sum(r["samples"] for r in rows),
             "avg": _mean(r["avg"] for r in rows),
             "pass": {str(k): _mean(r["pass"][str(k)] for r in rows) for k in ks},
+            "components": {name: _mean(r.get("components", {}).get(name) for r in rows)
+                           for name in names},
             "turns": _mean(r["turns"] for r in rows),
             "tokens": _mean(r["tokens"] for r in rows),
             "failures": {c: failures.get(c, 0) for c in CATEGORIES}}

@@ -90,6 +90,8 @@ def test_every_field_has_a_described_flag():
 def test_each_flag_reaches_its_field(name: str):
     argv, expected = _sample(name)
     base = [] if name in ("envs", "mix") else ["-e", ENV]
+    if name == "sft_from":  # a dataset to warm up on needs warm-up steps
+        base += ["--sft-steps", "1"]
     result = CliRunner().invoke(app, ["train", *base, *argv, "--print-config"])
     assert result.exit_code == 0, result.output
     config = json.loads(result.stdout)
@@ -161,3 +163,10 @@ def test_a_file_as_run_dir_is_a_one_line_error(tmp_path):
         result = CliRunner().invoke(app, argv)
         assert result.exit_code == 1
         assert "--run-dir" in result.output and "not a directory" in result.output, result.output
+
+
+def test_sft_from_without_sft_steps_is_a_usage_error():
+    """It was read and silently never trained on."""
+    result = CliRunner().invoke(app, ["train", "-e", ENV, "--sft-from", "data/x.jsonl",
+                                      "--print-config"])
+    assert result.exit_code == 2 and "--sft-from needs --sft-steps N" in result.output

@@ -185,3 +185,63 @@ def test_retry_backoff_grows_with_jitter_and_stops_at_its_budget() -> None:
     assert backoff.pause(5, spent=55.0) is None and backoff.pause(1, spent=59.0) is not None
     with pytest.raises(ValueError, match="backoff"):
         AssemblyConfig(retry_backoff=10.0, retry_backoff_max=1.0)
+
+
+async def _planned_tasks(dynamic_sampling: float) -> tuple[list[str], int]:
+    """The task of every group a stream launched over four tasks, two of which the policy
+    always solves (all-1 groups), and how many draws dynamic sampling redrew."""
+    from functools import partial
+
+    import corral as cr
+
+    tasks = [{"expression": expr, "answer": eval(expr), "level": 1}
+             for expr in ("2 + 1", "4 + 1", "3 + 1", "5 + 1")]  # even first: always solved
+    env = partial(cr.make, "corral/arithmetic-v0", tasks=tasks)
+    groups: dict[str, str] = {}
+    async with Runner([env], ScriptedPolicy(solver_by_task), seed=3,
+                      assembly=AssemblyConfig(dynamic_sampling=dynamic_sampling)) as runner:
+        runner.add_listener(lambda t: groups.setdefault(t.group_id, t.task_id))
+        async for _ in runner.batches(size=8, group=4, max_batches=12):
+            pass
+        redrawn = runner.counts["resampled"]
+    solved_always = {cr.make("corral/arithmetic-v0", tasks=tasks).tasks[i].id for i in (0, 1)}
+    return [("flat" if task in solved_always else "signal") for task in groups.values()], redrawn
+
+
+async def test_dynamic_sampling_draws_tasks_without_signal_less() -> None:
+    """DAPO-style online difficulty filtering: tasks whose groups keep coming back all-1 are
+    drawn less, so fewer rollouts are filtered away."""
+    uniform, none = await _planned_tasks(1.0)
+    dynamic, redrawn = await _planned_tasks(0.05)
+    assert none == 0 and redrawn > 0
+    share = {name: plan.count("flat") / len(plan) for name, plan in
+             (("uniform", uniform), ("dynamic", dynamic))}
+    assert share["uniform"] > 0.35 and share["dynamic"] < 0.6 * share["uniform"], share
+    with pytest.raises(ValueError, match="dynamic_sampling must lie in"):
+        AssemblyConfig(dynamic_sampling=0.0)
+
+
+async def test_a_resumed_run_keeps_its_dynamically_sampled_plans(tmp_path) -> None:
+    """Under dynamic sampling a group's task depends on what had come back when it was
+    launched; a resumed run plans every stored group as it was stored, so none of its samples
+    is matched to another task or collected again."""
+    import json
+    from functools import partial
+
+    import corral as cr
+
+    tasks = [{"expression": expr, "answer": eval(expr), "level": 1}
+             for expr in ("2 + 1", "4 + 1", "3 + 1", "5 + 1")]
+    env = partial(cr.make, "corral/arithmetic-v0", tasks=tasks)
+    config = AssemblyConfig(dynamic_sampling=0.05)
+    async with Runner([env], ScriptedPolicy(solver_by_task), seed=3, assembly=config,
+                      run_dir=tmp_path) as runner:
+        async for _ in runner.batches(size=8, group=4, max_batches=4):
+            pass
+        redrawn = runner.counts["resampled"]
+    stored = {int(t["group_id"][1:]): t["metadata"]["task_index"] for t in
+              map(json.loads, (tmp_path / "trajectories.jsonl").read_text().splitlines())}
+    async with Runner([env], ScriptedPolicy(solver_by_task), seed=3, assembly=config,
+                      run_dir=tmp_path) as resumed:
+        replanned = {group: resumed.plan_group(group)[1] for group in stored}
+    assert redrawn > 0 and replanned == stored

@@ -49,6 +49,8 @@ async def test_report_has_timeline_histograms_and_stats(tmp_path: Path,
     page = _check_report(write_report(tmp_path).parent)
     assert "time to trainable batch" in page and "sandbox_wait" in page and "acquires" in page
     assert "<td>corral/arithmetic-v0</td>" in page  # rollouts per env
+    # each reward component per env: the solver's answers are numbers alone, half of them right
+    assert re.search(r"<td>correct 0\.\d{3}, format 1\.000</td>", page), page
 
 
 def test_timeline_is_aggregated_into_buckets() -> None:

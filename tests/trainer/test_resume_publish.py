@@ -111,7 +111,7 @@ def test_demo_quick_writes_a_report(tmp_path):
                            "--run-dir", str(run)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     page = (run / "report.html").read_text()
-    for part in ("Timeline", "Training", 'data-chart="Batch reward (rollouts)"',
+    for part in ("Timeline", "Training", 'data-chart="Rollout reward"',
                  "Divergence histogram (all steps)", "Numerics gap"):
         assert part in page
     if 'data-chart="Divergence histogram (all steps)"' not in page:  # no step got that far

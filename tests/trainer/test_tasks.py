@@ -107,21 +107,64 @@ def test_a_filter_that_keeps_no_task_names_its_flags():
         sl.split("tasktest/typed-v0")
 
 
-async def test_a_run_whose_groups_are_all_filtered_stops_with_advice(tmp_path):
+async def test_a_run_that_cannot_learn_stops_within_its_first_groups(tmp_path):
+    """The tiny model on an env whose verifier it never satisfies: the run stops after
+    `zero_signal_groups` groups (it used to collect 20 batches' worth + 100 groups, 547
+    episodes of a real model in 10 minutes, saying nothing), with the pass rate it saw and
+    what to change."""
     config = TrainConfig(envs=["tasktest/typed-v0"], steps=3, batch_size=4, group=2,
-                         run_dir=tmp_path, max_tokens=2)
+                         run_dir=tmp_path, max_tokens=2, zero_signal_groups=6)
     with pytest.raises(CorralError) as caught:
         await train(config)
     message = str(caught.value)
-    assert "--keep-zero-variance" in message and "--difficulty" in message
-    assert "--sft-steps" in message
+    assert message.startswith("the run's first ")
+    for advice in ("--sft-steps", "--rft-rounds", "--difficulty", "--group 16",
+                   "lenient reward", "--keep-zero-variance", "--zero-signal warn"):
+        assert advice in message, advice
     episodes = int(re.search(r"\((\d+) episodes\)", message)[1])
+    assert 6 * 2 <= episodes <= 6 * 2 + 8  # the bound, plus groups completing at once
+    assert re.search(rf"pass rate 0\.00 \(0 of {episodes} episodes solved\), mean reward "
+                     r"0\.000; (\d+) groups all failed, 0 all solved", message), message
     stored = (tmp_path / "trajectories.jsonl").read_text().splitlines()
-    # bounded: the runner gives up after a fixed number of groups in a row (20 look-aheads
-    # of a batch of 2 groups, 3 with over-provisioning, + 100), plus the few in flight
-    assert 160 * 2 <= episodes <= (20 * 3 + 100 + 8) * 2
-    assert len(stored) <= episodes + 16
+    assert len(stored) <= episodes + 16  # what was in flight when it stopped
     assert not (tmp_path / "train.jsonl").exists() or not (tmp_path / "train.jsonl").read_text()
+
+
+LATE = {"calls": 0}
+
+
+@cr.environment("tasktest/late-v0", max_turns=1, tasks=[{"n": n} for n in range(40)])
+def late(task):
+    """Say digits."""
+    return f"Write digits after {task.n}."
+
+
+@late.reward
+def pays_late(task, completion: str) -> float:
+    """Nothing for the first 16 episodes, then the share of digits (graded: signal)."""
+    LATE["calls"] += 1
+    if LATE["calls"] <= 16:
+        return 0.0
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
+async def test_zero_signal_warn_goes_on_and_the_step_shows_every_rollout(tmp_path, caplog):
+    """`--zero-signal warn`: the warning (with the pass rate) is logged once and the run goes
+    on to train when signal comes; the step line counts every rollout since the start,
+    the filtered groups too, beside the trained groups' mean."""
+    LATE["calls"] = 0
+    config = TrainConfig(envs=["tasktest/late-v0"], steps=1, batch_size=4, group=2,
+                         run_dir=tmp_path, max_tokens=8, zero_signal_groups=4,
+                         zero_signal="warn", async_level=0)
+    with caplog.at_level("WARNING", logger="corral.trainer.zerosignal"):
+        result = await train(config)
+    warnings = [r.getMessage() for r in caplog.records if "same reward" in r.getMessage()]
+    assert len(warnings) == 1 and "pass rate 0.00" in warnings[0], warnings
+    assert result.steps == 1
+    record = json.loads((tmp_path / "train.jsonl").read_text().splitlines()[0])
+    assert record["trajectories"] == 4 and record["rollout_episodes"] >= 16 + 4
+    assert 0 <= record["rollout_reward_mean"] < record["reward_mean"]
+    assert 0.0 <= record["rollout_pass_rate"] <= 1.0
 
 
 @pytest.mark.parametrize("make", [lambda p: p, lambda p: p / "never-made"])

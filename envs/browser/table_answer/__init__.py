@@ -12,6 +12,10 @@ from corral.envs.browser.common import CITIES, FIRST, SIZE, WebTask, form, submi
 COLUMNS = ("Name", "City", "Age")
 
 
+def _normal(text: str) -> str:
+    return " ".join(text.split()).rstrip(".").casefold()
+
+
 class TableAnswerTask(WebTask):
     rows: list[list[str]]
     row: int
@@ -46,9 +50,11 @@ class TableAnswer(BrowserEnv):
 
     @cr.reward
     def correct(self, site, task: TableAnswerTask) -> float:
+        """The submitted answer is the cell's value; case, spacing and a final period are
+        not held against it (`lisbon.` answers Lisbon)."""
         sent = submitted(site, "/submit")
         want = task.rows[task.row][task.column]
-        return float(sent is not None and str(sent.get("answer", "")).strip() == want)
+        return float(sent is not None and _normal(str(sent.get("answer", ""))) == _normal(want))
 
     def solution(self, task: TableAnswerTask) -> list[cr.ToolCall]:
         return [cr.ToolCall.of("fill", bid=Ref("textbox", "Answer"),

@@ -10,7 +10,7 @@ import random
 import corral as cr
 
 from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put, q,
-                                          same_text, word)
+                                          same_number, same_text, word)
 
 CITIES = ["Lyon", "Oslo", "Quito", "Perth", "Accra", "Osaka"]
 STATUSES = ["paid", "pending", "shipped", "refunded"]
@@ -88,7 +88,7 @@ TOTAL = Template(
                            "...]}. Write the cart total, the sum of price*qty over all items (an "
                            "integer), to /root/total.txt."),
     solution=lambda p: [f"python3 -c {q(TOTAL_SRC)} > /root/total.txt"],
-    check=lambda p: same_text("/root/total.txt",
+    check=lambda p: same_number("/root/total.txt",
                               str(sum(i["price"] * i["qty"] for i in p["items"]))))
 
 

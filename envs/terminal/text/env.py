@@ -7,7 +7,7 @@ import random
 import corral as cr
 
 from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put,
-                                          same_text, word)
+                                          same_number, same_text, word)
 
 LEVELS = ["INFO", "WARN", "ERROR", "DEBUG"]
 
@@ -25,7 +25,7 @@ COUNT = Template(
     instruction=lambda p: (f"Count the lines of /var/log/app.log whose level is {p['level']} and "
                            "write the number (digits only) to /root/count.txt."),
     solution=lambda p: [f"grep -c ' {p['level']} ' /var/log/app.log > /root/count.txt"],
-    check=lambda p: same_text("/root/count.txt",
+    check=lambda p: same_number("/root/count.txt",
                               str(sum(f" {p['level']} " in line for line in p["lines"]))))
 
 
@@ -85,7 +85,7 @@ SUM = Template(
                            "/root/total.txt."),
     solution=lambda p: [f"awk -F'\\t' '$1==\"{p['region']}\" {{s+=$2}} END {{print s}}' "
                         "/root/sales.tsv > /root/total.txt"],
-    check=lambda p: same_text("/root/total.txt",
+    check=lambda p: same_number("/root/total.txt",
                               str(sum(a for r, a in p["rows"] if r == p["region"]))))
 
 

@@ -69,3 +69,30 @@ def test_aggregates_weigh_tasks_equally_and_skip_infra_samples() -> None:
     assert summary["overall"]["pass"]["2"] == pytest.approx(pass_at_k(4, 3, 2))
     assert summary["overall"]["failures"] == {"agent": 2, "model": 0, "sandbox": 1,
                                               "timeout": 0, "verifier": 0}
+
+
+async def test_eval_shows_each_reward_component_per_task_env_and_report(tmp_path) -> None:
+    """A model that answers `9 - 6 = 3` is right (pass@1 1.0) in the wrong form: the summary,
+    the tables and eval.html say both, per task and per env."""
+    import re
+
+    from corral.runner.eval.evaluation import aevaluate
+    from corral.runner.eval.report import aggregate_rows
+    from corral.runner.policy import ScriptedPolicy
+
+    def natural(call) -> str:
+        expression = re.search(r"Compute (.+?)\. Reply", call.prompt)[1]
+        value = eval(expression, {"__builtins__": {}})  # the env's own arithmetic
+        return f"{expression} = {value}" if call.request.seed % 2 else str(value)
+
+    result = await aevaluate(["corral/arithmetic-v0"], ScriptedPolicy(natural), tasks=4,
+                             samples=2, run_dir=tmp_path)
+    env = result.summary["envs"]["corral/arithmetic-v0"]
+    assert env["pass"]["1"] == 1.0 and env["components"]["correct"] == 1.0
+    assert 0.0 < env["components"]["format"] < 1.0
+    task = next(iter(result.summary["tasks"].values()))
+    assert set(task["components"]) == {"correct", "format"}
+    row = aggregate_rows(result.summary["envs"], result.summary["ks"])[0]
+    assert f"correct 1.000, format {env['components']['format']:.3f}" in row
+    page = (tmp_path / "eval.html").read_text()
+    assert page.count("correct 1.000, format") >= 1 + 4  # the env row and every task's

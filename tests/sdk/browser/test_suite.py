@@ -29,3 +29,16 @@ def test_tasks_are_procedural_and_seeded() -> None:
         assert len(tasks) >= 1000
         assert tasks[3] == tasks[3] and tasks[3].seed == 3
         assert len({tasks[i].id for i in range(20)}) > 10, env_id
+
+
+@pytest.mark.parametrize("typed, right", [("Lisbon", True), (" lisbon. ", True),
+                                          ("LISBON", True), ("Lisbon, Portugal", False),
+                                          ("Oslo", False)])
+def test_table_answer_takes_the_value_in_any_case_and_spacing(typed: str, right: bool) -> None:
+    from corral.browser import SiteSession
+
+    env = cr.make("corral/web-table-answer-v0")
+    task = env.tasks.task_type(seed=0, rows=[["Ada", "Lisbon", "30"]], row=0, column=1)
+    site = SiteSession(token="t", origin="http://127.0.0.1", pages={},
+                       submissions=[{"path": "/submit", "form": {"answer": typed}}])
+    assert env.correct(site, task) == float(right)

@@ -132,3 +132,18 @@ async def test_class_form_env_with_dockerfile(sandboxes: str) -> None:
     assert env.sandbox_spec.dockerfile.endswith("tests/sdk/terminal/envimage/Dockerfile")
     report = await validate("tests/term-image-v0", backend="docker", run_id=sandboxes)
     assert report.ok, [t.problem for t in report.failures]
+
+
+@pytest.mark.parametrize("written, passes", [("12", True), (" 12\n\n", True), ("12 items", False),
+                                             ("012", False), ("12.5", False), ("", False)])
+def test_a_number_answer_file_ignores_whitespace_only(tmp_path, written, passes):
+    """term-text's count and sum templates (and term-data's total) take `12` written with a
+    stray space or blank line, as a model's `echo` often writes it; nothing else passes."""
+    import subprocess
+
+    from corral.envs.terminal._family import same_number
+
+    answer = tmp_path / "count.txt"
+    answer.write_text(written)
+    check = subprocess.run(["bash", "-c", same_number(str(answer), 12)])
+    assert (check.returncode == 0) is passes
