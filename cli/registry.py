@@ -218,8 +218,9 @@ def lock(refs: list[str] = typer.Argument(..., help="Releases to pin: id[@versio
 
 def profile(env_id: str = typer.Argument(..., help="Environment id."),
             agent: Optional[str] = typer.Option(None, "--agent", "-a",
-                                                help="random | oracle | noop | hack:NAME "
-                                                "(default: random; not with --model)."),
+                                                help="random | oracle | noop | hack:NAME | "
+                                                "adversary:NAME (default: random; not with "
+                                                "--model)."),
             model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile under a "
                                                 "real policy instead: 'tiny', a model directory "
                                                 "or checkpoint, or http://host:port (needs "
@@ -257,8 +258,10 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
     if agent is not None:
         from corral.agents import make_agent
 
+        import corral.registry as catalog
+
         try:  # before the store is opened, naming the flag (as `corral run --agent` does)
-            make_agent(agent)
+            make_agent(agent, catalog.make(env_id) if agent.startswith("adversary:") else None)
         except CorralError as exc:
             fail(f"--agent {agent}: {exc}", code=2)
     # flag values checked before the store is opened (opening a new path makes a store there)

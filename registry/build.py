@@ -318,9 +318,7 @@ def validation_card(validation: dict[str, Any] | None, force: bool) -> dict[str,
     card = {"ok": str(bool(validation.get("ok"))).lower(),
             "oracle": f"{validation.get('oracle_pass_rate', 0):.0%} pass over {checked} tasks",
             "noop": f"{validation.get('noop_pass_rate', 0):.0%} pass",
-            "adversarial": (f"{len(validation.get('hacks', []))} hacks, "
-                            f"{validation.get('hackable', 0)} task(s) hackable")
-            if validation.get("adversarial") else "not run"}
+            "adversarial": _adversarial_summary(validation)}
     if not validation.get("ok"):
         bad = [t for t in validation.get("tasks", []) if t.get("oracle") and not _task_ok(t)]
         if not force:
@@ -330,6 +328,18 @@ def validation_card(validation: dict[str, Any] | None, force: bool) -> dict[str,
                                "it anyway and records that in the dataset card")
         card["forced"] = "published although validation failed"
     return card
+
+
+def _adversarial_summary(validation: dict[str, Any]) -> str:
+    """What the report says its adversaries covered (`ValidationReport.covered`: played and
+    skipped, by reason; what beat a task); a report of an earlier Corral, its counts."""
+    if not validation.get("adversarial"):
+        return "not run"
+    covered = validation.get("covered") or []
+    if len(covered) > 1 and covered[1].startswith("adversarial: "):
+        return covered[1].removeprefix("adversarial: ")
+    return (f"{len(validation.get('hacks', []))} hacks, {validation.get('hackable', 0)} "
+            "task(s) hackable")
 
 
 def _task_ok(task: dict[str, Any]) -> bool:

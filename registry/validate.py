@@ -1,5 +1,6 @@
 """Validation: every task's oracle must pass and a no-op agent must fail;
-with `adversarial`, no hack agent (`corral.hacks`) may score above the no-op.
+with `adversarial`, no hack agent (`corral.hacks`) and none of the env's own adversaries
+(`corral.adversaries`) may score above the no-op.
 
 Works for any env kind (text, terminal, browser): each episode gets its own env instance made
 from the catalog, episodes run concurrently on the event loop (bounded by `concurrency`), and
@@ -216,8 +217,12 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
 
     `backend` is passed to terminal envs as config; `run_id` labels their sandboxes (default:
     $CORRAL_RUN_ID, else a fresh `validate-…` id). `on_episode(index, agent, check)` is
-    called as episodes finish. `adversarial` also runs every hack agent (or those named in
-    `hacks`) on every task of a terminal env; a hack scoring above the no-op fails the task.
+    called as episodes finish. `adversarial` also runs, on every task, every hack agent that
+    applies to the env's kind (`Hack.kinds`) and every adversary the env declares
+    (`corral.adversaries`); `hacks` names only some (a hack's name, or `adversary:NAME`). One
+    scoring above the no-op fails the task. The report says what was covered
+    (`ValidationReport.covered`, `families`): episodes played and skipped by reason, and the
+    hacks that do not apply to the env's kind.
 
     Cheap checks come first: a task's hacks are played only once its oracle passed and its
     no-op failed (otherwise it is invalid whatever they score), and a hack is skipped where

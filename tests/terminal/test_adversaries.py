@@ -115,8 +115,16 @@ async def test_a_truncated_oracle_is_reported_as_such() -> None:
     assert report.covered[1] == "adversarial: not run"
 
 
-def test_validate_cli_names_an_unknown_author_adversary() -> None:
-    result = CliRunner().invoke(app, ["validate", "tests/adversary-text-v0",
-                                      "--hack", "adversary:wrung"])
+def test_validate_cli_reports_author_adversaries(tmp_path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["validate", "tests/adversary-text-v0",
+                                 "--hack", "adversary:wrung"])
     assert result.exit_code == 2, result.output
     assert "--hack adversary:wrung" in result.output and "adversary:wrong" in result.output
+    result = runner.invoke(app, ["validate", "tests/adversary-text-v0", "--adversarial",
+                                 "--json", str(tmp_path / "r.json")], env={"COLUMNS": "300"})
+    assert result.exit_code == 1, result.output
+    assert "adversarial: 1 hack(s) + 2 author adversaries, played 3 of 3 episode(s)" in \
+        result.output
+    assert "  author: 2 agent(s), 2 episode(s) played" in result.output
+    assert "(by both)" in result.output
