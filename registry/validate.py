@@ -28,12 +28,12 @@ from pydantic import BaseModel, Field
 
 from corral.adversaries import PREFIX as ADVERSARY, adversaries_of
 from corral.agents import EpisodeResult, make_agent, play
+from corral.errors import SandboxError
 from corral.hacks import HACKS
+from corral.sandbox import AUTO, SandboxOpener, resolve_backend
 
 from .coverage import (ALREADY_INVALID, DECIDED, FamilyCoverage, adversary_line, covered_lines,
                        family_coverage, solvability_line)
-from corral.errors import SandboxError
-from corral.sandbox import AUTO, SandboxOpener, resolve_backend
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ def test_hack_agents_by_name() -> None:
     """`hack:NAME` is an agent name everywhere agents are named, with did-you-mean errors."""
     assert make_agent("hack:pth-file").hack is HACKS["pth-file"]
     assert {f"hack:{h}" for h in HACKS} <= set(agent_names())
-    with pytest.raises(AgentError, match=r"Did you mean 'hack:shadow-path'\?"):
+    with pytest.raises(AgentError, match=r"Did you mean 'hack:shadow-path'"):
         make_agent("hack:shadow-pth")
     # `corral run --agent`: one line naming the flag, a usage error (exit 2)
     cli = CliRunner().invoke(app, ["run", "corral/term-files-v0", "--agent", "hack:pht-file"])
