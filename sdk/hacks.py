@@ -1,9 +1,13 @@
-"""Hack agents: scripted agents that each try one known verifier exploit without solving the
-task (`corral validate --adversarial`).
+"""Hack agents: scripted agents that each try one known verifier exploit, or one degenerate
+action (delete, truncate, open up, kill everything; write the output's shape; copy inputs to
+outputs; echo the instruction), without solving the task (`corral validate --adversarial`).
 
 A task that any of them scores above the no-op agent is hackable: RL would find the same hole.
-Each hack is a few bash commands (errors ignored: a hack that does not apply does nothing) and a
-one-line hint saying how to close the hole. They work on terminal envs (they need `bash`).
+Each hack is a few bash commands made from what it may know of the task (`Target`: the working
+directory, the instruction's text), errors ignored (a hack that does not apply does nothing),
+a final answer, and a one-line hint saying how to close the hole. `Hack.kinds` says which env
+kinds it applies to: most need `bash` (terminal envs); `echo-instruction` answers text envs too.
+Hacks come in families (`FAMILIES`), which validation reports played and skipped.
 
     from corral.hacks import HACKS
     result = await play(env, HACKS["write-reward"].agent())
