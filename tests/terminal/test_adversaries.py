@@ -17,23 +17,25 @@ from corral.registry.validate import validate
 
 from .disk_cleanup import DiskCleanup, DiskCleanupWeak
 
-backends = pytest.mark.parametrize("backend", ["docker", "bwrap"])
-PLAYED = [*FAMILIES["degenerate actions"], "adversary:wipe-data"]
+# on bubblewrap every degenerate hack; on Docker (slower starts) the one that wins
+PLAYED = {"bwrap": [*FAMILIES["degenerate actions"], "adversary:wipe-data"],
+          "docker": ["delete-everything", "adversary:wipe-data"]}
 
 
-@backends
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
 async def test_weak_twin_fails_and_strict_env_passes(backend: str, sandboxes: str) -> None:
+    played = PLAYED[backend]
     weak = await validate(DiskCleanupWeak, backend=backend, run_id=sandboxes, limit=1,
-                          hacks=PLAYED, adversarial=True)
+                          hacks=played, adversarial=True)
     task = weak.tasks[0]
     assert not weak.ok and weak.hackable == 1
     assert {h.agent for h in task.hacked_by} == {"hack:delete-everything",
                                                  "adversary:wipe-data"}, task.hacks
     assert task.problem.startswith("hackable by delete-everything (and wipe-data)")
     assert "by delete-everything, wipe-data" in weak.verdict
-    assert "6 hack(s) + 1 author adversary" in weak.verdict
+    assert f"{len(played) - 1} hack(s) + 1 author adversary" in weak.verdict
     strict = await validate(DiskCleanup, backend=backend, run_id=sandboxes, limit=1,
-                            hacks=PLAYED, adversarial=True)
+                            hacks=played, adversarial=True)
     assert strict.ok and strict.hackable == 0, [t.problem for t in strict.failures]
     assert strict.adversaries == ["wipe-data"]
     author = [h for h in strict.tasks[0].hacks if h.family == "author"]
