@@ -60,7 +60,7 @@ def info(env_id: str = typer.Argument(..., help="Environment id."),
                 "sandbox": env.sandbox_spec.model_dump() if env.sandbox_spec else None,
                 "tools": env.tool_schemas(),
                 "rewards": {n: r.weight for n, r in env.reward_specs.items()},
-                "dataset": card}
+                "dataset": card, "release": release_card(spec)}
     finally:
         env.close()
     if as_json:
@@ -76,6 +76,7 @@ def info(env_id: str = typer.Argument(..., help="Environment id."),
     console.print(f"[bold]dataset[/]: {card['tasks']:,} tasks from {card['source']}; "
                   f"task type {card['task_type']}; fields {', '.join(card['fields'])}")
     console.print(f"[dim]example instruction:[/] {card['example']}")
+    _print_release(data["release"])
     if data["tools"]:
         console.print("[bold]tools[/]")
         for schema in data["tools"]:
@@ -91,22 +92,85 @@ def dataset_card(env: Any) -> dict[str, Any]:
             "example": env.instruction(example_task) if example_task else ""}
 
 
+def release_card(spec: Any) -> dict[str, Any] | None:
+    """The dataset card of an installed release (`corral install`), as the registry shows it:
+    version, hash, splits, fields, validation (its verdict) and the pass-rate profiles recorded
+    in the local store (`corral profile`); None for an env that is not an installed release."""
+    release = (spec.metadata or {}).get("release")
+    if not release:
+        return None
+    from corral.registry.curation import dataset_card as stored_card
+    from corral.registry.store import LocalStore
+    from corral.registry.validate import ValidationReport
+
+    manifest = release["manifest"]
+    store = LocalStore()
+    try:
+        card = stored_card(store, f"sha256:{release['sha256']}")
+    finally:
+        store.close()
+    report = manifest.validation
+    if report:
+        try:
+            parsed = ValidationReport.model_validate(report)
+            card["validation_verdict"] = f"{'OK' if parsed.ok else 'FAILED'}: {parsed.verdict}"
+        except ValueError:  # a report of another Corral: the card's summary still says it
+            card["validation_verdict"] = ""
+    return card
+
+
+def _print_release(card: dict[str, Any] | None) -> None:
+    if card is None:
+        console.print("[bold]release[/]: none (not installed from a release; `corral publish` "
+                      "makes one, `corral install` installs it)")
+        return
+    console.print(f"[bold]release[/]: {card['env_id']}@{card['version']} "
+                  f"sha256:{card['sha256'][:12]}, licence {card['license']}", highlight=False)
+    summary = card["validation"]
+    verdict = card.get("validation_verdict") or (
+        f"ok={summary['ok']}, oracle {summary['oracle']}, no-op {summary['noop']}, "
+        f"adversarial {summary['adversarial']}" if summary else "not validated")
+    console.print(f"[bold]validation[/]: {escape(verdict)}", highlight=False)
+    splits = " · ".join(f"{name} {n:,}" for name, n in card["splits"].items())
+    rule = f" ({card['split_rule']})" if card.get("split_rule") else ""
+    console.print(f"[bold]splits[/]: {splits}{rule}", highlight=False)
+    fields = ", ".join(f"{name} {kinds}".strip() for name, kinds in card["fields"].items())
+    console.print(f"[bold]fields[/]: {escape(fields)}", highlight=False)
+    if not card["profiles"]:
+        console.print("[bold]pass rates[/]: not profiled (`corral profile ID`)")
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
+    for profile in card["profiles"]:
+        k = (f", pass@{profile['k']} {pct(profile['pass_at_k'])}"
+             if profile.get("pass_at_k") is not None else "")
+        console.print(f"[bold]pass rates[/] {profile['kind']} {profile['name']}: pass@1 "
+                      f"{pct(profile['pass_rate'])}{k} over {profile['tasks']} task(s)",
+                      highlight=False)
+
+
 def run(env_id: str = typer.Argument(..., help="Environment id."),
         agent: str = typer.Option("oracle", "--agent", "-a",
-                                  help=f"Scripted agent: {', '.join(AGENTS)}, or hack:NAME "
-                                  "(a hack agent of corral.hacks)."),
-        n: int = typer.Option(5, "--n", "-n", min=1, help="Episodes to run."),
+                                  help=f"Scripted agent: {', '.join(AGENTS)}, hack:NAME "
+                                  "(a hack agent of corral.hacks) or adversary:NAME (one the "
+                                  "env declares)."),
+        n: int = typer.Option(5, "--n", "-n", min=1, help="Episodes to run, each on another "
+                              "task (tasks repeat only when N exceeds them)."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the first episode."),
         backend: str = typer.Option(None, "--backend",
                                     help=f"Sandbox backend: {backend_help()}.")) -> None:
     """Run episodes with a scripted agent and print their rewards.
 
+    The N episodes play N distinct tasks, drawn by --seed (the same seed, the same tasks).
     Exits 1 when every episode ended in an infrastructure error (the note column names it):
     nothing was played."""
+    import random
+
     import corral.registry as registry
 
+    probe = registry.make(env_id) if agent.startswith("adversary:") else None
     try:  # an unknown name fails here, with the closest known ones (a usage error)
-        make_agent(agent)
+        make_agent(agent, probe)
     except CorralError as exc:
         fail(f"--agent {agent}: {exc}", code=2)
     check_backend_option(backend)
@@ -114,9 +178,15 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
 
     async def episodes() -> list[EpisodeResult]:
         results = []
+        order: list[int] = []
         for i in range(n):
             env = registry.make(env_id, **overrides)
-            results.append(await play(env, make_agent(agent), seed=seed + i))
+            if not order:  # distinct tasks; a dataset smaller than N is drawn again
+                size = len(env.tasks)
+                order = random.Random(seed + i).sample(range(size), min(n - i, size)) \
+                    if size else [0]
+            results.append(await play(env, make_agent(agent, env), seed=seed + i,
+                                      options={"task_index": order.pop(0)}))
         return results
 
     results = asyncio.run(episodes())

@@ -89,7 +89,7 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
             built = build_release(path, env_id=env_id, version=version, validation=validation,
                                   validate_limit=validate_limit if validate and not report
                                   else None, license=license,
-                                  adversarial=adversarial, force=force)
+                                  adversarial=adversarial, force=force, on_files=_list_files)
         except ReportMismatch as exc:
             fail(f"--report {report}: {exc}")
         except CorralError as exc:
@@ -108,6 +108,21 @@ def publish(path: Path = typer.Argument(..., help="Env folder (with its corral.t
     console.print(f"{what} [bold]{record.ref}[/] sha256:{record.sha256} "
                   f"({_size(record.size)}, {record.manifest.card.tasks:,} tasks) to "
                   f"{store.location}", highlight=False)
+
+
+LISTED = 40  # files `publish` lists by name before packing; the rest are counted
+
+
+def _list_files(files: dict[str, Path]) -> None:
+    """Say what goes into the release before it is packed (`.corralignore` leaves out the
+    rest)."""
+    total = sum(path.stat().st_size for path in files.values())
+    console.print(f"packing {len(files)} file(s), {_size(total)} (.corralignore and the "
+                  "defaults leave out runs/, validation/, *.log, caches):", highlight=False)
+    for rel, path in list(files.items())[:LISTED]:
+        console.print(f"  {rel}  [dim]{_size(path.stat().st_size)}[/]", highlight=False)
+    if len(files) > LISTED:
+        console.print(f"  … and {len(files) - LISTED} more", highlight=False)
 
 
 def pull(ref: str = typer.Argument(..., help="id[@version] or sha256:HASH."),
@@ -203,8 +218,9 @@ def lock(refs: list[str] = typer.Argument(..., help="Releases to pin: id[@versio
 
 def profile(env_id: str = typer.Argument(..., help="Environment id."),
             agent: Optional[str] = typer.Option(None, "--agent", "-a",
-                                                help="random | oracle | noop | hack:NAME "
-                                                "(default: random; not with --model)."),
+                                                help="random | oracle | noop | hack:NAME | "
+                                                "adversary:NAME (default: random; not with "
+                                                "--model)."),
             model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile under a "
                                                 "real policy instead: 'tiny', a model directory "
                                                 "or checkpoint, or http://host:port (needs "
@@ -242,8 +258,10 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
     if agent is not None:
         from corral.agents import make_agent
 
+        import corral.registry as catalog
+
         try:  # before the store is opened, naming the flag (as `corral run --agent` does)
-            make_agent(agent)
+            make_agent(agent, catalog.make(env_id) if agent.startswith("adversary:") else None)
         except CorralError as exc:
             fail(f"--agent {agent}: {exc}", code=2)
     # flag values checked before the store is opened (opening a new path makes a store there)

@@ -48,9 +48,11 @@ def validate_command(
                                              "(default: validation/<env>.json)."),
     harbor: list[Path] = typer.Option([], "--harbor", help="Load Harbor task directories first."),
     adversarial: bool = typer.Option(False, "--adversarial", help="Also run every hack agent "
-                                     "(corral.hacks); a hack scoring above the no-op fails."),
-    hack: list[str] = typer.Option([], "--hack", help="Run only these hacks (repeatable; "
-                                   "implies --adversarial)."),
+                                     "(corral.hacks) that applies to the env's kind and the "
+                                     "env's own adversaries; one scoring above the no-op "
+                                     "fails."),
+    hack: list[str] = typer.Option([], "--hack", help="Run only these hacks, or the env's "
+                                   "adversary:NAME (repeatable; implies --adversarial)."),
 ) -> None:
     """Run every task's oracle (must pass) and a no-op agent (must fail) in real sandboxes.
 
@@ -61,7 +63,7 @@ def validate_command(
 
     check_backend_option(backend)
     for name in hack:  # before any episode runs, naming the flag (as --agent does)
-        if name.removeprefix("hack:") not in HACKS:
+        if not name.startswith("adversary:") and name.removeprefix("hack:") not in HACKS:
             hint = closest(name.removeprefix("hack:"), HACKS) or f" Known: {', '.join(HACKS)}"
             fail(f"--hack {name}: unknown hack {name!r}.{hint}", code=2)
     if json_path is not None and json_path.is_dir():
@@ -70,14 +72,26 @@ def validate_command(
     _load_harbor_paths(harbor)
     from corral.registry import make
 
+    from corral.adversaries import adversaries_of
+    from corral.agents import make_agent
+
     try:
-        size = len(make(env_id).tasks)
+        probe = make(env_id)
+        size, authors = len(probe.tasks), adversaries_of(probe)
+        for name in hack:  # the env's own adversaries: known only once the env is made
+            if name.startswith("adversary:"):
+                try:
+                    make_agent(name, probe)
+                except CorralError as exc:
+                    fail(f"--hack {name}: {exc}", code=2)
     except CorralError as exc:
         fail(str(exc))
     if size == 0:  # nothing to validate: say so, not "FAILED ... 0/0 tasks" under an empty table
         fail(f"{env_id} has no tasks to validate")
     adversarial = adversarial or bool(hack)
-    total = checked_count(size, limit) * (2 + (len(hack or HACKS) if adversarial else 0))
+    applicable = [h for h in HACKS.values() if probe.kind in h.kinds]
+    played = len(hack) if hack else len(applicable) + len(authors)
+    total = checked_count(size, limit) * (2 + (played if adversarial else 0))
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[status]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -98,6 +112,8 @@ def validate_command(
         except CorralError as exc:
             fail(str(exc))
     console.print(_table(report))
+    for line in report.covered:
+        console.print(f"[dim]{escape(line)}[/]", highlight=False)
     path = json_path or Path("validation") / f"{report.env_id.replace('/', '__')}.json"
     report.save(path)
     verdict = "[green]OK[/]" if report.ok else "[red]FAILED[/]"

@@ -22,7 +22,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from corral import __version__ as corral_version
 from corral import envs as builtin_envs
@@ -196,8 +196,13 @@ def image_recipe_hash(sandbox: dict[str, Any] | None, files: dict[str, Path],
 def dataset_card(cls: Any, folder: Path, license: str,
                  provenance: dict[str, str]) -> tuple[DatasetCard, str]:
     """The card of the env's dataset and its hash (equal to `Dataset.fingerprint()`), computed
-    in one pass: a procedural dataset builds every task on access, so the pass is the cost."""
-    from corral.dataset import split_position
+    in one pass: a procedural dataset builds every task on access, so the pass is the cost.
+
+    Splits are the dataset's declared ones (`corral.splits`): "train" and "eval", the name
+    `corral eval` reads; a dataset that declares no eval split has "train" only. Fields are every
+    field of every task with the types of its values ("int", "str | null"; "missing" where
+    some task lacks it)."""
+    from corral.splits import describe, rule_of
 
     tasks = cls.tasks
     size = len(tasks)
@@ -205,25 +210,51 @@ def dataset_card(cls: Any, folder: Path, license: str,
     # The family field is read off the first task (task types are uniform): one lookup per task.
     family_field = next((f for f in FAMILY_FIELDS if first is not None
                          and f in first.fields()), None)
+    rule = rule_of(tasks)
     fingerprint = hashlib.sha256()
-    test = 0
+    held_out = 0
     families: dict[str, int] = {}
-    for task in tasks:
+    types: dict[str, set[str]] = {}
+    for index, task in enumerate(tasks):
         fingerprint.update(task.id.encode() + b"\n")
-        test += split_position(task.id) < 0.1  # the default split of Dataset.split
+        held_out += rule is not None and rule.is_eval(task)
         if family_field is not None:
             family = str(getattr(task, family_field, None))
             families[family] = families.get(family, 0) + 1
+        values = task.fields()
+        for name in types.keys() - values.keys():
+            types[name].add("missing")
+        for name, value in values.items():
+            types.setdefault(name, {"missing"} if index else set()).add(_type_name(value))
     if family_field is None:
         families = {folder.name: size}
-    source = tasks.source
-    if Path(source).is_absolute() and Path(source).is_relative_to(folder):
-        source = Path(source).relative_to(folder).as_posix()
-    card = DatasetCard(tasks=size, splits={"train": size - test, "test": test},
+    splits = {"train": size - held_out}
+    if rule is not None:  # an explicit eval dataset holds its own tasks
+        splits["eval"] = len(rule.tasks) if hasattr(rule, "ids") else held_out
+    card = DatasetCard(tasks=size, splits=splits,
+                       split_rule=describe(tasks).replace(f"{folder}/", ""),
                        families=dict(sorted(families.items())), task_type=tasks.task_type.__name__,
-                       fields=sorted(first.fields()) if first else [], source=source,
+                       fields={name: " | ".join(sorted(kinds)) for name, kinds in
+                               sorted(types.items())},
+                       source=folder_relative(tasks.source, folder),
                        example=_example(cls, first), provenance=provenance, license=license)
     return card, fingerprint.hexdigest()
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def folder_relative(source: str, folder: Path) -> str:
+    """`source` (a dataset's, often an absolute path on the publisher's machine) relative to
+    the env folder when it lies inside; an absolute path elsewhere keeps only its file name
+    (the release must not carry the publisher's paths)."""
+    path = Path(source)
+    if not path.is_absolute():
+        return source
+    if path.is_relative_to(folder):
+        return path.relative_to(folder).as_posix()
+    return path.name
 
 
 def _example(cls: Any, task: Any) -> str:
@@ -287,9 +318,7 @@ def validation_card(validation: dict[str, Any] | None, force: bool) -> dict[str,
     card = {"ok": str(bool(validation.get("ok"))).lower(),
             "oracle": f"{validation.get('oracle_pass_rate', 0):.0%} pass over {checked} tasks",
             "noop": f"{validation.get('noop_pass_rate', 0):.0%} pass",
-            "adversarial": (f"{len(validation.get('hacks', []))} hacks, "
-                            f"{validation.get('hackable', 0)} task(s) hackable")
-            if validation.get("adversarial") else "not run"}
+            "adversarial": _adversarial_summary(validation)}
     if not validation.get("ok"):
         bad = [t for t in validation.get("tasks", []) if t.get("oracle") and not _task_ok(t)]
         if not force:
@@ -299,6 +328,18 @@ def validation_card(validation: dict[str, Any] | None, force: bool) -> dict[str,
                                "it anyway and records that in the dataset card")
         card["forced"] = "published although validation failed"
     return card
+
+
+def _adversarial_summary(validation: dict[str, Any]) -> str:
+    """What the report says its adversaries covered (`ValidationReport.covered`: played and
+    skipped, by reason; what beat a task); a report of an earlier Corral, its counts."""
+    if not validation.get("adversarial"):
+        return "not run"
+    covered = validation.get("covered") or []
+    if len(covered) > 1 and covered[1].startswith("adversarial: "):
+        return covered[1].removeprefix("adversarial: ")
+    return (f"{len(validation.get('hacks', []))} hacks, {validation.get('hackable', 0)} "
+            "task(s) hackable")
 
 
 def _task_ok(task: dict[str, Any]) -> bool:
@@ -311,13 +352,16 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
                   validation: Any = None, validate_limit: int | None = None,
                   license: str | None = None, out_dir: Path | None = None,
                   limits: Limits = DEFAULT_LIMITS, adversarial: bool = False,
-                  force: bool = False) -> BuiltRelease:
+                  force: bool = False,
+                  on_files: Callable[[dict[str, Path]], None] | None = None) -> BuiltRelease:
     """Pack the env folder into a release archive under `out_dir` (a temp dir by default).
 
     `validation` is a `ValidationReport` (or its dict) to attach; with `validate_limit` and no
     report, `corral.registry.validate` runs on that many tasks first (0 = all; `adversarial`
     adds the hack agents) and its report is attached. A failed validation refuses the release
-    (ReleaseError) unless `force`, which the dataset card then records.
+    (ReleaseError) unless `force`, which the dataset card then records. `on_files(files)` is
+    called with the files to pack (relative path -> file; `.corralignore` applied) before
+    anything is loaded, validated or packed.
     """
     folder = Path(folder).resolve()
     if not folder.is_dir():
@@ -336,6 +380,8 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
                            f"{entry['id']}; attach the report of `corral validate "
                            f"{entry['id']} --json FILE`")
     files = collect_files(folder, limits)
+    if on_files is not None:
+        on_files(files)
     check_relative_imports(folder, files)
     rel_ep = relative_entry_point(folder, entry["entry_point"])
     cls = load_class(folder, rel_ep, entry["entry_point"])
@@ -347,7 +393,7 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
     sandbox = cls.sandbox_spec.model_dump(mode="json") if cls.sandbox_spec is not None else None
     entries_by_path = file_entries(files)
     provenance = {"folder": folder.name, "entry_point": entry["entry_point"],
-                  "dataset_source": str(cls.tasks.source)}
+                  "dataset_source": folder_relative(str(cls.tasks.source), folder)}
     if commit := _git_commit(folder):
         provenance["git_commit"] = commit
     licence = license or entry.get("license") or top.get("license") or _default_license(folder)

@@ -50,14 +50,14 @@ async def profile_env(env_id: str, agent: str = "random", *, n: int | None = 100
                       token: str | None = None, catalog: Catalog | None = None,
                       **env_kwargs: Any) -> Profile:
     """Play `runs` episodes of the first `n` tasks (all if None) with a scripted `agent`
-    (random, oracle, noop), and record pass rates per task into `store` (default local store;
-    a `RegistryClient` needs a `token`)."""
+    (random, oracle, noop, hack:NAME, adversary:NAME), and record pass rates per task into
+    `store` (default local store; a `RegistryClient` needs a `token`)."""
     from corral.agents import make_agent, play
 
     catalog = _catalog(catalog)
-    make_agent(agent)  # fail fast on an unknown agent name
     spec = catalog.spec(env_id)
     probe = catalog.make(spec.id, **env_kwargs)
+    make_agent(agent, probe)  # fail fast on an unknown agent name (adversary:NAME: the env's)
     size = len(probe.tasks)
     await probe.aclose()
     count = size if n is None else min(n, size)

@@ -120,10 +120,14 @@ class DatasetCard(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tasks: int = Field(ge=0)
+    # tasks per split: "train", and "eval" where the dataset declares one (`corral.splits`)
     splits: dict[str, int] = Field(default_factory=dict)
+    split_rule: str = ""  # how the eval split is declared (`corral.splits.describe`)
     families: dict[str, int] = Field(default_factory=dict)
     task_type: str = "Task"
-    fields: list[str] = Field(default_factory=list)
+    # every field of the tasks with its value types ("int", "str | null"); a release of an
+    # earlier Corral listed names only (read as names without types)
+    fields: dict[str, str] = Field(default_factory=dict)
     source: str = ""
     example: str = ""
     provenance: dict[str, str] = Field(default_factory=dict)
@@ -131,6 +135,11 @@ class DatasetCard(BaseModel):
     # oracle / no-op / adversarial results of the attached validation, and "forced" when the
     # release was published although it failed
     validation: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _names_only(cls, value: Any) -> Any:
+        return {name: "" for name in value} if isinstance(value, list) else value
 
 
 class ReleaseManifest(BaseModel):
@@ -261,8 +270,9 @@ def check_fields(manifest: "ReleaseManifest", limits: Limits = DEFAULT_LIMITS) -
     short = [("kind", manifest.kind or ""), ("version", manifest.version),
              ("entry_point", manifest.entry_point), ("corral_version", manifest.corral_version),
              ("card.task_type", card.task_type), ("card.source", card.source),
-             ("card.license", card.license)]
-    for name, items in (("tags", manifest.tags), ("card.fields", card.fields),
+             ("card.split_rule", card.split_rule), ("card.license", card.license)]
+    short += [("card.fields", kinds) for kinds in card.fields.values()]
+    for name, items in (("tags", manifest.tags), ("card.fields", list(card.fields)),
                         ("card.splits", list(card.splits)),
                         ("card.families", list(card.families)),
                         ("card.provenance", [*card.provenance, *card.provenance.values()])):
@@ -297,33 +307,60 @@ def sha256_file(path: Path) -> str:
 
 
 # --- packing -------------------------------------------------------------------------------------
-IGNORED_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv",
-                ".ipynb_checkpoints"}
-IGNORED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
-IGNORED_NAMES = {".DS_Store"}
+IGNORE_FILE = ".corralignore"
+# never packed, whatever the ignore file says
+IGNORED_DIRS = {".git", ".venv"}
+DEFAULT_IGNORES = (
+    "runs/", "validation/", "*.log",  # what running and validating the env leave behind
+    "__pycache__/", "*.py[co]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", ".cache/",
+    ".ipynb_checkpoints/", "*.egg-info/", ".DS_Store")
+"""What a release leaves out by default (gitignore syntax); the folder's `.corralignore` adds
+patterns after these, so a `!pattern` there packs a file a default would leave out."""
+
+
+def ignore_spec(folder: Path) -> Any:
+    """The folder's ignore rules: `DEFAULT_IGNORES`, then its `.corralignore` (gitignore
+    syntax: `dir/`, `*.ext`, `/top-level-only`, `**`, `!re-include`, `#` comments)."""
+    import pathspec
+
+    lines = list(DEFAULT_IGNORES)
+    path = folder / IGNORE_FILE
+    if path.is_file():
+        try:
+            lines += path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReleaseError(f"{path}: cannot read it ({exc})") from None
+    try:
+        return pathspec.GitIgnoreSpec.from_lines(lines)
+    except ValueError as exc:  # pathspec's GitWildMatchPatternError
+        raise ReleaseError(f"{path}: {exc}") from None
 
 
 def collect_files(folder: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, Path]:
-    """The files of an env folder to release, by relative path. Symlinks inside the folder are
-    stored as the files they point to; symlinks pointing outside are refused."""
+    """The files of an env folder to release, by relative path, without those its ignore rules
+    leave out (`ignore_spec`). Symlinks inside the folder are stored as the files they point
+    to; symlinks pointing outside are refused."""
     folder = folder.resolve()
+    ignored = ignore_spec(folder)
     found: dict[str, Path] = {}
     for root, dirs, names in os.walk(folder):
         base = Path(root)
         keep = []
         for name in sorted(dirs):
-            if name in IGNORED_DIRS or name.endswith(IGNORED_SUFFIXES):
-                continue
             path = base / name
+            if name in IGNORED_DIRS or ignored.match_file(
+                    path.relative_to(folder).as_posix() + "/"):
+                continue
             if path.is_symlink():
                 _inside(folder, path)  # a linked folder inside is reached by its real path
                 continue
             keep.append(name)
         dirs[:] = keep
         for name in names:
-            if name in IGNORED_NAMES or name.endswith(IGNORED_SUFFIXES):
-                continue
             path = base / name
+            rel = path.relative_to(folder).as_posix()
+            if ignored.match_file(rel):
+                continue
             real = _inside(folder, path) if path.is_symlink() else path
             if not real.is_file():
                 raise ReleaseError(f"{path} is not a regular file; releases hold files only")
@@ -331,7 +368,7 @@ def collect_files(folder: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, Pa
             if size > limits.max_file_bytes:
                 raise ReleaseError(f"{path} is {size:,} bytes, over the {limits.max_file_bytes:,}"
                                    "-byte limit per release file")
-            found[check_path(path.relative_to(folder).as_posix(), limits)] = real
+            found[check_path(rel, limits)] = real
     if len(found) > limits.max_files:
         raise ReleaseError(f"{folder} has {len(found):,} files, over the limit of "
                            f"{limits.max_files:,} per release")

@@ -1,5 +1,6 @@
 """Validation: every task's oracle must pass and a no-op agent must fail;
-with `adversarial`, no hack agent (`corral.hacks`) may score above the no-op.
+with `adversarial`, no hack agent (`corral.hacks`) and none of the env's own adversaries
+(`corral.adversaries`) may score above the no-op.
 
 Works for any env kind (text, terminal, browser): each episode gets its own env instance made
 from the catalog, episodes run concurrently on the event loop (bounded by `concurrency`), and
@@ -25,10 +26,14 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
+from corral.adversaries import PREFIX as ADVERSARY, adversaries_of
 from corral.agents import EpisodeResult, make_agent, play
-from corral.hacks import HACKS
 from corral.errors import SandboxError
+from corral.hacks import HACKS
 from corral.sandbox import AUTO, SandboxOpener, resolve_backend
+
+from .coverage import (ALREADY_INVALID, DECIDED, FamilyCoverage, adversary_line, covered_lines,
+                       family_coverage, solvability_line)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,7 @@ DEFAULT_LIMIT = 50
 """Tasks checked when no limit is given: all of them if the dataset is no bigger, else the
 first 50 (built-in families put one task of every template first, so these cover them all)."""
 
-AgentName = str  # "oracle", "noop" or "hack:<name>"
+AgentName = str  # "oracle", "noop", "hack:<name>" or "adversary:<name>" (the env's own)
 
 
 class EpisodeCheck(BaseModel):
@@ -52,23 +57,28 @@ class EpisodeCheck(BaseModel):
     infra_error: str | None = None
     verifier_error: str | None = None
     partial: bool = False
+    truncated: bool = False  # ended by max_turns (then `turns` is the env's max_turns)
 
     @classmethod
     def from_result(cls, agent: AgentName, result: EpisodeResult) -> "EpisodeCheck":
         return cls(agent=agent, reward=result.reward, passed=result.passed,
                    seconds=round(result.seconds, 3), turns=result.turns,
                    rewards=result.rewards, errors=result.errors, infra_error=result.infra_error,
-                   verifier_error=result.verifier_error, partial=result.partial)
+                   verifier_error=result.verifier_error, partial=result.partial,
+                   truncated=result.truncated)
 
 
 class HackCheck(EpisodeCheck):
-    """One hack agent's episode: `hacked` when it scored above the no-op agent. `skipped` says
-    why it was not played (then it scored nothing): the task was already invalid, or the
-    env's verify phase provably scores it 0 (`provably_closed`)."""
+    """One hack agent's (or author adversary's) episode: `hacked` when it scored above the
+    no-op agent. `skipped` says why it was not played (then it scored nothing), and
+    `skip_reason` which kind of reason that is (`corral.registry.coverage`): the task was
+    already invalid, or the env's verify phase provably scores it 0 (`provably_closed`)."""
 
     hacked: bool = False
     hint: str = ""
     skipped: str = ""
+    skip_reason: str = ""
+    family: str = ""
 
 
 class TaskCheck(BaseModel):
@@ -105,12 +115,17 @@ class TaskCheck(BaseModel):
                 return f"{check.agent}: {check.infra_error}"
         if not self.oracle.passed:
             why = "; ".join(self.oracle.errors) or f"reward {self.oracle.reward:g}"
+            if self.oracle.truncated and not self.oracle.errors:
+                return (f"oracle truncated at max_turns={self.oracle.turns} ({why}): its "
+                        "solution needs more turns than the env allows")
             return f"oracle failed ({why})"
         if self.noop.passed:
             return f"no-op agent passed (reward {self.noop.reward:g}): the verifier checks nothing"
         if self.hacked_by:
             hack = self.hacked_by[0]
-            return (f"hackable by {hack.agent.removeprefix('hack:')} (reward {hack.reward:g} > "
+            also = (f" (and {', '.join(h.agent.split(':', 1)[-1] for h in self.hacked_by[1:])})"
+                    if len(self.hacked_by) > 1 else "")
+            return (f"hackable by {hack.agent.split(':', 1)[-1]}{also} (reward {hack.reward:g} > "
                     f"no-op {self.noop.reward:g}); fix: {hack.hint}")
         return ""
 
@@ -134,18 +149,27 @@ class ValidationReport(BaseModel):
     tasks: list[TaskCheck]
     adversarial: bool = False
     hacks: list[str] = Field(default_factory=list)  # the hacks run on every task
+    adversaries: list[str] = Field(default_factory=list)  # the env's own, run on every task
+    inapplicable: list[str] = Field(default_factory=list)  # hacks not for this env's kind
     hackable: int = 0  # tasks some hack beat
     hacks_skipped: int = 0  # hack episodes not played (see HackCheck.skipped)
+    families: list[FamilyCoverage] = Field(default_factory=list)
+    # what was covered, one line each: solvability, adversarial, each family (`coverage`)
+    covered: list[str] = Field(default_factory=list)
 
     @property
     def verdict(self) -> str:
-        """One line for a dataset card: oracle / no-op / adversarial results."""
+        """One line for a dataset card: oracle / no-op results, then what adversaries were
+        played and skipped (and why), and which beat a task."""
         line = (f"oracle {self.oracle_pass_rate:.0%} pass, no-op {self.noop_pass_rate:.0%} pass "
                 f"over {self.tasks_checked} task(s)")
         if self.adversarial:
-            skipped = f" ({self.hacks_skipped} decided unplayed)" if self.hacks_skipped else ""
-            line += (f"; adversarial: {len(self.hacks)} hacks{skipped}, {self.hackable} "
-                     "task(s) hackable")
+            winners = list(dict.fromkeys(h.agent.split(":", 1)[-1] for t in self.tasks
+                                         for h in t.hacked_by))
+            line += "; " + adversary_line(
+                adversarial=True, kind=self.kind, hacks=len(self.hacks),
+                authors=len(self.adversaries), families=self.families,
+                inapplicable=len(self.inapplicable), hackable=self.hackable, winners=winners)
         return line
 
     def save(self, path: str | Path) -> Path:
@@ -193,8 +217,12 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
 
     `backend` is passed to terminal envs as config; `run_id` labels their sandboxes (default:
     $CORRAL_RUN_ID, else a fresh `validate-…` id). `on_episode(index, agent, check)` is
-    called as episodes finish. `adversarial` also runs every hack agent (or those named in
-    `hacks`) on every task of a terminal env; a hack scoring above the no-op fails the task.
+    called as episodes finish. `adversarial` also runs, on every task, every hack agent that
+    applies to the env's kind (`Hack.kinds`) and every adversary the env declares
+    (`corral.adversaries`); `hacks` names only some (a hack's name, or `adversary:NAME`). One
+    scoring above the no-op fails the task. The report says what was covered
+    (`ValidationReport.covered`, `families`): episodes played and skipped by reason, and the
+    hacks that do not apply to the env's kind.
 
     Cheap checks come first: a task's hacks are played only once its oracle passed and its
     no-op failed (otherwise it is invalid whatever they score), and a hack is skipped where
@@ -230,9 +258,21 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     used_backend = (await resolve_backend(spec, str(getattr(probe, "backend", None) or AUTO))
                     if spec is not None else backend)
     await probe.aclose()
-    chosen = [HACKS[_hack_name(h)] for h in (hacks or list(HACKS))]
-    if not (adversarial and kind == "terminal"):  # hacks need a shell to act in
-        chosen = []
+    authors = adversaries_of(probe) if adversarial else {}
+    named = [h for h in (hacks or []) if not h.startswith(ADVERSARY)]
+    wanted = [HACKS[_hack_name(h)] for h in (named if hacks else list(HACKS))]
+    if hacks:  # only the named ones, of the env's adversaries too
+        authors = {n: a for n, a in authors.items() if ADVERSARY + n in hacks}
+        unknown = [h for h in hacks if h.startswith(ADVERSARY)
+                   and h.removeprefix(ADVERSARY) not in authors]
+        if unknown:
+            make_agent(unknown[0], probe)  # the AgentError naming what the env declares
+    chosen = [h for h in wanted if kind in h.kinds] if adversarial else []
+    inapplicable = [h for h in wanted if kind not in h.kinds] if adversarial else []
+    players: dict[str, Any] = {"oracle": lambda: make_agent("oracle"),
+                               "noop": lambda: make_agent("noop"),
+                               **{f"hack:{h.name}": h.agent for h in chosen},
+                               **{ADVERSARY + n: a.agent for n, a in authors.items()}}
 
     concurrency = concurrency or default_concurrency()
     slots = getattr(probe, "session_slots", None)  # a served env (`cr.remote`)
@@ -247,7 +287,7 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
             instance = factory()
             if instance.sandbox_spec is not None:  # browser contexts share one Chromium
                 instance.sandbox_provider = sandboxes
-            player = make_agent(agent)
+            player = players[agent]()
             try:
                 result = await play(instance, player, seed=index, options={"task_index": index})
             except Exception as exc:  # an author bug (setup, oracle) fails this task, not the run
@@ -260,7 +300,9 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         if on_episode is not None:
             on_episode(index, agent, check)
 
-    skipped: dict[tuple[int, str], str] = {}
+    skipped: dict[tuple[int, str], tuple[str, str]] = {}  # (index, agent) -> (why, reason)
+    adversaries = [*((f"hack:{h.name}", h) for h in chosen),
+                   *((ADVERSARY + n, a) for n, a in authors.items())]
 
     async def task(index: int) -> None:
         await asyncio.gather(episode(index, "oracle"), episode(index, "noop"))
@@ -268,16 +310,19 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         valid = (oracle.passed and not noop.passed and oracle.infra_error is None
                  and noop.infra_error is None)
         play_now = []
-        for hack in chosen:
-            why = ("" if play_all else "not played: the task is already invalid" if not valid
-                   else await _closed_reason(factory, index, hack, caps, sandboxes))
+        for name, adversary in adversaries:
+            why, reason = "", ""
+            if not play_all and not valid:
+                why, reason = f"not played: {ALREADY_INVALID}", ALREADY_INVALID
+            elif not play_all and name.startswith("hack:"):
+                why = await _closed_reason(factory, index, adversary, caps, sandboxes)
+                reason = DECIDED if why else ""
             if why:
-                skipped[(index, hack.name)] = why
+                skipped[(index, name)] = (why, reason)
                 if on_episode is not None:
-                    on_episode(index, f"hack:{hack.name}",
-                               _hack_check(hack, None, noop, why))
+                    on_episode(index, name, _hack_check(name, adversary, None, noop, why, reason))
             else:
-                play_now.append(episode(index, f"hack:{hack.name}"))
+                play_now.append(episode(index, name))
         await asyncio.gather(*play_now)
 
     started, stamp = time.monotonic(), _dt.datetime.now(_dt.timezone.utc).isoformat()
@@ -285,22 +330,33 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         await asyncio.gather(*(task(i) for i in range(count)))
     tasks = [TaskCheck(index=i, task_id=probe.tasks[i].id, summary=_summary(probe.tasks[i]),
                        oracle=results[(i, "oracle")], noop=results[(i, "noop")],
-                       hacks=[_hack_check(h, results.get((i, f"hack:{h.name}")),
-                                          results[(i, "noop")], skipped.get((i, h.name), ""))
-                              for h in chosen])
+                       hacks=[_hack_check(name, a, results.get((i, name)), results[(i, "noop")],
+                                          *skipped.get((i, name), ("", "")))
+                              for name, a in adversaries])
              for i in range(count)]
     oracle_rate = sum(t.oracle.passed for t in tasks) / count if count else 0.0
     noop_rate = sum(t.noop.passed for t in tasks) / count if count else 0.0
     infra = sum((t.oracle.infra_error is not None) + (t.noop.infra_error is not None)
                 for t in tasks)
-    return ValidationReport(
+    families = family_coverage(tasks)
+    by_family: dict[str, list[str]] = {}
+    for hack in inapplicable:
+        by_family.setdefault(hack.family, []).append(hack.name)
+    report = ValidationReport(
         env_id=env_id, kind=kind, backend=used_backend, tasks_total=size,
         tasks_checked=count, limit=limit, concurrency=concurrency, started_at=stamp,
         seconds=round(time.monotonic() - started, 3), oracle_pass_rate=oracle_rate,
         noop_pass_rate=noop_rate, infra_errors=infra,
-        ok=count > 0 and all(t.ok for t in tasks), tasks=tasks, adversarial=bool(chosen),
-        hacks=[h.name for h in chosen], hackable=sum(bool(t.hacked_by) for t in tasks),
-        hacks_skipped=len(skipped))
+        ok=count > 0 and all(t.ok for t in tasks), tasks=tasks, adversarial=adversarial,
+        hacks=[h.name for h in chosen], adversaries=list(authors),
+        inapplicable=[h.name for h in inapplicable],
+        hackable=sum(bool(t.hacked_by) for t in tasks), hacks_skipped=len(skipped),
+        families=families)
+    report.covered = covered_lines(
+        solvability=solvability_line(count, size),
+        adversarial=report.verdict.split("; ", 1)[1] if adversarial else "adversarial: not run",
+        families=families, inapplicable=by_family, kind=kind)
+    return report
 
 
 def _hack_name(name: str) -> str:
@@ -315,15 +371,16 @@ def _hack_name(name: str) -> str:
     return name
 
 
-def _hack_check(hack: Any, check: EpisodeCheck | None, noop: EpisodeCheck,
-                skipped: str = "") -> HackCheck:
-    """A hack's episode judged against the no-op's: hacked when it scored more (a skipped
-    hack scored nothing)."""
+def _hack_check(name: str, adversary: Any, check: EpisodeCheck | None, noop: EpisodeCheck,
+                skipped: str = "", reason: str = "") -> HackCheck:
+    """An adversary's episode judged against the no-op's: hacked when it scored more (a
+    skipped one scored nothing)."""
+    extra = {"hint": adversary.hint, "family": adversary.family}
     if check is None:
-        return HackCheck(agent=f"hack:{hack.name}", reward=0.0, passed=False, seconds=0.0,
-                         hint=hack.hint, skipped=skipped)
+        return HackCheck(agent=name, reward=0.0, passed=False, seconds=0.0, skipped=skipped,
+                         skip_reason=reason, **extra)
     hacked = check.infra_error is None and check.reward > noop.reward + 1e-9
-    return HackCheck(**check.model_dump(), hacked=hacked, hint=hack.hint)
+    return HackCheck(**check.model_dump(), hacked=hacked, **extra)
 
 
 def provably_closed(env: Any, task: Any, hack: Any, caps: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import errors
+from .adversaries import Adversary, adversary
 from .dataset import Dataset
 from .env import Env, Episode, TextEnv
 from .environment import environment
@@ -72,5 +73,6 @@ def __dir__() -> list[str]:
 
 # The subpackages are attributes (`cr.runner.Runner`) but not star-exported: `from corral import
 # *` must not pull in torch.
-__all__ = ["Browser", "Dataset", "Env", "Episode", "Task", "Terminal", "TextEnv", "ToolCall",
-           "Tools", "environment", "errors", "reward", "tool", "__version__", *_LAZY]
+__all__ = ["Adversary", "Browser", "Dataset", "Env", "Episode", "Task", "Terminal", "TextEnv",
+           "ToolCall", "Tools", "adversary", "environment", "errors", "reward", "tool",
+           "__version__", *_LAZY]

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .adversaries import PREFIX, adversaries_of
 from .agentbase import Agent
 from .env import Action, Env
 from .errors import AgentError, InfraError
@@ -91,31 +92,44 @@ class EpisodeResult:
         return 0 < self.reward < self.threshold - 1e-9
 
 
-def agent_names() -> list[str]:
+def agent_names(env: Env | None = None) -> list[str]:
     """Every name `make_agent` accepts: the scripted agents, then `hack:NAME` for each hack
-    agent of `corral.hacks`."""
-    return [*AGENTS, *(f"hack:{name}" for name in HACKS)]
+    agent of `corral.hacks`, then `adversary:NAME` for each author adversary of `env`."""
+    authors = [PREFIX + name for name in adversaries_of(env)] if env is not None else []
+    return [*AGENTS, *(f"hack:{name}" for name in HACKS), *authors]
 
 
-def make_agent(name: str) -> Agent:
-    """A scripted agent by name: "oracle", "noop", "random", or "hack:NAME" (a hack agent of
-    `corral.hacks`). An unknown name raises `AgentError` with the closest known names."""
+def make_agent(name: str, env: Env | None = None) -> Agent:
+    """A scripted agent by name: "oracle", "noop", "random", "hack:NAME" (a hack agent of
+    `corral.hacks`) or "adversary:NAME" (an author adversary `env` declares,
+    `corral.adversaries`). An unknown name raises `AgentError` with the closest known names."""
     if name in AGENTS:
         return AGENTS[name]()
     hack = name.removeprefix("hack:")
     if name.startswith("hack:") and hack in HACKS:
         return HACKS[hack].agent()
+    if name.startswith(PREFIX):
+        if env is None:
+            raise AgentError(f"agent {name!r}: an author adversary is one of an env's; give "
+                             "the env (make_agent(name, env))")
+        authors = adversaries_of(env)
+        if name.removeprefix(PREFIX) in authors:
+            return authors[name.removeprefix(PREFIX)].agent()
+        declared = ", ".join(PREFIX + n for n in authors) or "none"
+        raise AgentError(f"unknown agent {name!r}.{closest(name, agent_names(env))} "
+                         f"{env.env_id or type(env).__name__} declares: {declared}")
     # the closest names only: all twenty-odd hacks would bury them
-    raise AgentError(f"unknown agent {name!r}.{closest(name, agent_names())} Known: "
+    raise AgentError(f"unknown agent {name!r}.{closest(name, agent_names(env))} Known: "
                      f"{', '.join(AGENTS)}, hack:NAME (NAME: one of the {len(HACKS)} hacks "
-                     "of corral.hacks.HACKS)")
+                     "of corral.hacks.HACKS), adversary:NAME (the env's own adversaries)")
 
 
 async def play(env: Env, agent: Agent | str, *, seed: int | None = None,
                options: dict[str, Any] | None = None) -> EpisodeResult:
-    """Run one full episode of `env` with `agent`; infrastructure errors are recorded, not
-    raised."""
-    agent = make_agent(agent) if isinstance(agent, str) else agent
+    """Run one full episode of `env` with `agent` (an `Agent` or a `make_agent` name);
+    infrastructure errors are recorded, not raised. A coroutine: `await play(...)`, or
+    `asyncio.run(play(...))` outside an event loop."""
+    agent = make_agent(agent, env) if isinstance(agent, str) else agent
     started = time.monotonic()
     result = EpisodeResult(env.env_id, "", agent.name, 0.0, threshold=env.pass_threshold)
     try:

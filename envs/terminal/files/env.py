@@ -59,8 +59,14 @@ CHOWN = Template(
     instruction=lambda p: (f"Make the folder {p['dir']} and everything inside it owned by user "
                            "'agent' and group 'agent'."),
     solution=lambda p: [f"chown -R agent:agent {q(p['dir'])}"],
-    check=lambda p: (f"[ -z \"$(find {q(p['dir'])} \\( ! -user agent -o ! -group agent \\))\" ] "
-                     f"&& [ \"$(find {q(p['dir'])} -type f | wc -l)\" = 3 ]"))
+    # owners, and nothing else changed: no file opened to everyone (`chmod -R 777`), none
+    # emptied or rewritten
+    check=lambda p: " && ".join([
+        f"[ -z \"$(find {q(p['dir'])} \\( ! -user agent -o ! -group agent \\))\" ]",
+        f"[ \"$(find {q(p['dir'])} -type f | wc -l)\" = 3 ]",
+        f"[ -z \"$(find {q(p['dir'])} -perm -0002)\" ]",
+        *(same_text(f"{p['dir']}/{'docs/' * (i % 2)}{f}.txt", f)
+          for i, f in enumerate(p["files"]))]))
 
 
 # symlink ---------------------------------------------------------------------------------------

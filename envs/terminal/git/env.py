@@ -103,7 +103,9 @@ FIND = Template(
                         "config.env | head -1 > /root/answer.txt"],
     check=lambda p: (f"cd {REPO} && want=$(git log --format='%H %s' | grep -F "
                      f"{q(next(m for m, f in p['commits'] if 'config.env' in f))} | cut -c1-40)"
-                     " && [ \"$(cat /root/answer.txt 2>/dev/null)\" = \"$want\" ]"))
+                     # a repository the agent emptied or locked gives no hash: not a match
+                     " && [ ${#want} = 40 ] && "
+                     "[ \"$(cat /root/answer.txt 2>/dev/null)\" = \"$want\" ]"))
 
 
 # annotated tag ---------------------------------------------------------------------------------

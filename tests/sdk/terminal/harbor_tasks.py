@@ -29,8 +29,10 @@ storage_mb = 2048
 
 COUNT_TEST = """\
 #!/bin/bash
-# Verifier: reward 1 when /app/count.txt holds the number of words in /app/data/words.txt.
-expected=$(wc -w < /app/data/words.txt)
+# Verifier: reward 1 when /app/count.txt holds the number of words in /app/data/words.txt,
+# counted when the task was written (counted now, from a file the agent may have deleted, an
+# empty count would match an empty answer: `delete-everything` scored 1.0)
+expected=5
 if [ "$(cat /app/count.txt 2>/dev/null)" = "$expected" ]; then
   echo 1 > /logs/verifier/reward.txt
 else
