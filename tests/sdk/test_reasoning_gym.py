@@ -91,3 +91,16 @@ def test_rg_envs_hold_out_an_eval_split() -> None:
     held, train = select(env.tasks, "eval", 200), select(env.tasks, "train", 200)
     assert 0 < len(held) < 60 and len(held) + len(train) == 200
     assert not {t.id for t in held} & {t.id for t in train}
+
+
+def test_corral_list_filters_by_tags() -> None:
+    import os
+    import subprocess
+    import sys
+
+    games = subprocess.run([sys.executable, "-c", "from corral.cli import main; main()", "list",
+                            "corral/rg-*", "--tag", "reasoning-gym", "--tag", "games"],
+                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    assert games.returncode == 0, games.stderr
+    assert "corral/rg-sudoku-v0" in games.stdout and "rg-leg_counting" not in games.stdout
+    assert "1,000" in games.stdout  # the task count comes from the manifest's size
