@@ -13,7 +13,9 @@ OpenEnv's `MCPToolClient` works too: its `{"type": "list_tools"}` and `{"type": 
 "tool_name", "arguments"}` actions answer `{"tools": [...]}` and `{"tool_name", "result",
 "error"}` (a tool call runs outside the turn count, in the session's episode).
 The HTTP routes (`/reset`, `/step`, `/state`, `/schema`, `/metadata`, `/health`) are
-stateless, as OpenEnv's are: each request gets a fresh env that is closed after it.
+stateless, as OpenEnv's are: each request gets a fresh env that is closed after it (`/step`
+resets it with seed 0 first: OpenEnv's server steps a fresh env, a Corral env needs an
+episode), and an action that cannot be read is a 422, as there.
 OpenEnv's client sends no auth header of its own; with `--token`, give it the token as the
 password of the URL (`http://:TOKEN@host:port/openenv/...`), sent as HTTP Basic auth.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable
 
 import orjson
-from fastapi import Body, WebSocket
+from fastapi import Body, HTTPException, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.errors import AgentError, EnvServerBusy, InfraError, UnknownTool
@@ -127,6 +129,14 @@ async def _step(env: Any, data: dict[str, Any]) -> dict[str, Any]:
                         result.terminated or result.truncated, result.truncated)
 
 
+async def _fresh_step(env: Any, action: dict[str, Any]) -> dict[str, Any]:
+    """OpenEnv's stateless HTTP `/step`: one action on a fresh env, which OpenEnv's server
+    steps without a reset; a Corral env needs an episode, so it gets one (seed 0) first."""
+    if action.get("type") not in ("list_tools", "call_tool"):
+        await ops.reset(env, ResetRequest(seed=0))
+    return await _step(env, action)
+
+
 def _state(session_id: str, env: Any) -> dict[str, Any]:
     episode = env.episode
     return {"episode_id": session_id, "step_count": episode.turn if episode else 0,
@@ -202,9 +212,17 @@ def _mount_one(server: EnvServer, env_id: str) -> None:
         return await once(lambda env: _reset(env, body))
 
     async def step(body: dict[str, Any] = Body(...)) -> Any:
-        if not isinstance(body.get("action"), dict):
-            raise ProtocolError('expected {"action": {...}}')
-        return await once(lambda env: _step(env, body["action"]))
+        action = body.get("action")
+        if not isinstance(action, dict):
+            raise HTTPException(422, 'expected {"action": {...}}')
+        if action.get("type") not in ("list_tools", "call_tool"):
+            try:  # OpenEnv's server answers an action it cannot read with 422
+                OpenEnvAction.model_validate(action).corral()
+            except ValidationError as exc:
+                raise HTTPException(422, f"invalid action: {_brief(exc)}") from None
+            except ProtocolError as exc:
+                raise HTTPException(422, f"invalid action: {exc}") from None
+        return await once(lambda env: _fresh_step(env, action))
 
     async def state() -> Any:  # stateless over HTTP: no episode lives between requests
         return {"episode_id": None, "step_count": 0, "env_id": env_id}

@@ -50,3 +50,20 @@ async def test_mcp_tool_client_lists_and_calls_tools(calc_server: Served) -> Non
             await client.call_tool("ad", a=1, b=2)
         with pytest.raises(RuntimeError, match="invalid_args"):
             await client.call_tool("add", a="x")
+
+
+def test_http_step_without_reset_and_a_bad_action_as_openenvs_server(calc_server: Served) -> None:
+    """OpenEnv's stateless `/step` steps a fresh env (no `/reset` needed); an action it
+    cannot read is a 422."""
+    import httpx
+
+    base = f"{calc_server.url}/openenv/{CALC}"
+    step = httpx.post(f"{base}/step", json={"action": {"name": "add",
+                                                       "arguments": {"a": 2, "b": 3}}})
+    assert step.status_code == 200 and step.json()["observation"]["text"] == "5", step.text
+    assert step.json()["done"] is False
+    tools = httpx.post(f"{base}/step", json={"action": {"type": "list_tools"}}).json()
+    assert [t["name"] for t in tools["observation"]["tools"]] == ["add"]
+    assert httpx.post(f"{base}/step", json={"action": {"nope": 1}}).status_code == 422
+    assert httpx.post(f"{base}/step", json={"action": "add"}).status_code == 422
+    assert calc_server.manager.sessions == {}
