@@ -23,17 +23,25 @@ def _kind_and_tasks(spec: Any) -> tuple[str, str]:
     except CorralError as exc:
         return spec.kind or "?", f"[red]{exc}[/]"
     tasks = getattr(target, "tasks", None)
-    count = f"{len(tasks):,}" if tasks is not None else "?"
+    if isinstance(spec.kwargs.get("size"), int):  # one class serving many ids (reasoning-gym)
+        count = f"{spec.kwargs['size']:,}"
+    else:
+        count = f"{len(tasks):,}" if tasks is not None else "?"
     return getattr(target, "kind", spec.kind or "?"), count
 
 
-def list_envs(pattern: str = typer.Argument(None, help="Glob over ids, e.g. 'corral/*'.")) -> None:
+def list_envs(pattern: str = typer.Argument(None, help="Glob over ids, e.g. 'corral/*'."),
+              tags: list[str] = typer.Option([], "--tag", "-t",
+                                             help="Only envs with this tag (repeat: all of "
+                                                  "them), e.g. --tag reasoning-gym")) -> None:
     """List registered environments."""
     import corral.registry as registry
 
-    specs = registry.list(pattern)
+    specs = [spec for spec in registry.list(pattern) if set(tags) <= set(spec.tags)]
     if not specs:
-        raise CorralError(f"no environment matches {pattern!r}" if pattern
+        wanted = " and ".join([f"{pattern!r}"] * bool(pattern)
+                              + [f"tag {tag!r}" for tag in tags])
+        raise CorralError(f"no environment matches {wanted}" if wanted
                           else "no environments registered")
     table = Table(title=f"{len(specs)} environments", title_justify="left")
     for column in ("id", "kind", "tasks", "tags"):

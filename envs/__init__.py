@@ -17,7 +17,8 @@ MANIFEST = "corral.toml"
 
 @lru_cache(maxsize=1)
 def manifest_specs() -> tuple[dict[str, Any], ...]:
-    """Every `[[env]]` entry of every built-in manifest, as keyword arguments of `EnvSpec`."""
+    """Every `[[env]]` entry of every built-in manifest, as keyword arguments of `EnvSpec`
+    (`kwargs`: what the entry point is called with, so one class can serve many ids)."""
     entries = []
     for path in sorted(ROOT.rglob(MANIFEST)):
         with path.open("rb") as fh:
@@ -26,5 +27,6 @@ def manifest_specs() -> tuple[dict[str, Any], ...]:
             entries.append({"id": entry["id"], "entry_point": entry["entry_point"],
                             "kind": entry.get("kind"), "tags": list(entry.get("tags", [])),
                             "description": entry.get("description", ""),
+                            "kwargs": dict(entry.get("kwargs", {})),
                             "source": f"manifest:{path.relative_to(ROOT).as_posix()}"})
     return tuple(entries)

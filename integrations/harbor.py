@@ -31,19 +31,21 @@ import tarfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.dataset import Dataset
 from corral.errors import AuthoringError, DatasetError, DuplicateRegistration
 from corral.sandbox.spec import Terminal
-from corral.terminal import TerminalEnv, Verifier, bash
+from corral.terminal import TerminalEnv, Verifier, bash, run_tests_script
+from corral.tools import reward
 from corral.types import Task, ToolCall
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 600.0  # Harbor's default agent and verifier timeouts, in seconds
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 DOCKERFILE_INSTRUCTIONS = frozenset({
     "FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
     "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"})
@@ -66,6 +68,8 @@ class AgentSection(_Section):
 class EnvironmentSection(_Section):
     build_timeout_sec: float = Field(DEFAULT_TIMEOUT, gt=0)
     docker_image: str | None = None
+    workdir: str | None = None  # Terminal-Bench 2.1: the agent's working folder
+    env: dict[str, str] = Field(default_factory=dict)  # [environment.env]: the sandbox's env
     cpus: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(None, gt=0)
     storage_mb: int | None = Field(None, gt=0)
@@ -74,14 +78,42 @@ class EnvironmentSection(_Section):
     allow_internet: bool = False
 
 
+class StepAgentSection(_Section):
+    timeout_sec: float | None = Field(None, gt=0)  # unset: the task's [agent] timeout
+
+
+class StepVerifierSection(_Section):
+    timeout_sec: float | None = Field(None, gt=0)  # unset: the task's [verifier] timeout
+    env: dict[str, str] | None = None
+
+
+class StepSection(_Section):
+    """One `[[steps]]` entry: its files are under steps/<name>/."""
+
+    name: str = Field(min_length=1)
+    min_reward: float | None = None  # a lower step reward ends the episode there
+    agent: StepAgentSection = Field(default_factory=StepAgentSection)
+    verifier: StepVerifierSection = Field(default_factory=StepVerifierSection)
+
+
+class TaskSection(_Section):
+    name: str | None = None
+    description: str | None = None
+    keywords: list[str] = Field(default_factory=list)
+
+
 class TaskConfig(_Section):
     """The parts of Harbor's task.toml that Corral uses (unknown keys are kept, not used)."""
 
     version: str = "1.0"
+    schema_version: str | None = None
+    task: TaskSection = Field(default_factory=TaskSection)
     metadata: dict[str, Any] = Field(default_factory=dict)
     verifier: VerifierSection = Field(default_factory=VerifierSection)
     agent: AgentSection = Field(default_factory=AgentSection)
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
+    steps: list[StepSection] = Field(default_factory=list)
+    multi_step_reward_strategy: Literal["mean", "final"] = "mean"
 
 
 def _read_text(path: Path) -> str:
@@ -189,6 +221,20 @@ def _pack(files: dict[str, bytes]) -> str:
 
 
 @dataclass
+class HarborStep:
+    """One step of a task: a single-step task is one step named after the task."""
+
+    name: str
+    instruction: str
+    tests: dict[str, bytes]  # the task's tests/ overlaid with the step's own
+    solution: dict[str, bytes] | None
+    agent_timeout: float
+    verifier_timeout: float
+    verifier_env: dict[str, str]
+    min_reward: float | None = None
+
+
+@dataclass
 class HarborTask:
     """One Harbor task directory, read and checked."""
 
@@ -200,10 +246,16 @@ class HarborTask:
     tests: dict[str, bytes]
     solution: dict[str, bytes] | None
     digest: str
+    steps: list[HarborStep]
 
     @property
     def agent_timeout(self) -> float:
-        return self.config.agent.timeout_sec
+        """The agent's time for the whole task (a multi-step task's steps summed)."""
+        return sum(step.agent_timeout for step in self.steps)
+
+    @property
+    def multi_step(self) -> bool:
+        return bool(self.config.steps)
 
 
 def _spec(root: Path, config: TaskConfig) -> Terminal:
@@ -219,11 +271,16 @@ def _spec(root: Path, config: TaskConfig) -> Terminal:
     else:
         raise DatasetError(f"{dockerfile}: missing (give environment/Dockerfile or "
                            "[environment] docker_image in task.toml)")
+    compose = [root / "environment" / n for n in COMPOSE_FILES
+               if (root / "environment" / n).is_file()]
+    if compose:
+        raise DatasetError(f"{compose[0]}: multi-container (docker-compose) tasks are not "
+                           "supported by Corral's Harbor import; give environment/Dockerfile")
     memory = f"{env.memory_mb}m" if env.memory_mb else (env.memory or "2g").lower()
     cpus = min(env.cpus or 1.0, float(os.cpu_count() or 1))  # docker rejects more than exist
     try:
-        return Terminal(**kwargs, workdir=workdir, cpus=cpus, memory=memory,
-                        network=env.allow_internet)
+        return Terminal(**kwargs, workdir=env.workdir or workdir, cpus=cpus, memory=memory,
+                        network=env.allow_internet, env=dict(env.env))
     except ValidationError as exc:
         err = exc.errors()[0]
         raise DatasetError(f"{root / 'task.toml'}: [environment] {err['loc'][0]}: "
@@ -236,24 +293,63 @@ def read_task(path: str | Path) -> HarborTask:
     if not root.is_dir():
         raise DatasetError(f"{root}: not a directory")
     _check_links(root)
-    instruction_md = root / "instruction.md"
-    if not instruction_md.is_file():
-        raise DatasetError(f"{instruction_md}: missing (every Harbor task has an instruction.md)")
     config = read_config(root / "task.toml")
     tests_dir = root / "tests"
-    if not tests_dir.is_dir():
-        raise DatasetError(f"{tests_dir}: missing folder (Harbor tasks verify with tests/test.sh)")
-    if not (tests_dir / "test.sh").is_file():
-        raise DatasetError(f"{tests_dir / 'test.sh'}: missing (the verifier's entry point)")
+    if config.steps:
+        steps = _read_steps(root, config)
+        instruction, tests, solution = steps[0].instruction, steps[0].tests, None
+    else:
+        instruction_md = root / "instruction.md"
+        if not instruction_md.is_file():
+            raise DatasetError(f"{instruction_md}: missing (every Harbor task has an "
+                               "instruction.md, or [[steps]] in task.toml)")
+        if not tests_dir.is_dir():
+            raise DatasetError(f"{tests_dir}: missing folder (Harbor tasks verify with "
+                               "tests/test.sh)")
+        if not (tests_dir / "test.sh").is_file():
+            raise DatasetError(f"{tests_dir / 'test.sh'}: missing (the verifier's entry point)")
+        solve = root / "solution" / "solve.sh"
+        solution = _files(solve.parent) if solve.is_file() else None
+        tests, instruction = _files(tests_dir), _read_text(instruction_md)
+        steps = [HarborStep(root.name, instruction, tests, solution, config.agent.timeout_sec,
+                            config.verifier.timeout_sec, dict(config.verifier.env))]
     spec = _spec(root, config)
-    solve = root / "solution" / "solve.sh"
-    solution = _files(solve.parent) if solve.is_file() else None
-    tests = _files(tests_dir)
     digest = hashlib.sha256()
     for name, data in sorted(_files(root).items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    return HarborTask(root.name, root.resolve(), _read_text(instruction_md), config, spec, tests,
-                      solution, digest.hexdigest()[:16])
+    return HarborTask(root.name, root.resolve(), instruction, config, spec, tests, solution,
+                      digest.hexdigest()[:16], steps)
+
+
+def _read_steps(root: Path, config: TaskConfig) -> list[HarborStep]:
+    """The `[[steps]]` of a multi-step task, each from steps/<name>/ (instruction.md, tests/
+    laid over the task's tests/, solution/), with its timeouts falling back to the task's."""
+    shared = _files(root / "tests") if (root / "tests").is_dir() else {}
+    steps, seen = [], set()
+    for section in config.steps:
+        if section.name in seen:
+            raise DatasetError(f"{root / 'task.toml'}: [[steps]] name {section.name!r} is "
+                               "used twice")
+        seen.add(section.name)
+        folder = root / "steps" / section.name
+        instruction_md = folder / "instruction.md"
+        if not instruction_md.is_file():
+            raise DatasetError(f"{instruction_md}: missing (every step of a multi-step task "
+                               "has its own instruction.md)")
+        tests = {**shared, **(_files(folder / "tests") if (folder / "tests").is_dir() else {})}
+        if "test.sh" not in tests:
+            raise DatasetError(f"{folder / 'tests' / 'test.sh'}: missing, and the task has no "
+                               "tests/test.sh to fall back on")
+        solve = folder / "solution" / "solve.sh"
+        verifier = section.verifier
+        steps.append(HarborStep(
+            section.name, _read_text(instruction_md), tests,
+            _files(solve.parent) if solve.is_file() else None,
+            section.agent.timeout_sec or config.agent.timeout_sec,
+            verifier.timeout_sec or config.verifier.timeout_sec,
+            dict(config.verifier.env if verifier.env is None else verifier.env),
+            section.min_reward))
+    return steps
 
 
 def is_task_dir(path: Path) -> bool:
@@ -291,21 +387,73 @@ class HarborEnv(TerminalEnv):
     async def setup(self, sandbox: Any, task: Task) -> None:
         await sandbox.exec("mkdir -p /logs/agent /logs/verifier", timeout=30)
 
-    def solution(self, task: Task) -> list[ToolCall]:
-        """Unpack solution/ into /solution, then run `bash /solution/solve.sh`."""
+    def solution(self, task: Task) -> list[ToolCall | str]:
+        """Unpack solution/ into /solution, then run `bash /solution/solve.sh`; for a
+        multi-step task, each step's solution in turn, a "done" message ending each step."""
         ht = self.harbor_task(task)
-        if ht.solution is None:
-            raise AuthoringError(f"{ht.root / 'solution' / 'solve.sh'}: missing, so {self.env_id} "
-                             "has no oracle")
-        unpack = (f"rm -rf /solution && mkdir -p /solution && echo {_pack(ht.solution)} | "
-                  "base64 -d | tar -xz -C /solution")
-        return [bash(unpack, timeout=60), bash("bash /solution/solve.sh",
-                                                timeout=ht.agent_timeout)]
+        actions: list[ToolCall | str] = []
+        for number, step in enumerate(ht.steps):
+            if step.solution is None:
+                where = ht.root / "steps" / step.name if ht.multi_step else ht.root
+                raise AuthoringError(f"{where / 'solution' / 'solve.sh'}: missing, so "
+                                     f"{self.env_id} has no oracle")
+            unpack = (f"rm -rf /solution && mkdir -p /solution && echo {_pack(step.solution)} "
+                      "| base64 -d | tar -xz -C /solution")
+            actions += [bash(unpack, timeout=60),
+                        bash("bash /solution/solve.sh", timeout=step.agent_timeout)]
+            if number < len(ht.steps) - 1:
+                actions.append("done")
+        return actions
 
     def tests_script(self, task: Task) -> Verifier:
         ht = self.harbor_task(task)
-        return Verifier(dict(ht.tests), timeout=ht.config.verifier.timeout_sec,
-                        env=dict(ht.config.verifier.env))
+        return _step_verifier(ht.steps[0])
+
+    async def respond(self, task: Task, completion: str, state: dict[str, Any]) -> str | None:
+        """A multi-step task: the agent's answer ends its step; the step's verifier runs
+        there (the last step's in the verify phase), then the next step's instruction is the
+        next message, unless the step scored under its `min_reward`."""
+        ht = self.harbor_task(task)
+        done = state.setdefault("steps", [])
+        if not ht.multi_step or len(done) >= len(ht.steps) - 1:
+            return None
+        step = ht.steps[len(done)]
+        reward = await self._verify_step(self.episode.sandbox, ht, step, state)  # type: ignore
+        if step.min_reward is not None and reward < step.min_reward:
+            state["stopped"] = f"step {step.name} scored {reward:g} < min_reward " \
+                               f"{step.min_reward:g}"
+            return None
+        return ht.steps[len(done)].instruction
+
+    async def _verify_step(self, sandbox: Any, ht: HarborTask, step: HarborStep,
+                           state: dict[str, Any]) -> float:
+        verifier = _step_verifier(step)
+        value, result = await run_tests_script(
+            sandbox, verifier.files, timeout=verifier.timeout or self.verifier_timeout,
+            cwd=ht.spec.workdir, env=verifier.env or None)
+        state["steps"].append({"name": step.name, "reward": value,
+                               "exit_code": result.exit_code, "timed_out": result.timed_out})
+        return value
+
+    @reward(sandbox_only=True)
+    async def tests(self, sandbox: Any, task: Task, state: dict[str, Any]) -> float:
+        """The verifier's reward; for a multi-step task, the step the episode ended in is
+        verified now and the steps' rewards roll up by `multi_step_reward_strategy`: "mean"
+        (steps never reached count 0) or "final" (the last step's, 0 if never reached)."""
+        ht = self.harbor_task(task)
+        if not ht.multi_step:
+            return await TerminalEnv.tests(self, sandbox, task, state)
+        done = state.setdefault("steps", [])
+        if len(done) < len(ht.steps) and not state.get("stopped"):
+            await self._verify_step(sandbox, ht, ht.steps[len(done)], state)
+        rewards = [step["reward"] for step in done]
+        if ht.config.multi_step_reward_strategy == "final":
+            return rewards[-1] if len(rewards) == len(ht.steps) else 0.0
+        return sum(rewards) / len(ht.steps)
+
+
+def _step_verifier(step: HarborStep) -> Verifier:
+    return Verifier(dict(step.tests), timeout=step.verifier_timeout, env=dict(step.verifier_env))
 
 
 def _tags(tags: Any) -> list[str]:
@@ -321,14 +469,16 @@ def _tags(tags: Any) -> list[str]:
 
 def _env_class(env_id: str, tasks: list[HarborTask], source: Path) -> type[HarborEnv]:
     name = "Harbor_" + re.sub(r"\W", "_", env_id)
-    doc = (tasks[0].config.metadata.get("description") if len(tasks) == 1 else None) or \
-        f"Harbor tasks from {source}"
+    first = tasks[0].config
+    doc = ((first.task.description or first.metadata.get("description"))
+           if len(tasks) == 1 else None) or f"Harbor tasks from {source}"
     cls = type(name, (HarborEnv,), {
         "__doc__": str(doc), "__module__": __name__, "__qualname__": name,
         "harbor_tasks": {t.name: t for t in tasks}, "env_id": env_id,
         "sandbox_spec": tasks[0].spec,  # stands for the env (pools, `corral image build`)
         "tasks": Dataset.from_list([{"name": t.name, "digest": t.digest} for t in tasks]),
-        "tags": ("terminal", "harbor", *_tags(tasks[0].config.metadata.get("tags")))
+        "tags": ("terminal", "harbor", *_tags(first.metadata.get("tags")),
+                 *(k for k in first.task.keywords if k not in _tags(first.metadata.get("tags"))))
         if len(tasks) == 1 else ("terminal", "harbor")})
     return cls  # type: ignore[return-value]
 

@@ -76,3 +76,9 @@ def __dir__() -> list[str]:
 __all__ = ["Adversary", "Browser", "Dataset", "Env", "Episode", "Task", "Terminal", "TextEnv",
            "ToolCall", "Tools", "adversary", "environment", "errors", "reward", "tool",
            "__version__", *_LAZY]
+
+# Every Corral env id is a Gymnasium id too: `gymnasium.make("corral/arithmetic-v0")` after
+# `import corral` (Gymnasium 1.x has no plugin entry points; its packages register at import).
+from .catalog import register_gymnasium_envs as _register_gymnasium_envs  # noqa: E402
+
+_register_gymnasium_envs()

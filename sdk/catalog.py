@@ -24,6 +24,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
+import gymnasium
+from gymnasium.envs.registration import EnvSpec as GymnasiumSpec
+
 from corral.errors import (
     DeprecatedEnv,
     DuplicateRegistration,
@@ -157,6 +160,9 @@ class Catalog:
         self._lock = threading.RLock()
         self._lazy_sources: list[tuple[Callable[[], Iterable[EnvSpec]], bool]] = []
         self._guards: list[Callable[[EnvSpec], None]] = []
+        # called with every id added to (spec) or removed from (None) the catalog: the
+        # Gymnasium registry mirrors the default catalog this way (`corral.gym`)
+        self._listeners: list[Callable[[str, EnvSpec | None], None]] = []
         # id -> why its code registration may not be used: it shadows a spec that a lazy
         # source (built-in manifest, installed release) brought in after it was registered.
         self._shadowed: dict[str, str] = {}
@@ -195,6 +201,7 @@ class Catalog:
                                description=description or existing.description,
                                metadata={**existing.metadata, **metadata})
             self._specs[id] = spec
+        self._notify(id, spec)
         return spec
 
     @staticmethod
@@ -224,14 +231,25 @@ class Catalog:
             else:
                 self._lazy_sources.append((source, override))
 
+    def add_listener(self, listener: Callable[[str, EnvSpec | None], None]) -> None:
+        """Call `listener(id, spec)` for every spec added from now on (registered from code or
+        read from a source) and `listener(id, None)` for every id unregistered."""
+        self._listeners.append(listener)
+
+    def _notify(self, id: str, spec: EnvSpec | None) -> None:
+        for listener in self._listeners:
+            listener(id, spec)
+
     def add_guard(self, guard: Callable[[EnvSpec], None]) -> None:
         """Call `guard(spec)` before every `make`; it raises to refuse (e.g. a `corral.lock`)."""
         self._guards.append(guard)
 
     def unregister(self, id: str) -> None:
         with self._lock:
-            self._specs.pop(id, None)
+            removed = self._specs.pop(id, None)
             self._shadowed.pop(id, None)
+        if removed is not None:
+            self._notify(id, None)
 
     # --- lookup ------------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -253,6 +271,7 @@ class Catalog:
             current = self._specs.get(spec.id)
             if current is None or (override and not current.loaded):
                 self._specs[spec.id] = spec
+                self._notify(spec.id, spec)
             elif (current.source == "code" and not current.override
                   and not _same_target(current, spec)):
                 self._shadowed[spec.id] = _shadow_message(current, spec)
@@ -283,7 +302,10 @@ class Catalog:
                                 f"Please use `{spec.deprecated}` instead.")
         for guard in self._guards:
             guard(spec)
-        return spec.make(**overrides)
+        env = spec.make(**overrides)
+        # what Gymnasium's `check_env` and `gymnasium.make(env.spec)` re-make the env from
+        env.spec = gymnasium_spec(spec.id, overrides, None if self is default_catalog else self)
+        return env
 
     def list(self, pattern: str | None = None) -> list[EnvSpec]:
         """Specs whose id matches the glob `pattern` (all if None), sorted by id."""
@@ -357,6 +379,95 @@ def _entry_point_specs() -> list[EnvSpec]:
 
 default_catalog = Catalog(plugins=True)
 """The catalog that `@cr.environment`, `cr.register` and `cr.make` act on."""
+
+
+# --- Gymnasium's registry -------------------------------------------------------------------
+# `import corral` calls `register_gymnasium_envs()` once: every spec of the default catalog
+# (built-in envs, installed releases, and everything registered later from code, an `-i` module
+# or a Harbor import) gets a Gymnasium `EnvSpec` of the same id whose entry point is a
+# `GymEntry`, so `gymnasium.make(id)` and `gymnasium.make_vec(id, n)` work as for any Gymnasium
+# env. Gymnasium 1.x has no plugin entry points (0.26-0.29's `gymnasium.envs` group is gone):
+# its packages register when imported, as `ale_py` does.
+
+
+class GymEntry:
+    """The entry point Gymnasium calls for a Corral id: `corral.catalog.make(id, **kwargs)`.
+
+    It pickles as the id alone, so an `AsyncVectorEnv` worker (fork or spawn) makes the env
+    from its own process's catalog: built-in and installed envs are there; an env registered
+    from code is there when the module that registers it is imported in the worker too (spawn
+    re-imports only the main module).
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}  # as `Env.metadata`: what
+    # `gymnasium.make` checks a render_mode against before the env class is imported
+
+    def __init__(self, env_id: str, catalog: Catalog | None = None) -> None:
+        self.env_id = env_id
+        self.catalog = catalog
+
+    def __call__(self, **kwargs: Any) -> gymnasium.Env:
+        return (self.catalog or default_catalog).make(self.env_id, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.catalog not in (None, default_catalog):
+            raise TypeError(f"{self.env_id}: an env of a private Catalog cannot be sent to "
+                            "another process; register it in the default catalog")
+        return (GymEntry, (self.env_id,))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GymEntry) and other.env_id == self.env_id \
+            and other.catalog is self.catalog
+
+    def __hash__(self) -> int:
+        return hash(self.env_id)
+
+    def __repr__(self) -> str:
+        return f"GymEntry({self.env_id!r})"
+
+
+def gymnasium_spec(env_id: str, kwargs: dict[str, Any] | None = None,
+                   catalog: Catalog | None = None) -> GymnasiumSpec:
+    """A Gymnasium `EnvSpec` that re-makes the Corral env `env_id` with `kwargs`. Episode
+    limits are the env's own (`max_turns`), so no `TimeLimit` is added."""
+    return GymnasiumSpec(id=env_id, entry_point=GymEntry(env_id, catalog),
+                         kwargs=dict(kwargs or {}))
+
+
+def _mirror(env_id: str, spec: EnvSpec | None) -> None:
+    """Keep Gymnasium's registry in step with one id of the default catalog. An id Gymnasium
+    already holds for another package's env is left alone."""
+    current = gymnasium.registry.get(env_id)
+    ours = current is not None and isinstance(current.entry_point, GymEntry)
+    if spec is None:
+        if ours:
+            del gymnasium.registry[env_id]
+    elif current is None:
+        # written straight into the registry (Gymnasium's public dict): `gymnasium.register`
+        # scans the whole registry for every id, which for hundreds of ids costs more than
+        # the rest of `import corral`
+        gymnasium.registry[env_id] = gymnasium_spec(env_id)
+
+
+_registered = False
+
+
+def register_gymnasium_envs() -> None:
+    """Mirror the default catalog into Gymnasium's registry, now and for every later
+    registration (idempotent). Reads the catalog's sources (built-in manifests, installed
+    releases) once."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    default_catalog.add_listener(_mirror)
+    try:
+        specs = default_catalog.list()
+    except Exception as exc:  # a broken plugin or store must not break `import corral`
+        log.warning("Corral envs not registered with Gymnasium: %s", exc)
+        return
+    for spec in specs:
+        _mirror(spec.id, spec)
 
 
 def register(id: str, entry_point: str | Callable[..., Any], **kwargs: Any) -> EnvSpec:

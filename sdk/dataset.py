@@ -13,12 +13,14 @@ import json
 import random
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 from pydantic import ValidationError
 
 from .errors import DatasetError
+from .suggest import closest
 from .types import Task
 
 T = TypeVar("T", bound=Task)
@@ -160,6 +162,25 @@ class Dataset(Generic[T]):
         return result
 
     @classmethod
+    def from_reasoning_gym(cls, name: str, *, size: int = 1000, seed: int = 0,
+                           **config: Any) -> "Dataset":
+        """Tasks of a reasoning-gym generator (`reasoning_gym.create_dataset(name, size=,
+        seed=, **config)`), made when first read. Each task has the generator's `question`,
+        `answer` (None where many answers are right) and `metadata`, and under `rg` what
+        `score_reasoning_gym` needs to rebuild the generator's own entry and score an answer
+        with its own `score_answer`. Needs the `reasoning` extra."""
+        generator = reasoning_gym_dataset(name, size, seed, config)
+        where = {"name": name, "seed": seed, "size": size, "config": config}
+
+        def get(index: int) -> dict[str, Any]:
+            entry = _reasoning_gym_entry(generator, index)
+            metadata = json.loads(json.dumps(entry.get("metadata", {}), default=str))
+            return {"question": entry["question"], "answer": entry["answer"],
+                    "metadata": metadata, "rg": {**where, "index": index}}
+
+        return cls(get, size, source=f"reasoning-gym:{name}(seed={seed})")
+
+    @classmethod
     def coerce(cls, tasks: Any, task_type: type[Task] = Task) -> "Dataset":
         """Whatever `@environment(tasks=...)` was given, as a Dataset."""
         if isinstance(tasks, Dataset):
@@ -263,3 +284,45 @@ def _declaring_folder() -> Path:
         frame = frame.f_back
     source = frame.f_globals.get("__file__") if frame is not None else None
     return Path(source).resolve().parent if source else Path.cwd()
+
+
+@lru_cache(maxsize=256)
+def _reasoning_gym_dataset(name: str, size: int, seed: int, config: str) -> Any:
+    try:
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+    except ImportError:
+        raise DatasetError("reasoning-gym datasets need the 'reasoning-gym' package: "
+                           "pip install 'corral[reasoning]'") from None
+    if name not in DATASETS:
+        raise DatasetError(f"reasoning-gym has no dataset {name!r}."
+                           + closest(name, sorted(DATASETS)))
+    if size <= 0:
+        raise DatasetError(f"reasoning-gym dataset size must be positive, got {size}")
+    try:
+        return reasoning_gym.create_dataset(name, size=size, seed=seed, **json.loads(config))
+    except (TypeError, ValueError, AssertionError) as exc:  # a bad config field or value
+        raise DatasetError(f"reasoning-gym dataset {name!r}: {exc}") from None
+
+
+def reasoning_gym_dataset(name: str, size: int, seed: int, config: dict[str, Any]) -> Any:
+    """The reasoning-gym generator `name` with this size, seed and config (made once a
+    process); `DatasetError` for an unknown name or a bad config."""
+    return _reasoning_gym_dataset(name, size, seed, json.dumps(config, sort_keys=True))
+
+
+def score_reasoning_gym(task: Task | dict[str, Any], answer: str | None) -> float:
+    """reasoning-gym's own score (0..1) of `answer` for a task of `Dataset.from_reasoning_gym`:
+    its generator's `score_answer` on the generator's own entry, rebuilt from `task["rg"]`."""
+    where = task["rg"]
+    generator = reasoning_gym_dataset(where["name"], where["size"], where["seed"],
+                                      where.get("config") or {})
+    return float(generator.score_answer(answer=answer,
+                                        entry=_reasoning_gym_entry(generator, where["index"])))
+
+
+@lru_cache(maxsize=4096)
+def _reasoning_gym_entry(generator: Any, index: int) -> dict[str, Any]:
+    # some generators take a second an entry (knight_swap, quantum_lock); scoring and every
+    # env made on the same generator read the entry made once
+    return generator[index]

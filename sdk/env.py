@@ -113,7 +113,8 @@ class Env(gymnasium.Env[str, str]):
     # model call while the sandbox starts; envs whose first message shows setup's result (a
     # page observation) set it False, so that call is not made and thrown away.
     instruction_is_first_message: ClassVar[bool] = True
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    # `render()` is the transcript as text; a frame is a turn (Gymnasium's checker wants a rate)
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(self, *, tasks: Any = None, max_turns: int | None = None,
                  sandbox: SandboxSpec | None = None, render_mode: str | None = None,

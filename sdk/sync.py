@@ -8,6 +8,7 @@ loop, and sync calls work even when the caller is itself inside a running loop (
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any, Coroutine, TypeVar
 
@@ -15,6 +16,23 @@ T = TypeVar("T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+
+
+_forked: list[asyncio.AbstractEventLoop] = []
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has the parent's loop object but not the thread that runs it: a sync call
+    would wait forever on a loop nobody runs (Gymnasium's `AsyncVectorEnv` with the default fork
+    context hung at `reset`). The child starts its own loop on first use; the parent's copy is
+    kept, not closed (its selector's descriptors are the parent's)."""
+    global _lock, _loop
+    if _loop is not None:
+        _forked.append(_loop)
+    _lock, _loop = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:

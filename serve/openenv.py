@@ -9,8 +9,13 @@ or `{"type": "error", "data": {"message", "code"}}`. A connection is one session
 
 Actions: `{"text": "..."}` (model output, tool calls inside are parsed) or `{"name": tool,
 "arguments": {...}}`. Observations: `{"text", "messages", "info", "truncated", "tools"}`.
+OpenEnv's `MCPToolClient` works too: its `{"type": "list_tools"}` and `{"type": "call_tool",
+"tool_name", "arguments"}` actions answer `{"tools": [...]}` and `{"tool_name", "result",
+"error"}` (a tool call runs outside the turn count, in the session's episode).
 The HTTP routes (`/reset`, `/step`, `/state`, `/schema`, `/metadata`, `/health`) are
-stateless, as OpenEnv's are: each request gets a fresh env that is closed after it.
+stateless, as OpenEnv's are: each request gets a fresh env that is closed after it (`/step`
+resets it with seed 0 first: OpenEnv's server steps a fresh env, a Corral env needs an
+episode), and an action that cannot be read is a 422, as there.
 OpenEnv's client sends no auth header of its own; with `--token`, give it the token as the
 password of the URL (`http://:TOKEN@host:port/openenv/...`), sent as HTTP Basic auth.
 """
@@ -20,10 +25,10 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable
 
 import orjson
-from fastapi import Body, WebSocket
+from fastapi import Body, HTTPException, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from corral.errors import EnvServerBusy
+from corral.errors import AgentError, EnvServerBusy, InfraError, UnknownTool
 from corral.serve import ops
 from corral.serve.app import EnvServer, WebSocketSession, _brief
 from corral.serve.protocol import ProtocolError, ResetRequest, StepRequest
@@ -78,10 +83,58 @@ async def _reset(env: Any, data: dict[str, Any]) -> dict[str, Any]:
                         env.tool_schemas())
 
 
+def _tool_list(env: Any) -> dict[str, Any]:
+    """OpenEnv's `ListToolsObservation`: the env's tools as MCP tool descriptions."""
+    tools = [{"name": schema["function"]["name"],
+              "description": schema["function"].get("description", ""),
+              "input_schema": schema["function"].get("parameters", {})}
+             for schema in env.tool_schemas()]
+    return {"observation": {"tools": tools, "metadata": {}}, "reward": None, "done": False}
+
+
+async def _tool_call(env: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """OpenEnv's `CallToolObservation`: one tool run in the session's episode (started with a
+    reset when there is none), outside the turn count, as OpenEnv's MCP tools are; an unknown
+    tool or bad arguments come back as its `error`."""
+    name, arguments = data.get("tool_name"), data.get("arguments") or {}
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        raise ProtocolError('a call_tool action is {"type": "call_tool", "tool_name": NAME, '
+                            '"arguments": {...}}')
+    if env.episode is None or env.episode.done:
+        await ops.reset(env, ResetRequest())
+    observation: dict[str, Any] = {"tool_name": name, "result": None, "error": None,
+                                   "metadata": {}}
+    try:
+        observation["result"] = await env.call_tool(name, arguments)
+    except UnknownTool as exc:
+        observation["error"] = {"error_type": "tool_not_found", "message": str(exc)}
+    except AgentError as exc:
+        observation["error"] = {"error_type": "invalid_args", "message": str(exc)}
+    except InfraError:
+        raise
+    except Exception as exc:  # the tool's own failure, as a step shows it to the agent
+        observation["error"] = {"error_type": "execution_error",
+                                "message": f"{type(exc).__name__}: {exc}"}
+    return {"observation": observation, "reward": None, "done": False}
+
+
 async def _step(env: Any, data: dict[str, Any]) -> dict[str, Any]:
+    kind = data.get("type")
+    if kind == "list_tools":  # OpenEnv's MCPToolClient (list_tools / call_tool)
+        return _tool_list(env)
+    if kind == "call_tool":
+        return await _tool_call(env, data)
     result = await ops.step(env, OpenEnvAction.model_validate(data).corral())
     return _observation(result.observation, result.messages, result.info, result.reward,
                         result.terminated or result.truncated, result.truncated)
+
+
+async def _fresh_step(env: Any, action: dict[str, Any]) -> dict[str, Any]:
+    """OpenEnv's stateless HTTP `/step`: one action on a fresh env, which OpenEnv's server
+    steps without a reset; a Corral env needs an episode, so it gets one (seed 0) first."""
+    if action.get("type") not in ("list_tools", "call_tool"):
+        await ops.reset(env, ResetRequest(seed=0))
+    return await _step(env, action)
 
 
 def _state(session_id: str, env: Any) -> dict[str, Any]:
@@ -159,9 +212,17 @@ def _mount_one(server: EnvServer, env_id: str) -> None:
         return await once(lambda env: _reset(env, body))
 
     async def step(body: dict[str, Any] = Body(...)) -> Any:
-        if not isinstance(body.get("action"), dict):
-            raise ProtocolError('expected {"action": {...}}')
-        return await once(lambda env: _step(env, body["action"]))
+        action = body.get("action")
+        if not isinstance(action, dict):
+            raise HTTPException(422, 'expected {"action": {...}}')
+        if action.get("type") not in ("list_tools", "call_tool"):
+            try:  # OpenEnv's server answers an action it cannot read with 422
+                OpenEnvAction.model_validate(action).corral()
+            except ValidationError as exc:
+                raise HTTPException(422, f"invalid action: {_brief(exc)}") from None
+            except ProtocolError as exc:
+                raise HTTPException(422, f"invalid action: {exc}") from None
+        return await once(lambda env: _fresh_step(env, action))
 
     async def state() -> Any:  # stateless over HTTP: no episode lives between requests
         return {"episode_id": None, "step_count": 0, "env_id": env_id}

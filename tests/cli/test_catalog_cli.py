@@ -61,7 +61,7 @@ def test_info_shows_tool_schemas() -> None:
 
 def test_errors_are_one_line_and_nonzero() -> None:
     cases = {
-        ("info", "corral/countdwn-v0"): "Did you mean 'corral/countdown-v0'?",
+        ("info", "corral/countdwn-v0"): "Did you mean 'corral/countdown-v0'",
         ("info", "BAD"): "Malformed environment id 'BAD'",
         ("run", "corral/arithmetic-v0", "--agent", "genius"): "unknown agent 'genius'",
         ("-i", "no_such_module_xyz", "list"): "module not found",

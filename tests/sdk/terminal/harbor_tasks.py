@@ -100,3 +100,59 @@ def answer_task(root: Path, **overrides: str) -> Path:
     }
     files.update(overrides)
     return write(root, files)
+
+
+STEPS_TOML = """\
+schema_version = "1.1"
+multi_step_reward_strategy = "mean"
+
+[task]
+name = "corral-tests/two-steps"
+description = "Write a file, then append to it."
+keywords = ["files", "multi-step"]
+
+[agent]
+timeout_sec = 60.0
+
+[environment]
+docker_image = "corral/base:bookworm"
+workdir = "/srv"
+
+[environment.env]
+GREETING = "hello"
+
+[[steps]]
+name = "create"
+min_reward = 1.0
+
+[steps.verifier]
+timeout_sec = 20.0
+
+[[steps]]
+name = "append"
+"""
+
+# the task's shared tests/: a helper every step's test.sh sources
+STEPS_LIB = """\
+score() { if [ "$1" = "$2" ]; then echo 1 > /logs/verifier/reward.txt; \
+else echo 0 > /logs/verifier/reward.txt; fi; }
+"""
+
+
+def two_step_task(root: Path, **overrides: str) -> Path:
+    """A multi-step task (no top-level instruction.md): step `create` writes $GREETING to
+    notes.txt in the workdir (/srv, from task.toml), step `append` adds a second line."""
+    files = {
+        "task.toml": STEPS_TOML,
+        "tests/lib.sh": STEPS_LIB,
+        "steps/create/instruction.md": "Write the value of $GREETING into notes.txt.\n",
+        "steps/create/solution/solve.sh": "#!/bin/bash\necho \"$GREETING\" > notes.txt\n",
+        "steps/create/tests/test.sh": "#!/bin/bash\n. /tests/lib.sh\n"
+                                      "score \"$(cat /srv/notes.txt)\" hello\n",
+        "steps/append/instruction.md": "Append a line 'world' to notes.txt.\n",
+        "steps/append/solution/solve.sh": "#!/bin/bash\necho world >> notes.txt\n",
+        "steps/append/tests/test.sh": "#!/bin/bash\n. /tests/lib.sh\n"
+                                      "score \"$(tr '\\n' ' ' < /srv/notes.txt)\" 'hello world '\n",
+    }
+    files.update(overrides)
+    return write(root, files)

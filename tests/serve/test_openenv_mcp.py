@@ -1,0 +1,69 @@
+"""OpenEnv's `MCPToolClient` (openenv-core from PyPI) lists and calls a Corral env's tools over
+`serve-env`'s OpenEnv WebSocket."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+from openenv.core.mcp_client import MCPToolClient
+
+import corral as cr
+
+from .servers import Served, served
+
+CALC = "test/openenv-tools-v0"
+
+
+@cr.environment(CALC, tasks=[{"a": 17, "b": 25}], max_turns=4, override=True)
+class ToolEnv(cr.TextEnv):
+    """Add two numbers with the `add` tool."""
+
+    def instruction(self, task: Any) -> str:
+        return f"What is {task.a} + {task.b}?"
+
+    @cr.tool
+    def add(self, a: int, b: int) -> str:
+        """Add two integers.
+
+        Args:
+            a: the first number.
+            b: the second number.
+        """
+        return str(a + b)
+
+
+@pytest.fixture(scope="module")
+def calc_server() -> Iterator[Served]:
+    with served([CALC], max_sessions=2) as server:
+        yield server
+
+
+async def test_mcp_tool_client_lists_and_calls_tools(calc_server: Served) -> None:
+    async with MCPToolClient(base_url=f"{calc_server.url}/openenv/{CALC}") as client:
+        tools = await client.list_tools()
+        assert [t.name for t in tools] == ["add"]
+        assert tools[0].description.startswith("Add two integers")
+        assert set(tools[0].input_schema["properties"]) == {"a", "b"}
+        assert await client.call_tool("add", a=17, b=25) == "42"
+        with pytest.raises(RuntimeError, match="Unknown tool 'ad'.*tool_not_found"):
+            await client.call_tool("ad", a=1, b=2)
+        with pytest.raises(RuntimeError, match="invalid_args"):
+            await client.call_tool("add", a="x")
+
+
+def test_http_step_without_reset_and_a_bad_action_as_openenvs_server(calc_server: Served) -> None:
+    """OpenEnv's stateless `/step` steps a fresh env (no `/reset` needed); an action it
+    cannot read is a 422."""
+    import httpx
+
+    base = f"{calc_server.url}/openenv/{CALC}"
+    step = httpx.post(f"{base}/step", json={"action": {"name": "add",
+                                                       "arguments": {"a": 2, "b": 3}}})
+    assert step.status_code == 200 and step.json()["observation"]["text"] == "5", step.text
+    assert step.json()["done"] is False
+    tools = httpx.post(f"{base}/step", json={"action": {"type": "list_tools"}}).json()
+    assert [t["name"] for t in tools["observation"]["tools"]] == ["add"]
+    assert httpx.post(f"{base}/step", json={"action": {"nope": 1}}).status_code == 422
+    assert httpx.post(f"{base}/step", json={"action": "add"}).status_code == 422
+    assert calc_server.manager.sessions == {}
