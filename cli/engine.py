@@ -62,6 +62,17 @@ def start_vllm(model: str, *, replicas: int = 1, host: str = "127.0.0.1",
     return engine
 
 
+def write_token_file(folder: Path, token: str) -> Path:
+    """Write `token` to `folder/admin-token`, readable by this user alone (0600): a new file
+    whatever was there (a link is replaced, never followed)."""
+    path = Path(folder) / "admin-token"
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(token + "\n")
+    return path
+
+
 def register(app: typer.Typer) -> None:
     """Add the `engine` command group to `app`."""
     group = typer.Typer(help="Rollout engines (vLLM) started and stopped by Corral.",
@@ -99,11 +110,7 @@ def register(app: typer.Typer) -> None:
         for url in started.urls:
             console.print(f"ready: {url}/v1 (model name 'policy')")
         if not admin_token:  # made up by the engine: where a publisher finds it
-            token_file = started.log_dir / "admin-token"
-            token_file.unlink(missing_ok=True)  # a new file, 0600 whatever was there
-            descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(descriptor, "w") as out:
-                out.write(started.admin_token + "\n")
+            token_file = write_token_file(started.log_dir, started.admin_token)
             console.print(f"admin token (pause, reload): {token_file}")
         console.print("Ctrl-C stops every replica")
         try:

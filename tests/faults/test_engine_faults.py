@@ -178,3 +178,22 @@ def test_a_model_vllm_cannot_load_is_reported_by_its_root_cause(tmp_path: Path, 
     server = ServerProcess("vLLM replica 0", ["true"], "http://127.0.0.1:1", path)
     message = str(server.failure("exited with code 1 while starting"))
     assert cause[:60] in message and str(path) in message and "\n" not in message
+
+
+def test_the_token_file_is_the_users_alone(tmp_path: Path) -> None:
+    """`corral serve engine` without `--admin-token` writes the engine's token to
+    LOG_DIR/admin-token: mode 0600 even where a world-readable file was, and a link planted
+    there is replaced, its target untouched."""
+    from corral.cli.engine import write_token_file
+
+    (tmp_path / "admin-token").write_text("old")
+    (tmp_path / "admin-token").chmod(0o644)
+    path = write_token_file(tmp_path, "first")
+    assert path.read_text() == "first\n" and path.stat().st_mode & 0o777 == 0o600
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    path.unlink()
+    path.symlink_to(target)
+    write_token_file(tmp_path, "second")
+    assert not path.is_symlink() and path.read_text() == "second\n"
+    assert target.read_text() == "keep" and path.stat().st_mode & 0o777 == 0o600
