@@ -8,7 +8,7 @@ Per engine it prints:
   every episode in flight at once), and the generated tokens/s of that batch;
 * for vLLM, the publish latency per replica (client fence + pause → reload → reset prefix
   cache → resume), median of `--publishes` publishes of new weights: full weights
-  (`reload_weights` from safetensors) on the plain engines, the adapter alone
+  (Corral's worker extension, from safetensors) on the plain engines, the adapter alone
   (`/v1/load_lora_adapter`, in place) on the LoRA engine; plus the time to write them.
 
     .venv/bin/python benchmarks/engines.py [--trajectories 64] [--max-tokens 32] [--lora-rank 8]

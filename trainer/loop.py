@@ -346,6 +346,16 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
     # a --model that is not there fails before RUN_DIR is touched (a resumed run's
     # train_config.json would be overwritten)
     await asyncio.to_thread(resolve_model_path, config.model)
+    source: Any = config.model
+    if config.engine == "vllm":  # the same weights on both sides: "tiny" has a vLLM variant
+        from corral.runner.engines.vllm import check_engine_model, engine_model, vllm_python
+
+        source = await asyncio.to_thread(engine_model, config.model)
+        # what the engine would refuse, refused before anything runs (not after an SFT
+        # warm-up, at its start or its first publish)
+        await asyncio.to_thread(check_engine_model, source,
+                                lora_rank=config.lora.rank if config.lora else None)
+        await asyncio.to_thread(vllm_python)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / TRAIN_CONFIG, config.model_dump(mode="json"))
     refresher = ReportRefresher(run_dir)  # report.html every few steps, in a thread
@@ -356,11 +366,6 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
     eval_log.on_append, sft_log.on_append = sinks.log_eval, sinks.log_sft
     step_log.on_append = lambda record: (sinks.log_step(record), refresher.poke())
 
-    source: Any = config.model
-    if config.engine == "vllm":  # the same weights on both sides: "tiny" has a vLLM variant
-        from corral.runner.engines.vllm import engine_model
-
-        source = await asyncio.to_thread(engine_model, config.model)
     model, tokenizer = await asyncio.to_thread(load_model, source)
     if config.lora is not None:  # only the adapter trains; the engines get it after each step
         from .lora import apply_lora

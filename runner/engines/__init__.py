@@ -1,10 +1,14 @@
 """`corral.runner.engines`: inference engine processes Corral starts, and their weight fences.
 
 * `vllm`: `VLLMEngine` (vLLM replicas, one `ServerProcess` each) and `VLLMAdmin` (the admin
-  calls a weight publish makes: pause, reload, reset the prefix cache, resume);
+  calls a weight publish makes, with the engine's admin token: pause, reload, reset the
+  prefix cache, resume);
 * `process`: `ServerProcess`, one server started, watched and stopped with its process group;
 * `guard`: the process every server runs through, so that none outlives Corral;
-* `fence`: `ReplicaFence`, each replica's weight version and the fence a publish raises.
+* `fence`: `ReplicaFence`, each replica's weight version and the fence a publish raises;
+* `vllm_ext`: code that runs inside the vLLM replicas (copied to their `PYTHONPATH`): the
+  middleware that puts the admin routes behind the engine's token, and the worker extension
+  that loads published weights (tied output layers included).
 
 The clients that talk to these servers (`OpenAIPolicy`, `Router`) are policies, in
 `corral.runner.policy`.

@@ -13,6 +13,7 @@ none of that runs (this process SIGKILLed), the guard each server is started thr
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import logging
 import os
 import re
@@ -38,6 +39,24 @@ GUARD = Path(__file__).with_name("guard.py")
 GUARD_START_S = 30.0  # for the guard to report the server's pid (it takes milliseconds)
 # The last line that names an exception is usually the cause ("ValueError: ...").
 _ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)|error):? (.+)")
+# vLLM's processes prefix their lines: "(EngineCore pid=12) ERROR 12-04 18:08:47 [core.py:15] "
+_PROCESS_PREFIX = re.compile(r"^\([A-Za-z_ ]+ pid=\d+\) (?:([A-Z]+) \d\d-\d\d [\d:.]+ "
+                             r"\[[^\]]*\] ?)?")
+_QUIET_LEVELS = ("DEBUG", "INFO", "WARNING")
+# A wrapper's message pointing at the cause elsewhere ("Engine core initialization failed.
+# See root cause above."): the cause is an earlier line
+_POINTER = re.compile(r"root cause|see (?:the )?(?:stack trace|logs?\b|above)", re.IGNORECASE)
+_LOG_TAIL_BYTES = 512 * 1024
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def port_problem(host: str, port: int) -> OSError | None:
@@ -59,17 +78,38 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def log_cause(path: Path, lines: int = 400) -> str | None:
-    """The last line of the log at `path` that names an error, shortened; None if none."""
+def log_cause(path: Path) -> str | None:
+    """The error that ended the process logging to `path`, in one line (at most 300
+    characters); None if the log names none. That is the last line naming an exception, not
+    counting vLLM's own INFO/WARNING lines, traceback frames, and wrappers that point at the
+    root cause elsewhere in the log (`_POINTER`), the worker's exception (`SafetensorError:
+    ... incomplete metadata`) rather than the API server's "Engine core initialization
+    failed"; the exception's module path is dropped, and an indented detail line that follows
+    (pydantic's) is added."""
     try:
-        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        with open(path, "rb") as log_file:
+            log_file.seek(max(0, log_file.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+            tail = log_file.read().decode(errors="replace").splitlines()
     except OSError:
         return None
-    for line in reversed(tail):
+    pointer = None  # a wrapper's line, when the log names nothing else
+    for index in range(len(tail) - 1, -1, -1):
+        prefix = _PROCESS_PREFIX.match(tail[index])
+        if prefix and prefix.group(1) in _QUIET_LEVELS:
+            continue
+        line = tail[index][prefix.end():] if prefix else tail[index]
         match = _ERROR_LINE.search(line)
-        if match and not line.lstrip().startswith(("File ", "raise ", "^")):
-            return f"{match.group(1)}: {match.group(2).strip()}"[:300]
-    return None
+        if not match or line.lstrip().startswith(("File ", "raise ", "^")):
+            continue
+        cause = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2).strip()}"
+        if _POINTER.search(match.group(2)):
+            pointer = pointer or cause
+            continue
+        detail = tail[index + 1] if index + 1 < len(tail) else ""
+        if detail[:1].isspace() and detail.strip() and not detail.lstrip().startswith("File "):
+            cause += f": {detail.strip()}"
+        return cause[:300]
+    return pointer[:300] if pointer else None
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

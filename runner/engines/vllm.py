@@ -7,7 +7,11 @@ build fails on a metadata lookup) with:
 
 * `--logprobs-mode processed_logprobs`: logprobs after temperature (and top-k/top-p), the
   distribution the tokens were sampled from; vLLM's default is the raw logits' softmax;
-* `VLLM_SERVER_DEV_MODE=1`: `/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`;
+* `VLLM_SERVER_DEV_MODE=1`: `/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`,
+  each behind the engine's admin token (`--middleware`, `vllm_ext.AdminGuard`): only a client
+  that has the token (`VLLMAdmin`, the publisher) reaches them; completions stay open;
+* `--worker-extension-cls`: `vllm_ext.WeightLoader`, the full-weight reload a publish calls
+  (tied output layers included);
 * on CPU: `--dtype float32`, `VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_OMP_THREADS_BIND=nobind`
   (several replicas and the trainer share the cores), no chunked prefill (see `_flags`); on
   CUDA replica i gets GPU i;
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -36,7 +41,8 @@ import httpx
 from corral.errors import EngineError
 from .fence import ReplicaFence
 from corral.runner.policy.models import TINY, build_tiny_model, resolve_model_path, tiny_model_path
-from .process import ServerProcess, free_port, port_problem, stop_all, wait_ready
+from . import vllm_ext
+from .process import ServerProcess, free_port, is_loopback, port_problem, stop_all, wait_ready
 
 log = logging.getLogger(__name__)
 
@@ -72,25 +78,34 @@ def head_size(model_dir: Path) -> int | None:
     return hidden // heads if hidden and heads else None
 
 
-def tied_embeddings(model_dir: Path) -> bool:
-    """Whether the model ties its output layer to its input embeddings. vLLM 0.32's in-place
-    `reload_weights` skips `lm_head` for such models and puts the *old* output layer back
-    ("ParallelLMHead: Failed to load weights" in its log): a full-weight publish would leave
-    the engine sampling from a mix of new and old weights."""
-    config = json.loads((model_dir / "config.json").read_text())
-    return bool(config.get("tie_word_embeddings", False))
+def check_engine_model(model_dir: Path, *, cuda: bool | None = None,
+                       lora_rank: int | None = None) -> None:
+    """Refuse, before anything starts, a model vLLM cannot serve here: `EngineError` for a
+    folder without config.json or (on CPU) a head size without a CPU attention kernel, for a
+    LoRA rank above what vLLM serves. `cuda` None: whether this machine has a GPU."""
+    if not (Path(model_dir) / "config.json").is_file():
+        raise EngineError(f"{model_dir} has no config.json: vLLM needs a model folder "
+                          "written by save_pretrained")
+    if lora_rank is not None:
+        max_lora_rank(lora_rank)
+    size = head_size(Path(model_dir))
+    if size is not None and size not in CPU_HEAD_SIZES and not (has_cuda() if cuda is None
+                                                                 else cuda):
+        sizes = ", ".join(map(str, CPU_HEAD_SIZES))
+        raise EngineError(f"vLLM on CPU has no attention kernel for head size {size} "
+                          f"({model_dir}); it supports {sizes} (build the tiny model "
+                          "with heads=2, or pass model 'tiny')")
 
 
 def engine_model(model: str | os.PathLike[str]) -> Path:
     """The model directory for a vLLM engine: `"tiny"` is Corral's tiny model with 2 heads
-    of 32 (the default tiny model's head size 16 has no vLLM CPU kernel) and an untied output
-    layer (see `tied_embeddings`), built once."""
+    of 32 (the default tiny model's head size 16 has no vLLM CPU kernel), built once."""
     if str(model) != TINY:
         return resolve_model_path(model)
-    path = tiny_model_path().with_name(tiny_model_path().name + "-vllm")
+    path = tiny_model_path().with_name(tiny_model_path().name + "-heads2")
     if not (path / "config.json").is_file():
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        build_tiny_model(tmp, heads=2, tie_embeddings=False)
+        build_tiny_model(tmp, heads=2)
         try:
             tmp.replace(path)
         except OSError:  # another process built it first; the build is identical
@@ -131,22 +146,24 @@ class VLLMEngine:
                  max_model_len: int = 2048, enable_lora: bool = False, lora_rank: int = 16,
                  adapter: str | None = None, cuda: bool | None = None, kv_cache_gib: int = 1,
                  extra_args: Sequence[str] = (), startup_timeout: float = 600.0,
-                 version: int = 0) -> None:
+                 version: int = 0, admin_token: str | None = None) -> None:
         """`port` is the first replica's (the next ones count up); None picks free ports.
         `version` is the weight version the model directory holds. `adapter` (implies
         `enable_lora`) is the LoRA adapter name every request of `policy()` asks for: the
         trainer publishes that adapter (`VLLMPublisher`), never the base weights; adapters of
-        rank up to `lora_rank` load."""
+        rank up to `lora_rank` load. `admin_token` guards the admin routes (`admin_token`
+        attribute); None makes a random one, except on a `host` other than loopback, which
+        needs one given (`EngineError`)."""
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
+        if not admin_token and not is_loopback(host):
+            raise EngineError(f"vLLM on {host} would be reachable beyond this machine: give "
+                              "it an admin token (--admin-token or $CORRAL_ENGINE_TOKEN), "
+                              "which pause, reload and the other admin routes then require")
+        self.admin_token = admin_token or secrets.token_urlsafe(32)
         self.model = engine_model(model)
         self._cuda = has_cuda() if cuda is None else cuda
-        size = head_size(self.model)
-        if not self._cuda and size is not None and size not in CPU_HEAD_SIZES:
-            sizes = ", ".join(map(str, CPU_HEAD_SIZES))
-            raise EngineError(f"vLLM on CPU has no attention kernel for head size {size} "
-                              f"({self.model}); it supports {sizes} (build the tiny model "
-                              "with heads=2, or pass model 'tiny')")
+        check_engine_model(self.model, cuda=self._cuda)
         self.replicas = replicas
         self.host = host
         self.adapter = adapter
@@ -167,7 +184,10 @@ class VLLMEngine:
                extra: Sequence[str]) -> list[str]:
         args = ["--model", str(self.model), "--served-model-name", SERVED_NAME,
                 "--max-model-len", str(max_model_len),
-                "--logprobs-mode", "processed_logprobs", "--disable-log-stats"]
+                "--logprobs-mode", "processed_logprobs", "--disable-log-stats",
+                # the admin routes behind the token; Corral's weight loader in every worker
+                "--middleware", f"{vllm_ext.MODULE}.AdminGuard",
+                "--worker-extension-cls", f"{vllm_ext.MODULE}.WeightLoader"]
         # CPU: fp32 (the trainer's dtype, so logprobs agree to 1e-5) and eager mode
         # (torch.compile of the model costs minutes of C++ builds at every start)
         args += ["--dtype", "auto"] if self._cuda else ["--dtype", "float32", "--enforce-eager",
@@ -206,7 +226,11 @@ class VLLMEngine:
         return ports
 
     def _env(self, index: int) -> dict[str, str]:
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1",
+               vllm_ext.TOKEN_ENV: self.admin_token}
+        if self._rpc_dir:  # where `start` put corral_vllm_ext.py, first on the path
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (self._rpc_dir, os.environ.get("PYTHONPATH")) if p)
         # vLLM closes idle keep-alive connections after 5 s, aiohttp's pool (OpenAIPolicy)
         # after 15 s: a request sent on a connection the server is closing fails as
         # "Server disconnected" (retried, but slow). Outlasting the client removes the race.
@@ -229,8 +253,10 @@ class VLLMEngine:
             return self
         python = str(Path(self._python) if self._python else vllm_python())
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # short, so a socket path stays within the 107 bytes a unix socket allows
+        # short, so a socket path stays within the 107 bytes a unix socket allows; 0700, so
+        # nobody else can replace the code the replicas import from it
         self._rpc_dir = tempfile.mkdtemp(prefix="corral-rpc-")
+        shutil.copyfile(vllm_ext.__file__, Path(self._rpc_dir) / f"{vllm_ext.MODULE}.py")
         for index, port in enumerate(self._ports()):
             argv = [python, "-m", "vllm.entrypoints.openai.api_server", *self._args,
                     "--host", self.host, "--port", str(port)]
@@ -294,18 +320,27 @@ class VLLMEngine:
 
 
 class VLLMAdmin:
-    """vLLM's weight-update endpoints on one replica (dev mode), each raising `EngineError`."""
+    """The admin endpoints of one replica (dev mode, behind the engine's `token`), each
+    raising `EngineError`."""
 
-    def __init__(self, url: str, timeout: float = 600.0) -> None:
+    def __init__(self, url: str, timeout: float = 600.0, token: str | None = None) -> None:
+        """`token` (default `$CORRAL_ENGINE_TOKEN`) is sent as `Authorization: Bearer`."""
         self.url = url.rstrip("/")
         self.timeout = timeout
+        token = token or os.environ.get(vllm_ext.TOKEN_ENV)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _post(self, path: str, body: dict[str, Any] | None = None,
               params: dict[str, str] | None = None) -> Any:
         try:
-            answer = httpx.post(self.url + path, json=body, params=params, timeout=self.timeout)
+            answer = httpx.post(self.url + path, json=body, params=params,
+                                headers=self._headers, timeout=self.timeout)
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.url}{path} failed: {type(exc).__name__}: {exc}") from None
+        if answer.status_code == 401:
+            raise EngineError(f"{self.url}{path} refused the admin token (401): give the "
+                              f"engine's token (VLLMEngine.admin_token, --admin-token, "
+                              f"${vllm_ext.TOKEN_ENV})")
         if answer.status_code >= 400:
             raise EngineError(f"{self.url}{path} answered {answer.status_code}: "
                               f"{answer.text[:300]}")
@@ -321,11 +356,23 @@ class VLLMAdmin:
     def resume(self) -> None:
         self._post("/resume")
 
-    def reload_weights(self, path: Path) -> None:
-        """Load the safetensors in `path` into the running model (in place)."""
-        # Without weights_path the worker reloads the directory it started from: the base model
-        self._post("/collective_rpc", {"method": "reload_weights",
-                                       "kwargs": {"weights_path": str(Path(path).resolve())}})
+    def load_weights(self, path: Path) -> list[dict[str, Any]]:
+        """Load the `save_pretrained` folder `path` into the running model, in place, on every
+        worker (`vllm_ext.WeightLoader`: tied output layers follow); each worker's report."""
+        method = "corral_load_weights"
+        try:
+            answer = self._post("/collective_rpc", {"method": method,
+                                                    "kwargs": {"path": str(Path(path).resolve())}})
+        except EngineError as exc:
+            if "has no attribute" in str(exc) and method in str(exc):
+                raise EngineError(f"{self.url} has no {method} (Corral's worker extension): "
+                                  "publish to replicas started by Corral (VLLMEngine, "
+                                  "`corral serve engine`)") from None
+            raise
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not results or not all(isinstance(r, dict) for r in results):
+            raise EngineError(f"{self.url}/collective_rpc {method} answered {answer!r}")
+        return results
 
     def reset_prefix_cache(self) -> None:
         """Drop cached prefixes: their keys/values were computed by the old weights."""
@@ -338,5 +385,5 @@ class VLLMAdmin:
                                              "load_inplace": True})
 
 
-__all__ = ["LORA_RANKS", "SAMPLING_PINS", "VLLMAdmin", "VLLMEngine", "has_cuda", "max_lora_rank",
-           "stop_all", "vllm_python"]
+__all__ = ["LORA_RANKS", "SAMPLING_PINS", "VLLMAdmin", "VLLMEngine", "check_engine_model",
+           "engine_model", "has_cuda", "max_lora_rank", "stop_all", "vllm_python"]

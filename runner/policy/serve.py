@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import logging
 import socket
 import threading
@@ -39,6 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from corral.errors import PolicyError
+from corral.runner.engines.process import is_loopback
 from .base import RELOAD_TOKEN_ENV, Generation, GenerationRequest
 from .chat import encode_prompt, parse_assistant_text
 from .local import LocalPolicy
@@ -51,16 +51,6 @@ VERSION_HEADER = "X-Policy-Version"
 DEFAULT_CHAT_MAX_TOKENS = 512
 # After a stop is asked, uvicorn waits this long for connections to drain, then cancels them.
 SHUTDOWN_GRACE_S = 3.0
-
-
-def is_loopback(host: str) -> bool:
-    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True, slots=True)

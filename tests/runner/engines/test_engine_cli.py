@@ -77,7 +77,8 @@ def test_model_vllm_cannot_load(tmp_path: Path, vllm_interpreter: Path) -> None:
     line = _one_error_line(_corral("engine", "start", "vllm", str(bad), "--log-dir", str(logs),
                                    timeout=300))
     assert "exited with code" in line and str(logs / "vllm-0.log") in line
-    assert "Error" in line  # the cause, from the log
+    # the cause from the log: pydantic's reason, not only "1 validation error for ModelConfig"
+    assert "does not recognize this architecture" in line
     assert _running(str(bad)) == []
 
 
@@ -89,6 +90,30 @@ def test_engine_dying_at_start(tiny_dir: Path, tmp_path: Path) -> None:
     line = _one_error_line(result)
     assert "No module named" in line and "vllm" in line and str(logs) in line
     assert _running(str(logs)) == []
+
+
+@pytest.mark.parametrize("what, heads, lora_rank, cause", [
+    ("head size", 4, None, "no attention kernel for head size 16"),
+    ("LoRA rank", 2, 1000, "LoRA rank 1000 is above the 512"),
+])
+async def test_train_refuses_what_the_engine_cannot_serve_before_any_work(
+        tmp_path: Path, what: str, heads: int, lora_rank: int | None, cause: str) -> None:
+    """A model or setting the vLLM engine cannot take is refused before the run starts: no
+    run folder written, no model loaded, no engine started (it used to surface after the
+    model load, and a tied model at the first publish, minutes in)."""
+    from corral.errors import EngineError
+    from corral.runner.policy import build_tiny_model
+    from corral.trainer.lora import LoraConfig
+    from corral.trainer.loop import TrainConfig, train
+
+    model = build_tiny_model(tmp_path / "model", heads=heads)
+    run_dir = tmp_path / "run"
+    config = TrainConfig(envs=["traintest/digits-v0"], model=str(model), engine="vllm",
+                         run_dir=run_dir, steps=1, sft_steps=20,
+                         lora=LoraConfig(rank=lora_rank) if lora_rank else None)
+    with pytest.raises(EngineError, match=cause):
+        await train(config)
+    assert not run_dir.exists(), what
 
 
 def _evals(run_dir: Path) -> list[float]:
