@@ -1,5 +1,6 @@
 """The vLLM replicas Corral starts, probed as a hostile local client would (issue 28, items 1
-and 8), over real HTTP on 127.0.0.1 against the suite's shared engine (tests/support/vllm_fixtures.py).
+and 8), over real HTTP on 127.0.0.1 against the suite's shared engine
+(tests/support/vllm_fixtures.py).
 
 An unauthenticated weight reload, pause, resume, prefix-cache reset or LoRA load is refused
 (401), and so are the path spellings of those routes, while completions stay open and the

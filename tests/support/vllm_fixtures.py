@@ -1,5 +1,5 @@
-"""The shared vLLM fixtures (tests/support/vllm_fixtures.py, a pytest plugin of the whole suite that `tests/conftest.py` loads): a real
-vLLM (the CPU build in .venv-vllm) serving a tiny model with tied embeddings, as most small
+"""The shared vLLM fixtures (a pytest plugin of the whole suite, loaded by `tests/conftest.py`):
+a real vLLM (the CPU build in .venv-vllm) serving a tiny model with tied embeddings, as most small
 open models have, started once per session for every area that needs it (tests/runner/engines,
 tests/faults); the trainer's copy of the same weights.
 
