@@ -41,6 +41,7 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     running: asyncio.Task[Any] | None = None
     closed: bool = False
+    closing: asyncio.Future[None] | None = None  # its teardown, once `close` began it
 
 
 class SessionManager:
@@ -60,6 +61,7 @@ class SessionManager:
         self._waiting = 0
         self._freed = asyncio.Condition()
         self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Future[None]] = set()  # teardowns still running
         self.counts = {"opened": 0, "closed": 0, "reaped": 0, "refused": 0}
 
     # --- capacity ------------------------------------------------------------------------------
@@ -149,11 +151,18 @@ class SessionManager:
                 session.last_used = time.monotonic()
 
     async def close(self, session: Session, why: str = "closed") -> None:
-        """End the session: cancel its operation in flight, close its env and sandbox."""
-        if session.closed:
-            return
-        session.closed = True
-        self.sessions.pop(session.id, None)
+        """End the session: cancel its operation in flight, close its env and sandbox. The
+        teardown runs to its end even when the caller is cancelled (a client that sends
+        `close` and drops its connection a moment later), and `close_all` waits for it."""
+        if session.closing is None:
+            session.closed = True
+            self.sessions.pop(session.id, None)
+            session.closing = asyncio.ensure_future(self._teardown(session, why))
+            self._closing.add(session.closing)
+            session.closing.add_done_callback(self._closing.discard)
+        await asyncio.shield(session.closing)
+
+    async def _teardown(self, session: Session, why: str) -> None:
         running = session.running
         if running is not None and not running.done():
             running.cancel()
@@ -192,6 +201,7 @@ class SessionManager:
             await asyncio.gather(self._reaper, return_exceptions=True)
             self._reaper = None
         await asyncio.gather(*(self.close(s, "shut down") for s in list(self.sessions.values())))
+        await asyncio.gather(*list(self._closing), return_exceptions=True)
 
     def stats(self) -> dict[str, Any]:
         return {"active": self.active, "free": self.free, "waiting": self._waiting,
