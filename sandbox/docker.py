@@ -96,6 +96,7 @@ async def _blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 LABEL_RUN = "corral.run"
 LABEL_ENV = "corral.env"
 LABEL_OWNER = "corral.owner"  # host:pid of the creating process, so gc spares live runs
+LABEL_OWNER_START = "corral.owner_start"  # its start time: a reused pid is not the owner
 _MAX_LINK_HOPS = 40  # as the kernel's MAXSYMLINKS
 EXEC_MARKER = "CORRAL_EXEC"  # set in every exec on a remote host, for its timeout kill
 HEAD_TIMEOUT_S = 30.0  # a daemon that accepts a request and never answers it is given up on
@@ -296,7 +297,8 @@ class DockerSandbox(Sandbox):
                     image=image, command=["sh", "-c", _fifo.BOOT], detach=True, name=name,
                     hostname="sandbox",
                     labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id,
-                            LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
+                            LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}",
+                            LABEL_OWNER_START: str(_procs.own_start())},
                     environment=dict(spec.env), working_dir=workdir, user="0",
                     stop_signal="SIGKILL", host_config=host_config)
 
