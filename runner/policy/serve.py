@@ -39,12 +39,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from corral.errors import PolicyError
+from corral.serve.limits import BodyLimit
 from .base import RELOAD_TOKEN_ENV, Generation, GenerationRequest
 from .chat import encode_prompt, parse_assistant_text
 from .local import LocalPolicy
 from .sampling import seed_for_sample
-from .wire import (ApiError, BodyLimit, ChatRequest, CompletionRequest, ReloadRequest,
-                   api_error_handler, error_response, stops, validation_error_handler)
+from .wire import (ApiError, ChatRequest, CompletionRequest, ReloadRequest,
+                   api_error_handler, body_too_large, error_response, stops,
+                   validation_error_handler)
 
 log = logging.getLogger(__name__)
 VERSION_HEADER = "X-Policy-Version"
@@ -170,7 +172,7 @@ def create_app(policy: LocalPolicy, config: ServeConfig | None = None) -> FastAP
 
     app = FastAPI(title="corral serve-policy", lifespan=lifespan)
     app.state.policy, app.state.config = policy, config
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, refusal=body_too_large)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 
+import httpx
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
 from corral.sandbox.bwrap import sandboxes_dir
 from corral.sandbox.reaper import gc
-from envserver.servers import TERM, served, wait_until
+from envserver.servers import TERM, TEXT, served, wait_until
 
 BACKENDS = ["docker", "bwrap"]
 
@@ -63,3 +64,24 @@ async def _close_and_drop_8_times(backend: str, run: str) -> tuple[int, list[str
                          or asyncio.get_running_loop().time() - closing > 5, limit=10)
         closed = server.manager.counts["closed"]
     return closed, _left(backend, run)  # after a clean shutdown, which closes what it knows
+
+
+async def test_an_oversized_http_body_is_413_declared_or_streamed() -> None:
+    """Over 16 MiB (the WebSocket's cap) is refused unread, whether the size is declared or
+    the body is chunked; it used to be read whole (256 MiB: 13 s, +277 MB of server RSS)."""
+    with served([TEXT], max_sessions=1) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            sid = (await client.post("/v1/sessions", json={"env_id": TEXT})).json()["session_id"]
+            body = b'{"action": "' + b"1" * (17 << 20) + b'"}'
+
+            async def chunked():
+                for at in range(0, len(body), 1 << 20):
+                    yield body[at:at + (1 << 20)]
+
+            for content in (body, chunked()):
+                answer = await client.post(f"/v1/sessions/{sid}/step", content=content,
+                                           headers={"Content-Type": "application/json"})
+                assert answer.status_code == 413, answer.text[:200]
+                assert "16,777,216-byte limit" in answer.json()["error"]["message"]
+            reset = await client.post(f"/v1/sessions/{sid}/reset", json={"task_index": 0})
+            assert reset.status_code == 200  # the session is untouched
