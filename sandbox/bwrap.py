@@ -442,8 +442,9 @@ class BwrapSandbox(Sandbox):
         await asyncio.to_thread(self._rootdir().write, path, raw, mode)
 
     async def read_file(self, path: str) -> bytes:
-        """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open()."""
-        return await asyncio.to_thread(self._rootdir().read, path)
+        """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open(),
+        OutputTooLarge past `spec.read_limit` bytes."""
+        return await asyncio.to_thread(self._rootdir().read, path, self.spec.read_limit)
 
     # --- the verify phase (host-side, as the timeout kills) ----------------------------------
     def _inside(self) -> list[int]:

@@ -5,7 +5,8 @@
 is dead, bwrap dirs likewise, and their cgroups. An owner is alive while its pid runs with the
 start time it recorded (a reused pid is not the owner). Cgroups are the machine's, not a
 cache's: each is decided by its owner record's copy in `MOUNT_ROOT` (`bwrap.cgroup_record`),
-so a reaper with another `CORRAL_CACHE` spares the live sandboxes of every cache. `gc(run=RUN)` removes every sandbox of that run; `gc(everything=True)` every managed
+so a reaper with another `CORRAL_CACHE` spares the live sandboxes of every cache.
+`gc(run=RUN)` removes every sandbox of that run; `gc(everything=True)` every managed
 container, live or not. CLI: `corral sandbox gc [--run RUN] [--all]`.
 
 Both also prune the bwrap backend's rootfs cache: the exports of images the local daemon no
