@@ -6,15 +6,20 @@ Real servers on 127.0.0.1 (`envserver.servers`), real sandboxes on both backends
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
+import time
 
 import httpx
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+import corral as cr
+from corral.errors import EnvServerError, EpisodeTruncated
 from corral.sandbox.bwrap import sandboxes_dir
 from corral.sandbox.reaper import gc
+from corral.types import ToolCall
 from envserver.servers import TERM, TEXT, served, wait_until
 
 BACKENDS = ["docker", "bwrap"]
@@ -85,3 +90,41 @@ async def test_an_oversized_http_body_is_413_declared_or_streamed() -> None:
                 assert "16,777,216-byte limit" in answer.json()["error"]["message"]
             reset = await client.post(f"/v1/sessions/{sid}/reset", json={"task_index": 0})
             assert reset.status_code == 200  # the session is untouched
+
+
+@pytest.mark.bwrap
+async def test_a_bash_timeout_past_the_spec_is_clamped(run_id: str) -> None:
+    """`"timeout": 1e9` (or NaN, infinity) gets the spec's `command_timeout`, not forever."""
+    env = cr.make(TERM, backend="bwrap", run_id=run_id)
+    env.sandbox_spec = env.sandbox_spec.model_copy(update={"command_timeout": 1.0})
+    try:
+        await env.areset(options={"task_index": 0})
+        for asked in (1e9, math.inf, math.nan):
+            started = time.monotonic()
+            observation, *_ = await env.astep(ToolCall(name="bash", arguments={
+                "command": "sleep 20", "timeout": asked}))
+            assert "timed out after 1 s" in observation
+            assert time.monotonic() - started < 5
+    finally:
+        await env.aclose()
+
+
+@pytest.mark.bwrap
+async def test_served_sessions_have_turn_and_session_deadlines(run_id: str) -> None:
+    """A step running past `turn_timeout` ends its session (the client's episode truncated,
+    the sandbox closed), and so does a session open past `session_timeout`, busy or idle;
+    the idle reaper alone never ended a session with an operation running."""
+    with served([TERM], max_sessions=2, backend="bwrap", run_id=run_id, turn_timeout=3.0,
+                session_timeout=6.0) as server:
+        stuck, idle = cr.remote(server.url, TERM), cr.remote(server.url, TERM)
+        await stuck.areset(options={"task_index": 0})
+        await idle.areset(options={"task_index": 0})
+        started = time.monotonic()
+        with pytest.raises(EpisodeTruncated, match="turn deadline"):
+            await stuck.astep(ToolCall(name="bash", arguments={"command": "sleep 25"}))
+        assert time.monotonic() - started < 6
+        await wait_until(lambda: server.manager.counts["reaped"] == 2, limit=10)
+        assert not server.manager.sessions and server.manager.counts["closed"] == 0
+        with pytest.raises(EnvServerError):
+            await idle.astep("ls")
+        await asyncio.gather(stuck.aclose(), idle.aclose())
