@@ -68,7 +68,7 @@ from ._rootio import supported as openat2_supported
 from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Process, Sandbox, Shell
 from .image_backend import ImageBackend
 from .fleet import (DockerFleet, DockerHost, DockerHostConfig, configured_hosts, default_host,
-                    parse_hosts, reason, ssh_command)
+                    parse_hosts, reason, ssh_command, unreachable)
 from .images import (LABEL_MANAGED, cache_dir, daemon_unreachable, docker_available,
                      image_tag, missing_image, passwd_entry)
 from .spec import Terminal
@@ -789,13 +789,32 @@ def _remove(client: Any, container: str) -> None:
 
 
 def _discard(host: DockerHost, container: str) -> None:
-    """Best-effort removal of a container this process may have created without knowing it."""
+    """Best-effort removal of a container this process may have created without knowing it.
+    On the failover path, so bounded: a fleet host that is down is not asked (the removal
+    waits for it to answer again, `pending_removal`), and one that is up is given its health
+    timeout, not the 30 s of a call."""
+    if not host.implicit and host.state == "down":
+        host.pending_removal.add(container)
+        log.info("%s is removed when %s answers again", container, host.url)
+        return
     try:
-        host.call(lambda c: _remove(c, container))
+        if host.implicit:
+            host.call(lambda c: _remove(c, container))
+        else:
+            host.quick(lambda api: _remove_api(api, container))
     except Exception as exc:  # the reaper removes it later (its owner label names us)
-        if isinstance(exc, SandboxUnavailable):
+        if isinstance(exc, SandboxUnavailable) or unreachable(exc):
             host.pending_removal.add(container)
         log.warning("could not remove %s after a failed create: %s", container, exc)
+
+
+def _remove_api(api: Any, container: str) -> None:
+    import docker
+
+    try:
+        api.remove_container(container, force=True)
+    except docker.errors.NotFound:
+        pass
 
 
 def io_root() -> Path:
