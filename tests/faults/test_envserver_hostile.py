@@ -128,3 +128,25 @@ async def test_served_sessions_have_turn_and_session_deadlines(run_id: str) -> N
         with pytest.raises(EnvServerError):
             await idle.astep("ls")
         await asyncio.gather(stuck.aclose(), idle.aclose())
+
+
+async def test_malformed_resets_and_openenv_messages_are_refused_cleanly() -> None:
+    """A negative seed is a 400 (it was a 500 "authoring" error with a traceback); OpenEnv
+    messages `[]` and `null` are validation errors that open no session; `{"type": "close"}`
+    is answered with a close frame."""
+    with served([TEXT], max_sessions=2) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            sid = (await client.post("/v1/sessions", json={"env_id": TEXT})).json()["session_id"]
+            answer = await client.post(f"/v1/sessions/{sid}/reset", json={"seed": -1})
+            assert answer.status_code == 400 and answer.json()["error"]["kind"] == "protocol"
+            await client.delete(f"/v1/sessions/{sid}")
+        ws_url = server.url.replace("http", "ws") + f"/openenv/{TEXT}/ws"
+        async with connect(ws_url) as ws:
+            for raw in (b"[]", b"null", b'{"type": 3}'):
+                await ws.send(raw)
+                reply = orjson.loads(await ws.recv())
+                assert reply["type"] == "error" and reply["data"]["code"] == "VALIDATION_ERROR"
+            assert server.manager.sessions == {}
+            await ws.send(orjson.dumps({"type": "close"}))
+            await ws.wait_closed()
+            assert ws.close_code == 1000
