@@ -150,3 +150,25 @@ async def test_malformed_resets_and_openenv_messages_are_refused_cleanly() -> No
             await ws.send(orjson.dumps({"type": "close"}))
             await ws.wait_closed()
             assert ws.close_code == 1000
+
+
+async def test_runs_against_a_dead_env_server_stop_within_the_retry_budget(caplog) -> None:
+    """Its only env server gone, a run says so (warnings) and stops with an `InfraError` once
+    nothing but infrastructure failures finished for the retry budget (it wrote 219
+    infra-error trajectories in 70 s, silently, and went on)."""
+    from corral.errors import InfraError
+    from corral.runner import AssemblyConfig, Runner
+    from corral.runner.policy import ScriptedPolicy
+
+    assembly = AssemblyConfig(retries=1, retry_backoff=0.05, retry_budget=1.0,
+                              filter_zero_variance=False)
+    with served([TEXT], max_sessions=4) as server:
+        async with Runner([TEXT], ScriptedPolicy(["1"]), env_servers=[server.url],
+                          assembly=assembly) as runner:
+            server.stop()  # gone before the first episode
+            started = time.monotonic()
+            with pytest.raises(InfraError, match="failed on infrastructure"):
+                async for _ in runner.batches(4, group=2, max_batches=1):
+                    pass
+            assert time.monotonic() - started < 15
+    assert "in a row failed on infrastructure" in caplog.text
