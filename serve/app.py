@@ -186,8 +186,8 @@ class EnvServer:
             return self.env_description(env_id)
 
         @app.post("/v1/sessions", response_model=SessionOpened)
-        async def open_session(body: OpenSession) -> SessionOpened:
-            return _opened(await manager.open(body.env_id, None, body.wait))
+        async def open_session(body: OpenSession, request: Request) -> SessionOpened:
+            return _opened(await open_while_connected(request, manager, body))
 
         def on(session_id: str, op: Callable[[Any], Awaitable[Any]],
                request: Request | None = None) -> Awaitable[Any]:
@@ -247,6 +247,26 @@ async def while_connected(request: Request, manager: SessionManager, session: Se
         await asyncio.gather(work, return_exceptions=True)
         raise SessionError(f"session {session.id!r} was closed: its client disconnected")
     return work.result()
+
+
+async def open_while_connected(request: Request, manager: SessionManager,
+                               body: OpenSession) -> Session:
+    """`manager.open` for an HTTP request, given up when the client goes away first (while
+    it waits for a slot): a session nobody will use must not take the next free slot."""
+    opening = asyncio.ensure_future(manager.open(body.env_id, None, body.wait))
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+    if not opening.done():
+        opening.cancel()
+        (made,) = await asyncio.gather(opening, return_exceptions=True)
+        if isinstance(made, Session):  # opened just as it was given up
+            await manager.close(made, "disconnected")
+        raise SessionError("the client went away while waiting for a session")
+    return opening.result()
 
 
 async def _disconnect(request: Request) -> None:

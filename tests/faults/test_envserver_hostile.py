@@ -172,3 +172,19 @@ async def test_runs_against_a_dead_env_server_stop_within_the_retry_budget(caplo
                     pass
             assert time.monotonic() - started < 15
     assert "in a row failed on infrastructure" in caplog.text
+
+
+async def test_a_session_waiter_that_goes_away_takes_no_slot() -> None:
+    """A `POST /v1/sessions` waiting for a slot whose client gives up is forgotten: the freed
+    slot stays free (it was taken by the gone client, held until the idle timeout)."""
+    with served([TEXT], max_sessions=1, max_waiting=2) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            sid = (await client.post("/v1/sessions", json={"env_id": TEXT})).json()["session_id"]
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/v1/sessions", json={"env_id": TEXT, "wait": 30},
+                                  timeout=0.5)
+            await wait_until(lambda: server.manager.waiting == 0, limit=10)
+            await client.delete(f"/v1/sessions/{sid}")
+            again = await client.post("/v1/sessions", json={"env_id": TEXT})
+            assert again.status_code == 200, again.text  # the slot went to a live client
+            assert list(server.manager.sessions) == [again.json()["session_id"]]
