@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
         session_timeout: float = typer.Option(3600.0, "--session-timeout", min=0,
                                               help="Seconds a session may stay open, busy or "
                                               "not, before it is closed (0: never)."),
+        header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.1, help="Seconds "
+                                             "a connection may take to send its request's "
+                                             "headers before it is closed."),
         token: str = typer.Option(None, envvar="CORRAL_ENV_TOKEN", help="Token every request "
                                   "must carry (Authorization: Bearer)."),
         backend: str = typer.Option(None, help="Sandbox backend for terminal envs "
@@ -56,7 +59,8 @@ def register(app: typer.Typer) -> None:
                       f"(docs: /docs, WebSocket: /v1/ws, OpenEnv: /openenv/<id>)")
         serve(env_ids, host=host, port=port, max_sessions=max_sessions, token=token,
               idle_timeout=idle_timeout, max_waiting=max_waiting, backend=backend,
-              turn_timeout=turn_timeout, session_timeout=session_timeout)
+              turn_timeout=turn_timeout, session_timeout=session_timeout,
+              header_timeout=header_timeout)
 
 
 MCP_TRANSPORTS = ("stdio",)

@@ -16,6 +16,7 @@ import uvicorn
 from corral.errors import CorralError
 from corral.serve import ops
 from corral.serve.app import EnvServer
+from corral.serve.guard import guarded_http
 from corral.serve.sessions import SessionManager
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,11 @@ def build_server(env_ids: Sequence[str], *, max_sessions: int = 8, token: str | 
 def serve(env_ids: Sequence[str], *, host: str = "127.0.0.1", port: int = 8010,
           max_sessions: int = 8, token: str | None = None, idle_timeout: float = 300.0,
           max_waiting: int | None = None, backend: str | None = None,
-          turn_timeout: float = 600.0, session_timeout: float = 3600.0) -> None:
-    """Serve until interrupted; shutdown (Ctrl-C, SIGTERM) closes every session's sandbox."""
+          turn_timeout: float = 600.0, session_timeout: float = 3600.0,
+          header_timeout: float = 10.0) -> None:
+    """Serve until interrupted; shutdown (Ctrl-C, SIGTERM) closes every session's sandbox.
+    A connection must send its request's headers within `header_timeout` seconds, and at most
+    256 may be waiting to (`corral.serve.guard`)."""
     from corral.sandbox.reaper import reap_run
 
     if host not in LOOPBACK and not token:
@@ -72,5 +76,6 @@ def serve(env_ids: Sequence[str], *, host: str = "127.0.0.1", port: int = 8010,
                           backend=backend, turn_timeout=turn_timeout,
                           session_timeout=session_timeout)
     config = uvicorn.Config(server.app, host=host, port=port, log_level="warning",
-                            http="httptools", lifespan="on", ws_ping_interval=20.0)
+                            http=guarded_http(header_timeout), lifespan="on",
+                            ws_ping_interval=20.0)
     asyncio.run(uvicorn.Server(config).serve())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
 import subprocess
 import time
 
@@ -20,7 +21,7 @@ from corral.errors import EnvServerError, EpisodeTruncated
 from corral.sandbox.bwrap import sandboxes_dir
 from corral.sandbox.reaper import gc
 from corral.types import ToolCall
-from envserver.servers import TERM, TEXT, served, wait_until
+from envserver.servers import TERM, TEXT, ServerProcess, served, wait_until
 
 BACKENDS = ["docker", "bwrap"]
 
@@ -188,3 +189,19 @@ async def test_a_session_waiter_that_goes_away_takes_no_slot() -> None:
             again = await client.post("/v1/sessions", json={"env_id": TEXT})
             assert again.status_code == 200, again.text  # the slot went to a live client
             assert list(server.manager.sessions) == [again.json()["session_id"]]
+
+
+def test_serve_env_closes_a_connection_that_never_finishes_its_headers() -> None:
+    """A slow-headers client (slowloris) is cut off at `--header-timeout`; it used to hold its
+    connection for ever, before any token was checked."""
+    server = ServerProcess([TEXT], "--header-timeout", "1")
+    try:
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            started = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+            assert slow.recv(1024) == b""  # closed by the server
+            assert time.monotonic() - started < 5
+    finally:
+        server.kill()
