@@ -25,6 +25,15 @@ def register(app: typer.Typer) -> None:
         idle_timeout: float = typer.Option(300.0, "--idle-timeout", min=0, help="Seconds a "
                                            "session may sit idle before it is closed with its "
                                            "sandbox (0: never)."),
+        turn_timeout: float = typer.Option(600.0, "--turn-timeout", min=0, help="Seconds one "
+                                           "operation (a step) may run before its session is "
+                                           "closed, the episode truncated (0: never)."),
+        session_timeout: float = typer.Option(3600.0, "--session-timeout", min=0,
+                                              help="Seconds a session may stay open, busy or "
+                                              "not, before it is closed (0: never)."),
+        header_timeout: float = typer.Option(10.0, "--header-timeout", min=0.1, help="Seconds "
+                                             "a connection may take to send its request's "
+                                             "headers before it is closed."),
         token: str = typer.Option(None, envvar="CORRAL_ENV_TOKEN", help="Token every request "
                                   "must carry (Authorization: Bearer)."),
         backend: str = typer.Option(None, help="Sandbox backend for terminal envs "
@@ -49,7 +58,9 @@ def register(app: typer.Typer) -> None:
         console.print(f"serving {', '.join(env_ids)} on http://{host}:{port} "
                       f"(docs: /docs, WebSocket: /v1/ws, OpenEnv: /openenv/<id>)")
         serve(env_ids, host=host, port=port, max_sessions=max_sessions, token=token,
-              idle_timeout=idle_timeout, max_waiting=max_waiting, backend=backend)
+              idle_timeout=idle_timeout, max_waiting=max_waiting, backend=backend,
+              turn_timeout=turn_timeout, session_timeout=session_timeout,
+              header_timeout=header_timeout)
 
     app.command("serve-env", hidden=True)(serve_env)  # the older spelling
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from corral.suggest import closest
 
@@ -103,12 +103,19 @@ class TaskPassRate(BaseModel):
     profile also has avg@k (`avg`, the mean reward) and the unbiased pass@k (`pass_at_k`, for
     the profile's `k`)."""
 
-    task_index: int
+    task_index: int = Field(ge=0)
     task_id: str
     runs: int = Field(ge=1)
     passes: int = Field(ge=0)
-    avg: float | None = None
-    pass_at_k: float | None = None
+    avg: float | None = Field(None, allow_inf_nan=False)
+    pass_at_k: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _passes_within_runs(self) -> "TaskPassRate":
+        if self.passes > self.runs:
+            raise ValueError(f"task {self.task_index}: passes ({self.passes}) cannot exceed "
+                             f"runs ({self.runs})")
+        return self
 
     @property
     def pass_rate(self) -> float:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
-from corral.errors import CorralError
+from corral.errors import CorralError, InfraError
 from corral.runner.assembly import AssemblyConfig, RolloutTally, batch_summary
 from corral.runner.episode import EpisodeLimits, WorkItem
 from corral.runner.executor import EnvFactory, EnvSource, Executor, LocalExecutor, resolve_envs
@@ -216,8 +216,11 @@ class Runner:
         self._since_batch = RolloutTally()
         self._no_signal: dict[tuple[int, int], int] = {}  # (env, task) -> such groups in a row
         self._stored_plans: dict[int, tuple[int, int]] = {}  # a resumed store's group plans
+        self._infra_streak = 0  # trajectories in a row that failed on infrastructure, finally
+        self._infra_since: float | None = None  # when the first of them finished
         self._changed: asyncio.Event | None = None
         self._crash: BaseException | None = None
+        self._stalled: InfraError | None = None
         self._listeners: list[TrajectoryCallback] = []
         self._started = False
         self._closing = False
@@ -459,10 +462,34 @@ class Runner:
             await asyncio.sleep(pause)
         if causes:
             traj.metadata["infra_causes"] = causes
+        self._note_infra(traj)
         if self.store is not None:
             await self.store.append(traj)
         self.counts["finished"] += 1
         self._accept(traj, item)
+
+    def _note_infra(self, traj: Trajectory) -> None:
+        """Say on stderr (a warning) when episodes keep failing on infrastructure after their
+        retries, and stop the run (`InfraError` from `batches`/`collect`) once only such
+        failures have finished for longer than the retry budget: a dead env server or
+        sandbox backend, which retrying further would only hammer."""
+        if traj.status is not Status.INFRA_ERROR:
+            self._infra_streak, self._infra_since = 0, None
+            return
+        now = time.monotonic()
+        self._infra_streak += 1
+        if self._infra_since is None:
+            self._infra_since = now
+        streak, spent = self._infra_streak, now - self._infra_since
+        if streak & (streak - 1) == 0:  # 1, 2, 4, 8 ...: heard, not flooded
+            log.warning("%d episode(s) in a row failed on infrastructure after their retries; "
+                        "last: %s", streak, traj.error)
+        if spent > self.assembly.retry_budget and streak >= 2 and self._stalled is None:
+            self._stalled = InfraError(
+                f"stopping: every episode for {spent:.0f} s ({streak} in a row) failed on "
+                f"infrastructure after its retries (retry budget {self.assembly.retry_budget:g}"
+                f" s); last: {traj.error}")
+            self._notify()
 
     def _accept(self, traj: Trajectory, item: WorkItem) -> None:
         if item.group in self._collect_groups:
@@ -516,6 +543,8 @@ class Runner:
         assert self._changed is not None
         await self._changed.wait()
         self._changed.clear()
+        if self._stalled is not None:
+            raise self._stalled
         if self._crash is not None:
             raise CorralError(f"a rollout task crashed: {type(self._crash).__name__}: "
                               f"{self._crash}") from self._crash

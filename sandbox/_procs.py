@@ -178,6 +178,21 @@ def process_key(pid: int) -> tuple[int, int] | None:
     return pid, int(fields[19])  # field 22 of stat: starttime
 
 
+def owner_alive(pid: int, start: int | None = None) -> bool:
+    """Whether the process that recorded itself as (`pid`, `start`: its start time, field 22
+    of stat) is still running: the pid alone may be another process's by now. A record
+    without a start time (an older version's) trusts the pid."""
+    key = process_key(pid)
+    return key is not None and (start is None or key[1] == int(start))
+
+
+def own_start() -> int:
+    """This process's start time in clock ticks, as `process_key` reads it."""
+    key = process_key(os.getpid())
+    assert key is not None
+    return key[1]
+
+
 def init_and_first_child(keys: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
     """Of the `process_key`s of one pid namespace: its init (pid 1 inside) and the first child
     init started (a container's main process). Later children of init are orphans it adopted,

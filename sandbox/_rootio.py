@@ -25,6 +25,8 @@ import shutil
 import stat
 from typing import Iterable
 
+from ..errors import OutputTooLarge
+
 SYS_OPENAT2 = 437  # the same number on every Linux architecture (asm-generic table)
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
@@ -207,14 +209,25 @@ class RootDir:
         finally:
             os.close(fd)
 
-    def read(self, path: str) -> bytes:
-        """The bytes of the regular file `path`."""
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        """The bytes of the regular file `path`; `OutputTooLarge` past `limit` bytes (by its
+        size, and while reading: it may grow meanwhile)."""
         fd = openat2(self.fd, self._relative(path), os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
         try:
-            self._checked(fd, path)
-            chunks = []
+            st = self._checked(fd, path)
+            check_size(path, st.st_size, limit)
+            chunks, size = [], 0
             while chunk := os.read(fd, 1 << 20):
+                size += len(chunk)
+                check_size(path, size, limit)
                 chunks.append(chunk)
             return b"".join(chunks)
         finally:
             os.close(fd)
+
+
+def check_size(path: str, size: int, limit: int | None) -> None:
+    """`OutputTooLarge` when a file read out of a sandbox has passed `limit` bytes."""
+    if limit is not None and size > limit:
+        raise OutputTooLarge(f"{path} is larger than the {limit:,}-byte read limit of the "
+                             f"sandbox (Terminal(read_limit=...)); it was not read")

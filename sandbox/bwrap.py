@@ -98,6 +98,14 @@ def owner_record(sandbox_dir: Path) -> Path:
     return sandbox_dir.with_name(f".{sandbox_dir.name}{OWNER_SUFFIX}")
 
 
+def cgroup_record(name: str) -> Path:
+    """Who made the cgroup of sandbox `name`: a copy of its owner record under MOUNT_ROOT,
+    one place for every `CORRAL_CACHE` (cgroups are the machine's, not a cache's: a reaper
+    of another cache finds the owner here and spares a live one). Written before the cgroup
+    is made, removed after it is gone."""
+    return MOUNT_ROOT / f".{name}{OWNER_SUFFIX}"
+
+
 def _passwd(rootfs: Path, user: str) -> tuple[int, int, str]:
     return passwd_entry((rootfs / "etc" / "passwd").read_text(), user)
 
@@ -258,9 +266,12 @@ class BwrapSandbox(Sandbox):
         name = f"{run_id}-{secrets.token_hex(4)}".replace("/", "_")
         sbdir = sandboxes_dir() / name
         sbdir.parent.mkdir(parents=True, exist_ok=True)
-        owner_record(sbdir).write_text(json.dumps(
-            {"pid": os.getpid(), "run": run_id, "env": env_id, "created": time.time(),
-             "rootfs": exported.name}))
+        record = json.dumps({"pid": os.getpid(), "start": _procs.own_start(), "run": run_id,
+                             "env": env_id, "created": time.time(), "rootfs": exported.name,
+                             "dir": str(sbdir)})
+        owner_record(sbdir).write_text(record)
+        MOUNT_ROOT.mkdir(mode=0o711, exist_ok=True)
+        cgroup_record(name).write_text(record)
         touch_export(exported)
         sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, None, base)
         try:
@@ -431,8 +442,9 @@ class BwrapSandbox(Sandbox):
         await asyncio.to_thread(self._rootdir().write, path, raw, mode)
 
     async def read_file(self, path: str) -> bytes:
-        """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open()."""
-        return await asyncio.to_thread(self._rootdir().read, path)
+        """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open(),
+        OutputTooLarge past `spec.read_limit` bytes."""
+        return await asyncio.to_thread(self._rootdir().read, path, self.spec.read_limit)
 
     # --- the verify phase (host-side, as the timeout kills) ----------------------------------
     def _inside(self) -> list[int]:
@@ -487,6 +499,8 @@ class BwrapSandbox(Sandbox):
         if self.cgroup:
             await asyncio.to_thread(_wait_empty, self.cgroup)
             self.cgroup.remove()
+        if not self.cgroup or not any(d.exists() for d in self.cgroup.dirs):
+            cgroup_record(self.dir.name).unlink(missing_ok=True)
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
         if not self.dir.exists():  # else the record stays: the reaper ends what we could not
             owner_record(self.dir).unlink(missing_ok=True)

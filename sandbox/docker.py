@@ -63,12 +63,12 @@ from pydantic import Field, field_validator
 from ..errors import SandboxDied, SandboxError, SandboxUnavailable
 from . import _changes, _fifo, _procs
 from ._proto import ShellSession, StreamProcess, Transport, ansi_c_quote, run_command
-from ._rootio import RootDir
+from ._rootio import RootDir, check_size
 from ._rootio import supported as openat2_supported
 from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Process, Sandbox, Shell
 from .image_backend import ImageBackend
 from .fleet import (DockerFleet, DockerHost, DockerHostConfig, configured_hosts, default_host,
-                    parse_hosts, reason, ssh_command)
+                    parse_hosts, reason, ssh_command, unreachable)
 from .images import (LABEL_MANAGED, cache_dir, daemon_unreachable, docker_available,
                      image_tag, missing_image, passwd_entry)
 from .spec import Terminal
@@ -96,7 +96,9 @@ async def _blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 LABEL_RUN = "corral.run"
 LABEL_ENV = "corral.env"
 LABEL_OWNER = "corral.owner"  # host:pid of the creating process, so gc spares live runs
+LABEL_OWNER_START = "corral.owner_start"  # its start time: a reused pid is not the owner
 _MAX_LINK_HOPS = 40  # as the kernel's MAXSYMLINKS
+_TAR_OVERHEAD = 64 << 10  # a one-file tar: headers (a long name, PAX records) and padding
 EXEC_MARKER = "CORRAL_EXEC"  # set in every exec on a remote host, for its timeout kill
 HEAD_TIMEOUT_S = 30.0  # a daemon that accepts a request and never answers it is given up on
 # on a remote host: SIGKILL the processes carrying exec marker $1, all of them when $2 is 1,
@@ -296,7 +298,8 @@ class DockerSandbox(Sandbox):
                     image=image, command=["sh", "-c", _fifo.BOOT], detach=True, name=name,
                     hostname="sandbox",
                     labels={LABEL_MANAGED: "1", LABEL_RUN: run_id, LABEL_ENV: env_id,
-                            LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}"},
+                            LABEL_OWNER: f"{socket.gethostname()}:{os.getpid()}",
+                            LABEL_OWNER_START: str(_procs.own_start())},
                     environment=dict(spec.env), working_dir=workdir, user="0",
                     stop_signal="SIGKILL", host_config=host_config)
 
@@ -557,17 +560,20 @@ class DockerSandbox(Sandbox):
     async def read_file(self, path: str) -> bytes:
         """Return the bytes of `path`; FileNotFoundError / IsADirectoryError as for open().
         Read from the host where the container's root is reachable (`_host_root`), refusing
-        what bwrap refuses (procfs, a FIFO: OSError), else through the daemon's archive API."""
+        what bwrap refuses (procfs, a FIFO: OSError), else through the daemon's archive API.
+        OutputTooLarge past `spec.read_limit` bytes, either way."""
         import docker
 
         self._check_open()
+        limit = self.spec.read_limit
         if self._root is not None:
-            return await asyncio.to_thread(self._root.read, path)
+            return await asyncio.to_thread(self._root.read, path, limit)
 
         def fetch(where: str) -> bytes:
             for _ in range(_MAX_LINK_HOPS):
                 try:
-                    tar_bytes, stat = self.host.call(lambda c: _get_archive(c, self.id, where))
+                    tar_bytes, stat = self.host.call(
+                        lambda c: _get_archive(c, self.id, where, limit))
                 except docker.errors.NotFound:
                     raise FileNotFoundError(path) from None
                 if stat.get("mode", 0) & (1 << 31):  # Go's os.ModeDir
@@ -729,8 +735,10 @@ class _DockerShell(ShellSession):
         return result
 
 
-def _get_archive(client: Any, container: str, path: str) -> tuple[bytes, dict[str, Any]]:
-    """The tar of `path` in `container` and its stat, the response read whole and closed. Not
+def _get_archive(client: Any, container: str, path: str,
+                 limit: int | None = None) -> tuple[bytes, dict[str, Any]]:
+    """The tar of `path` in `container` and its stat, the response read whole and closed
+    (`OutputTooLarge` for a file over `limit` bytes, by its stat and as it streams). Not
     the SDK's `get_archive`: its stream ties the response to its socket (`sock._response`), and
     on an ssh:// host that cycle holds a running `ssh` Popen, which `subprocess` keeps alive
     when collected: one ssh session left open per read, for the life of the process."""
@@ -742,7 +750,15 @@ def _get_archive(client: Any, container: str, path: str) -> tuple[bytes, dict[st
     try:
         api._raise_for_status(res)
         stat = res.headers.get("x-docker-container-path-stat")
-        return res.content, docker.utils.decode_json_header(stat) if stat else {}
+        info = docker.utils.decode_json_header(stat) if stat else {}
+        check_size(path, int(info.get("size", 0)), limit)
+        chunks, size = [], 0
+        bound = None if limit is None else limit + _TAR_OVERHEAD
+        for chunk in res.iter_content(1 << 20):
+            size += len(chunk)
+            check_size(path, size, bound)
+            chunks.append(chunk)
+        return b"".join(chunks), info
     finally:
         res.close()
 
@@ -773,13 +789,32 @@ def _remove(client: Any, container: str) -> None:
 
 
 def _discard(host: DockerHost, container: str) -> None:
-    """Best-effort removal of a container this process may have created without knowing it."""
+    """Best-effort removal of a container this process may have created without knowing it.
+    On the failover path, so bounded: a fleet host that is down is not asked (the removal
+    waits for it to answer again, `pending_removal`), and one that is up is given its health
+    timeout, not the 30 s of a call."""
+    if not host.implicit and host.state == "down":
+        host.pending_removal.add(container)
+        log.info("%s is removed when %s answers again", container, host.url)
+        return
     try:
-        host.call(lambda c: _remove(c, container))
+        if host.implicit:
+            host.call(lambda c: _remove(c, container))
+        else:
+            host.quick(lambda api: _remove_api(api, container))
     except Exception as exc:  # the reaper removes it later (its owner label names us)
-        if isinstance(exc, SandboxUnavailable):
+        if isinstance(exc, SandboxUnavailable) or unreachable(exc):
             host.pending_removal.add(container)
         log.warning("could not remove %s after a failed create: %s", container, exc)
+
+
+def _remove_api(api: Any, container: str) -> None:
+    import docker
+
+    try:
+        api.remove_container(container, force=True)
+    except docker.errors.NotFound:
+        pass
 
 
 def io_root() -> Path:

@@ -187,6 +187,9 @@ def unreachable(exc: BaseException) -> bool:
         exc, (requests.exceptions.RequestException, docker.errors.DockerException, OSError))
 
 
+DOWN_WATCH_S = 0.1  # how often work placed on a host looks whether it went down meanwhile
+
+
 class DockerHost:
     """One daemon of a fleet, shared by everything in this process that places on it: its
     clients, the slots in use, the token bucket, its health and the images it is known to
@@ -254,14 +257,20 @@ class DockerHost:
 
     def ping(self) -> None:
         """One ping within `health_timeout` (raises when the daemon does not answer)."""
-        import docker
-
         if self.url.startswith("ssh://"):
             return self._ssh_ping()
+        self.quick(lambda api: api.ping())
+
+    def quick(self, fn: Callable[[Any], T]) -> T:
+        """`fn(api)` on a low-level client of its own whose calls time out after
+        `health_timeout` (not the 30 s of `call`): for what must not wait on a host that may
+        be dead (a ping, the clean-up of a failed create). Blocks; raises what `fn` raises."""
+        import docker
+
         api = docker.APIClient(base_url=self.url, timeout=self.health_timeout,
                                use_ssh_client=True)
         try:
-            api.ping()
+            return fn(api)
         finally:
             api.close()
 
@@ -553,10 +562,7 @@ class DockerFleet:
             slot = await self.place(image, exclude=tried)
             host = slot.host
             try:
-                await asyncio.to_thread(self.ensure_image, host, image)
-                await asyncio.sleep(host.bucket.reserve())
-                host.note_create()
-                made = await start(host)
+                made = await _while_up(host, self._start_on(host, image, start))
             except SandboxUnavailable:
                 slot.release()
                 if host.implicit or host.state != "down":
@@ -570,8 +576,37 @@ class DockerFleet:
             made.placement = slot  # type: ignore[attr-defined]
             return made
 
+    async def _start_on(self, host: DockerHost, image: str,
+                        start: Callable[[DockerHost], Awaitable[T]]) -> T:
+        await asyncio.to_thread(self.ensure_image, host, image)
+        await asyncio.sleep(host.bucket.reserve())
+        host.note_create()
+        return await start(host)
+
     def snapshot(self) -> list[dict[str, Any]]:
         return [h.snapshot() for h in self.hosts]
+
+
+async def _while_up(host: DockerHost, work: Awaitable[T]) -> T:
+    """`work` on `host`, given up (cancelled: its clean-up leaves what it made for when the
+    host answers again) as soon as the host is marked down by another call: a call in flight
+    to a dead host would otherwise wait out its whole read timeout before failing over."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DOWN_WATCH_S)
+            if done or host.implicit or host.state != "down":
+                if done:
+                    return task.result()
+                continue
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if not task.cancelled():
+                return task.result()  # it ended meanwhile: its own outcome
+            raise SandboxUnavailable(f"Docker host {host.url} went down ({host.reason})")
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
 
 
 __all__ = ["DockerFleet", "DockerHost", "DockerHostConfig", "DockerHostsError", "ENV_HOSTS",

@@ -1,8 +1,12 @@
 """Orphan collection: containers, bwrap dirs and cgroups left by crashed or killed runs.
 
 `gc()` removes the sandboxes whose creating process is gone: containers labelled
-`corral.managed=1` whose `corral.owner` (host:pid) is dead, bwrap dirs likewise, and their
-cgroups. `gc(run=RUN)` removes every sandbox of that run; `gc(everything=True)` every managed
+`corral.managed=1` whose `corral.owner` (host:pid, with `corral.owner_start` its start time)
+is dead, bwrap dirs likewise, and their cgroups. An owner is alive while its pid runs with the
+start time it recorded (a reused pid is not the owner). Cgroups are the machine's, not a
+cache's: each is decided by its owner record's copy in `MOUNT_ROOT` (`bwrap.cgroup_record`),
+so a reaper with another `CORRAL_CACHE` spares the live sandboxes of every cache.
+`gc(run=RUN)` removes every sandbox of that run; `gc(everything=True)` every managed
 container, live or not. CLI: `corral sandbox gc [--run RUN] [--all]`.
 
 Both also prune the bwrap backend's rootfs cache: the exports of images the local daemon no
@@ -35,9 +39,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import SandboxError
-from .bwrap import CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, owner_record, sandboxes_dir
+from ._procs import owner_alive
+from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
+                    sandboxes_dir)
 from .base import BackendConfig
-from .docker import LABEL_OWNER, LABEL_RUN, DockerConfig, io_root
+from .docker import LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN, DockerConfig, io_root
 from .fleet import (DockerHost, DockerHostConfig, configured_hosts, default_host, shared_host,
                     unreachable)
 from .images import LABEL_MANAGED, prune_exports
@@ -61,16 +67,6 @@ class GcReport:
     rootfs_exports: int = 0
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def _orphaned(labels: dict[str, str], mine: bool = False) -> bool:
     """Whether the container's creating process is gone (or, with `mine`, is this one)."""
     host, _, pid = labels.get(LABEL_OWNER, "").rpartition(":")
@@ -78,7 +74,9 @@ def _orphaned(labels: dict[str, str], mine: bool = False) -> bool:
         return True  # not made by a sandbox (e.g. an export helper) or by an old version
     if mine and host == socket.gethostname() and int(pid) == os.getpid():
         return True
-    return host == socket.gethostname() and not _pid_alive(int(pid))
+    start = labels.get(LABEL_OWNER_START, "")
+    return host == socket.gethostname() and not owner_alive(
+        int(pid), int(start) if start.isdigit() else None)
 
 
 def docker_hosts(hosts: Sequence[str | DockerHostConfig] | None = None) -> list[DockerHost]:
@@ -164,9 +162,14 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
     for cg in [c for p in parents if p.is_dir() for c in p.iterdir() if c.is_dir()]:
         if prefix is not None and not cg.name.startswith(prefix):
             continue
-        # decided per cgroup, now: a sandbox created meanwhile has its owner record (made
-        # before its cgroup) and a sandbox closing drops its cgroup before its record
-        if _known(root / cg.name) and not _stale(root / cg.name, run, orphans_only, mine):
+        # decided per cgroup, now, by its owner's record in MOUNT_ROOT (whatever cache made
+        # it), else the one in this cache: a sandbox created meanwhile has its records (made
+        # before its cgroup) and a sandbox closing drops its cgroup before its records
+        shared = cgroup_record(cg.name)
+        if shared.exists() or not _known(root / cg.name):
+            if shared.exists() and not _stale_record(shared, run, orphans_only, mine):
+                continue
+        elif not _stale(root / cg.name, run, orphans_only, mine):
             continue
         try:
             pids = (cg / "cgroup.procs").read_text().split()
@@ -185,6 +188,7 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
             continue
         except OSError as exc:
             log.warning("cgroup %s still has processes: %s", cg, exc)
+    _gc_cgroup_records(parents, prefix, run, orphans_only, mine)
     # Dirs after cgroups: an orphan's processes are dead by now, so nothing still writes into
     # (or holds) the dir being removed. Its record goes last, so a gc killed mid-way leaves the
     # rest attributable to the next one.
@@ -201,6 +205,19 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
     return dirs, cgroups
 
 
+def _gc_cgroup_records(parents: list[Path], prefix: str | None, run: str | None,
+                       orphans_only: bool, mine: bool) -> None:
+    """Remove the MOUNT_ROOT records of dead owners whose cgroups are gone."""
+    for record in MOUNT_ROOT.glob(f".*{OWNER_SUFFIX}") if MOUNT_ROOT.is_dir() else []:
+        name = record.name[1:-len(OWNER_SUFFIX)]
+        if prefix is not None and not name.startswith(prefix):
+            continue
+        if any((p / name).exists() for p in parents):
+            continue
+        if _stale_record(record, run, orphans_only, mine):
+            record.unlink(missing_ok=True)
+
+
 def prune_rootfs() -> int:
     """Remove the rootfs exports of images the daemon no longer holds that no live bwrap
     sandbox runs on (see module docstring); 0 when the daemon does not answer, or when a live
@@ -213,7 +230,7 @@ def prune_rootfs() -> int:
             if sandbox_dir.exists() or owner_record(sandbox_dir).exists():
                 return 0
             continue
-        if owner.get("pid") and _pid_alive(int(owner["pid"])):
+        if _alive(owner):
             if "rootfs" not in owner:
                 return 0
             in_use.add(owner["rootfs"])
@@ -240,19 +257,31 @@ def _known(sandbox_dir: Path) -> bool:
     return sandbox_dir.is_dir() or owner_record(sandbox_dir).exists()
 
 
+def _alive(owner: dict[str, Any]) -> bool:
+    """Whether the process an owner record names (pid and start time) still runs."""
+    pid, start = owner.get("pid"), owner.get("start")
+    return bool(pid) and owner_alive(int(pid), None if start is None else int(start))
+
+
 def _stale(sandbox_dir: Path, run: str | None, orphans_only: bool = False,
            mine: bool = False) -> bool:
     """Whether a bwrap sandbox belongs to `run` (given; and to an owner that died, with
     `orphans_only`) or to an owner that died."""
-    record = owner_record(sandbox_dir)
+    if not owner_record(sandbox_dir).exists():  # a dir made by an older version: no record
+        return _age(sandbox_dir) > OWNERLESS_GRACE_S
+    return _stale_record(owner_record(sandbox_dir), run, orphans_only, mine)
+
+
+def _stale_record(record: Path, run: str | None, orphans_only: bool = False,
+                  mine: bool = False) -> bool:
+    """`_stale` by one owner record (a cache's, or the cgroup's copy in MOUNT_ROOT)."""
     try:
         owner = json.loads(record.read_text())
-    except FileNotFoundError:  # a dir made by an older version, which wrote no record
-        return _age(sandbox_dir) > OWNERLESS_GRACE_S
+    except FileNotFoundError:  # removed meanwhile: its sandbox closed
+        return False
     except (OSError, ValueError):  # being written now, or its writer died mid-write
         return _age(record) > OWNERLESS_GRACE_S
-    dead = not (owner.get("pid") and _pid_alive(int(owner["pid"])))
-    dead = dead or (mine and owner.get("pid") == os.getpid())
+    dead = not _alive(owner) or (mine and owner.get("pid") == os.getpid())
     if run is not None:
         return owner.get("run") == run and (dead or not orphans_only)
     return dead

@@ -50,6 +50,8 @@ class Terminal(SandboxSpec):
     files: dict[str, str] = Field(default_factory=dict, description="path -> content at start")
     command_timeout: float = Field(30.0, gt=0)
     output_limit: int = Field(1 << 20, gt=0)
+    read_limit: int = Field(64 << 20, gt=0, description="the most bytes read_file, download "
+                            "and a fresh verify's transfer take out of the sandbox")
     backend: str = Field("auto", description="a terminal backend of the table, or 'auto'")
 
     @field_validator("backend")

@@ -64,6 +64,11 @@ class AgentError(CorralError):
     """The agent did something invalid; shown to it as an observation."""
 
 
+class OutputTooLarge(AgentError, OSError):
+    """A file read out of a sandbox (`read_file`, `download`, a fresh verify's outputs) is
+    larger than the sandbox's `read_limit`: refused before it fills the host's memory."""
+
+
 class UnknownTool(AgentError):
     """The agent called a tool that does not exist."""
 

@@ -72,6 +72,15 @@ def clip(text: str, limit: int) -> str:
     return f"{head}\n[... {len(text) - len(head) - len(tail)} characters omitted ...]\n{tail}"
 
 
+def clamp_timeout(asked: float, most: float, left: float = math.inf) -> float:
+    """The seconds a tool call may run: what the agent asked for (any number it sends: NaN,
+    infinite, 1e9), within 0.1 and the spec's `most`, and no more than the time `left`."""
+    asked = float(asked)
+    if not math.isfinite(asked):
+        asked = most
+    return max(0.1, min(asked, most, left))
+
+
 def format_result(result: ExecResult, timeout: float, limit: int = 16_000) -> str:
     """What the agent sees for one command: its output (clipped to `limit` characters), then an
     exit-code (or timeout) line."""
@@ -237,13 +246,14 @@ class TerminalEnv(Env):
 
         Args:
             command: the shell command line to run.
-            timeout: seconds before the command is killed (the shell stays usable).
+            timeout: seconds before the command is killed (the shell stays usable); at most
+                the sandbox's command_timeout.
         """
         left = self._time_left(task, state)
         if left <= 0:
             return (f"Error: the episode's command time limit ({self.time_limit(task):g} s) is "
                     "used up; finish with your answer.")
-        timeout = max(0.1, min(float(timeout), left))
+        timeout = clamp_timeout(timeout, self.sandbox_for(task).command_timeout, left)
         shell = await sandbox.shell()
         result = await shell.run(command, timeout=timeout)
         state["command_seconds"] = state.get("command_seconds", 0.0) + result.duration

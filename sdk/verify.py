@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import SandboxError
+from .errors import OutputTooLarge, SandboxError
 from .sandbox.base import ExecResult, Sandbox
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def within(path: str, outputs: list[str]) -> bool:
 
 async def transfer(source: Sandbox, target: Sandbox, paths: list[str]) -> list[str]:
     """Copy the agent's declared outputs (files or folders) from `source` into `target`;
-    returns those that did not exist.
+    returns those that did not exist, or were over the source's `read_limit` (not copied).
 
     Files are read from the host (nothing in `source` runs). A folder travels as one tar
     archive made by `source`'s own `tar` (which the agent may have replaced: it can only ever
@@ -186,15 +186,20 @@ async def transfer(source: Sandbox, target: Sandbox, paths: list[str]) -> list[s
     for path in paths:
         quoted = shlex.quote(path)
         try:
-            await target.write_file(path, await source.read_file(path))
-            continue
-        except IsADirectoryError:
-            pass  # a folder: packed with tar below
+            try:
+                await target.write_file(path, await source.read_file(path))
+                continue
+            except IsADirectoryError:
+                pass  # a folder: packed with tar below
+            await _checked(source, f"tar -C {quoted} -czf {archive} .")
+            await target.write_file(archive, await source.read_file(archive))
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             missing.append(path)
             continue
-        await _checked(source, f"tar -C {quoted} -czf {archive} .")
-        await target.write_file(archive, await source.read_file(archive))
+        except OutputTooLarge as exc:  # the agent's to answer for: its verifier finds nothing
+            log.info("output %s is not copied to the fresh sandbox: %s", path, exc)
+            missing.append(path)
+            continue
         await _checked(target, f"mkdir -p {quoted} && tar -C {quoted} -xzf {archive} && "
                                f"rm -f {archive}")
     return missing

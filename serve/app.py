@@ -7,8 +7,9 @@ description), `GET /health`. An operation is tied to its request: a client that 
 before the answer has its session closed (the operation cancelled, the sandbox closed).
 Errors are `{"error": {kind, type, message}}` with a status per kind (protocol.HTTP_STATUS):
 400 a malformed request (a body that is not JSON, a field missing or of the wrong type, a
-task_index out of range), 404 unknown env or session, 403 another connection's session, 409
-an agent error (a step after the episode ended), 429 busy, 502 infrastructure.
+task_index out of range), 413 a body over 16 MiB (refused unread), 404 unknown env or session,
+403 another connection's session, 409 an agent error (a step after the episode ended), 429
+busy, 502 infrastructure.
 
 WebSocket (`/v1/ws`): one connection carries one session at a time: `{"op": "open",
 "env_id": ...}`, then `reset`, `step`, `tool`, `finish`, `state`, `close` (a later `open`
@@ -35,6 +36,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from corral.errors import CorralError
 from corral.serve import ops
+from corral.serve.limits import BodyLimit
 from corral.serve.protocol import (
     EnvServerAuthError,
     EnvInfo,
@@ -53,6 +55,7 @@ from corral.serve.protocol import (
 )
 from corral.serve.sessions import Session, SessionManager
 
+MAX_BODY_BYTES = 16 << 20  # an HTTP body over this is answered 413, unread (as WebSocket's)
 OPEN_PATHS = ("/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
 
 
@@ -78,6 +81,12 @@ def token_ok(expected: str | None, headers: Any, query: Any) -> bool:
     return secrets.compare_digest(given.encode(), expected.encode())
 
 
+def _too_large(max_bytes: int) -> ORJSONResponse:
+    body = ErrorBody(kind="protocol", type="BodyTooLarge",
+                     message=f"the request body is over the {max_bytes:,}-byte limit")
+    return ORJSONResponse({"error": body.model_dump()}, status_code=413)
+
+
 def _error(exc: BaseException) -> ORJSONResponse:
     headers = {"Retry-After": "1"} if status_of(exc) == 429 else None
     return ORJSONResponse({"error": error_body(exc).model_dump()}, status_code=status_of(exc),
@@ -88,12 +97,13 @@ class EnvServer:
     """The served envs, their sessions and the app; `corral serve-env` runs `app` in uvicorn."""
 
     def __init__(self, manager: SessionManager, infos: dict[str, EnvInfo], *,
-                 token: str | None = None) -> None:
+                 token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.manager, self.infos, self.token = manager, infos, token
         self.app = FastAPI(title="Corral env server", version="1",
                            description=__doc__, lifespan=self._lifespan,
                            default_response_class=ORJSONResponse)
         self._routes()
+        self.app.add_middleware(BodyLimit, max_bytes=max_body_bytes, refusal=_too_large)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -176,8 +186,8 @@ class EnvServer:
             return self.env_description(env_id)
 
         @app.post("/v1/sessions", response_model=SessionOpened)
-        async def open_session(body: OpenSession) -> SessionOpened:
-            return _opened(await manager.open(body.env_id, None, body.wait))
+        async def open_session(body: OpenSession, request: Request) -> SessionOpened:
+            return _opened(await open_while_connected(request, manager, body))
 
         def on(session_id: str, op: Callable[[Any], Awaitable[Any]],
                request: Request | None = None) -> Awaitable[Any]:
@@ -237,6 +247,26 @@ async def while_connected(request: Request, manager: SessionManager, session: Se
         await asyncio.gather(work, return_exceptions=True)
         raise SessionError(f"session {session.id!r} was closed: its client disconnected")
     return work.result()
+
+
+async def open_while_connected(request: Request, manager: SessionManager,
+                               body: OpenSession) -> Session:
+    """`manager.open` for an HTTP request, given up when the client goes away first (while
+    it waits for a slot): a session nobody will use must not take the next free slot."""
+    opening = asyncio.ensure_future(manager.open(body.env_id, None, body.wait))
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+    if not opening.done():
+        opening.cancel()
+        (made,) = await asyncio.gather(opening, return_exceptions=True)
+        if isinstance(made, Session):  # opened just as it was given up
+            await manager.close(made, "disconnected")
+        raise SessionError("the client went away while waiting for a session")
+    return opening.result()
 
 
 async def _disconnect(request: Request) -> None:

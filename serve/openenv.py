@@ -163,9 +163,15 @@ class OpenEnvSocket(WebSocketSession):
     async def _handle(self, raw: str | bytes) -> dict[str, Any] | None:
         try:
             message = orjson.loads(raw)
-            kind = message.get("type") if isinstance(message, dict) else None
-            if kind == "close":
+            if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+                raise ProtocolError('a message is an object {"type": ..., "data": ...}, got '
+                                    f"{type(message).__name__}")
+            kind = message["type"]
+            if kind == "close":  # answered with a close frame, then the session ends
+                await self.ws.close(code=1000)
                 return None
+            if kind not in ("reset", "step", "state"):
+                raise ProtocolError(f"Unknown message type: {kind}")
             if self.session is None:  # opened lazily, so a busy answer reaches the client
                 self.session = await self.server.manager.open(self.env_id, self)
             session, manager = self.session, self.server.manager

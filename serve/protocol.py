@@ -34,7 +34,7 @@ class OpenSession(_Strict):
 class ResetRequest(_Strict):
     """Start an episode: task `task_index`, or one drawn from `seed`."""
 
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)  # numpy's seeds are not negative
     # no `ge=0` here: ops.reset checks the range, whose end only the env knows, in one message
     task_index: int | None = Field(None, description="the task to start, 0 to the env's "
                                    "number of tasks - 1 (default: one drawn from seed)")

@@ -5,8 +5,10 @@ moment a session is asked for (an env being made holds its slot), so `max_sessio
 sandboxes alive at any instant. Beyond the cap a request may wait in a bounded queue (its
 `wait` seconds, at most `max_waiting` waiters) or is refused at once with `EnvServerBusy`.
 Every way a session ends — closed by its client, its WebSocket dropped, idle past
-`idle_timeout`, the server shutting down — goes through `close`, which cancels the operation
-in flight and closes the env (and so its sandbox).
+`idle_timeout`, an operation running past `turn_timeout`, the session open past
+`session_timeout`, the server shutting down — goes through `close`, which cancels the
+operation in flight and closes the env (and so its sandbox). A client whose operation was
+cut off by a deadline gets `EpisodeTruncated`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
 
-from corral.errors import EnvServerBusy, UnknownEnv
+from corral.errors import EnvServerBusy, EpisodeTruncated, UnknownEnv
 from corral.serve.protocol import SessionError
 from corral.suggest import closest
 
@@ -41,25 +43,34 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     running: asyncio.Task[Any] | None = None
     closed: bool = False
+    closing: asyncio.Future[None] | None = None  # its teardown, once `close` began it
+    opened: float = field(default_factory=time.monotonic)
+    op_started: float = 0.0  # when the operation in flight began
+    cut_off: str | None = None  # the deadline that closed it, if one did
 
 
 class SessionManager:
     """Opens, hands out and closes sessions of the served envs."""
 
     def __init__(self, env_ids: list[str], make_env: EnvMaker, *, max_sessions: int = 8,
-                 idle_timeout: float = 300.0, max_waiting: int | None = None) -> None:
+                 idle_timeout: float = 300.0, max_waiting: int | None = None,
+                 turn_timeout: float = 600.0, session_timeout: float = 3600.0) -> None:
+        """Timeouts in seconds, 0 for none: `idle_timeout` between operations,
+        `turn_timeout` for one operation (a step), `session_timeout` from open to close."""
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
         self.env_ids = list(env_ids)
         self.make_env = make_env
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
+        self.turn_timeout, self.session_timeout = turn_timeout, session_timeout
         self.max_waiting = max_sessions if max_waiting is None else max_waiting
         self.sessions: dict[str, Session] = {}
         self._reserved = 0  # slots taken by sessions being made
         self._waiting = 0
         self._freed = asyncio.Condition()
         self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Future[None]] = set()  # teardowns still running
         self.counts = {"opened": 0, "closed": 0, "reaped": 0, "refused": 0}
 
     # --- capacity ------------------------------------------------------------------------------
@@ -140,20 +151,33 @@ class SessionManager:
         async with session.lock:
             if session.closed:
                 raise SessionError(f"session {session.id!r} was closed")
-            session.last_used = time.monotonic()
+            session.last_used = session.op_started = time.monotonic()
             session.running = asyncio.ensure_future(op(session.env))
             try:
                 return await session.running
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if session.cut_off is None or (task is not None and task.cancelling()):
+                    raise  # the caller's own cancellation (its client went away)
+                raise EpisodeTruncated(f"session {session.id!r} was closed: "
+                                       f"{session.cut_off}") from None
             finally:
                 session.running = None
                 session.last_used = time.monotonic()
 
     async def close(self, session: Session, why: str = "closed") -> None:
-        """End the session: cancel its operation in flight, close its env and sandbox."""
-        if session.closed:
-            return
-        session.closed = True
-        self.sessions.pop(session.id, None)
+        """End the session: cancel its operation in flight, close its env and sandbox. The
+        teardown runs to its end even when the caller is cancelled (a client that sends
+        `close` and drops its connection a moment later), and `close_all` waits for it."""
+        if session.closing is None:
+            session.closed = True
+            self.sessions.pop(session.id, None)
+            session.closing = asyncio.ensure_future(self._teardown(session, why))
+            self._closing.add(session.closing)
+            session.closing.add_done_callback(self._closing.discard)
+        await asyncio.shield(session.closing)
+
+    async def _teardown(self, session: Session, why: str) -> None:
         running = session.running
         if running is not None and not running.done():
             running.cancel()
@@ -162,7 +186,7 @@ class SessionManager:
             await session.env.aclose()
         except Exception as exc:  # the sandbox is gone either way; the slot must come back
             log.warning("closing session %s (%s) failed: %s", session.id, session.env_id, exc)
-        self.counts["reaped" if why == "idle" else "closed"] += 1
+        self.counts["reaped" if why in ("idle", "deadline") else "closed"] += 1
         log.info("session %s of %s %s", session.id, session.env_id, why)
         await self._notify_freed()
 
@@ -173,17 +197,33 @@ class SessionManager:
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        if self._reaper is None and self.idle_timeout > 0:
-            self._reaper = asyncio.create_task(self._reap_forever())
+        limits = [t for t in (self.idle_timeout, self.turn_timeout, self.session_timeout) if t > 0]
+        if self._reaper is None and limits:
+            self._reaper = asyncio.create_task(self._reap_forever(min(limits)))
 
-    async def _reap_forever(self) -> None:
-        period = max(0.05, min(5.0, self.idle_timeout / 4))
+    async def _reap_forever(self, shortest: float) -> None:
+        period = max(0.05, min(5.0, shortest / 4))
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
             for session in list(self.sessions.values()):
-                if session.running is None and now - session.last_used > self.idle_timeout:
-                    await self.close(session, "idle")
+                why = self._overdue(session, now)
+                if why is not None:
+                    session.cut_off = None if why == "idle" else why
+                    await self.close(session, why if why == "idle" else "deadline")
+
+    def _overdue(self, session: Session, now: float) -> str | None:
+        """Why `session` must end now ("idle", or the deadline it ran past), or None."""
+        if self.session_timeout > 0 and now - session.opened > self.session_timeout:
+            return f"it was open past the server's session deadline ({self.session_timeout:g} s)"
+        if session.running is not None:
+            if self.turn_timeout > 0 and now - session.op_started > self.turn_timeout:
+                return (f"its operation ran past the server's turn deadline "
+                        f"({self.turn_timeout:g} s)")
+            return None
+        if self.idle_timeout > 0 and now - session.last_used > self.idle_timeout:
+            return "idle"
+        return None
 
     async def close_all(self) -> None:
         """Shutdown: stop reaping and close every session (and its sandbox)."""
@@ -192,6 +232,7 @@ class SessionManager:
             await asyncio.gather(self._reaper, return_exceptions=True)
             self._reaper = None
         await asyncio.gather(*(self.close(s, "shut down") for s in list(self.sessions.values())))
+        await asyncio.gather(*list(self._closing), return_exceptions=True)
 
     def stats(self) -> dict[str, Any]:
         return {"active": self.active, "free": self.free, "waiting": self._waiting,

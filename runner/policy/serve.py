@@ -39,12 +39,14 @@ from fastapi.responses import JSONResponse
 
 from corral.errors import PolicyError
 from corral.runner.engines.process import is_loopback
+from corral.serve.limits import BodyLimit
 from .base import RELOAD_TOKEN_ENV, Generation, GenerationRequest
 from .chat import encode_prompt, parse_assistant_text
 from .local import LocalPolicy
 from .sampling import seed_for_sample
-from .wire import (ApiError, BodyLimit, ChatRequest, CompletionRequest, ReloadRequest,
-                   api_error_handler, error_response, stops, validation_error_handler)
+from .wire import (ApiError, ChatRequest, CompletionRequest, ReloadRequest,
+                   api_error_handler, body_too_large, error_response, stops,
+                   validation_error_handler)
 
 log = logging.getLogger(__name__)
 VERSION_HEADER = "X-Policy-Version"
@@ -89,14 +91,45 @@ def _prompt_count(prompt: Any) -> int:
     return len(prompt)
 
 
-def _prompts(policy: LocalPolicy, prompt: Any) -> list[list[int]]:
+def max_token_bytes(tokenizer: Any) -> int:
+    """The most UTF-8 bytes one token of `tokenizer`'s vocabulary spells (its byte-level
+    or sentencepiece form, never fewer than the bytes it decodes to): a text of B bytes is at
+    least B / this many tokens, which bounds a prompt's length before it is tokenized."""
+    return max(1, max((len(t.encode()) for t in tokenizer.get_vocab()), default=1))
+
+
+def _check_length(policy: LocalPolicy, per_token: int, size: int) -> None:
+    """A 400 for text of `size` bytes that cannot fit the model's context whatever its
+    tokens: refused before tokenizing (megabytes take the tokenizer seconds)."""
+    limit = policy.max_positions
+    if limit and size > limit * per_token:
+        raise ValueError(f"the prompt ({size:,} bytes: at least {size // per_token:,} tokens) "
+                         f"exceeds the model's {limit} positions; shorten it")
+
+
+def _prompts(policy: LocalPolicy, prompt: Any, per_token: int) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [policy.tokenizer.encode(prompt)]
-    if prompt and all(isinstance(p, int) for p in prompt):
+        prompt = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     if not prompt:
         raise ValueError("prompt is empty; send text or a list of token ids")
+    for p in prompt:
+        if isinstance(p, str):
+            _check_length(policy, per_token, len(p.encode()))
     return [policy.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+def _content_bytes(messages: list[dict[str, Any]]) -> int:
+    """The bytes of the messages' text (no more than their rendering holds)."""
+    size = 0
+    for message in messages:
+        content = message.get("content")
+        parts = content if isinstance(content, list) else [content]
+        for part in parts:
+            text = part.get("text") if isinstance(part, dict) else part
+            size += len(text.encode()) if isinstance(text, str) else 0
+    return size
 
 
 def _check_model(policy: LocalPolicy, name: str | None) -> None:
@@ -158,9 +191,10 @@ def create_app(policy: LocalPolicy, config: ServeConfig | None = None) -> FastAP
         yield
         await policy.close()  # for ASGI servers other than ours (see _Server)
 
+    per_token = max_token_bytes(policy.tokenizer)  # bounds prompt lengths before tokenizing
     app = FastAPI(title="corral serve-policy", lifespan=lifespan)
     app.state.policy, app.state.config = policy, config
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, refusal=body_too_large)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
 
@@ -202,7 +236,7 @@ def create_app(policy: LocalPolicy, config: ServeConfig | None = None) -> FastAP
     async def completions(body: CompletionRequest) -> dict[str, Any]:
         _check_model(policy, body.model)
         _check_count(config, _prompt_count(body.prompt), body.n)
-        prompts = _prompts(policy, body.prompt)
+        prompts = _prompts(policy, body.prompt, per_token)
         pairs = [(ids, GenerationRequest(prompt_ids=ids, max_tokens=body.max_tokens,
                                          temperature=body.temperature, top_p=body.top_p,
                                          stop=stops(body.stop), seed=seed_for_sample(body.seed, j)))
@@ -225,6 +259,7 @@ def create_app(policy: LocalPolicy, config: ServeConfig | None = None) -> FastAP
         _check_model(policy, body.model)
         _check_count(config, 1, body.n)
         tools = None if body.tool_choice == "none" else body.tools
+        _check_length(policy, per_token, _content_bytes(body.messages))
         try:
             prompt = encode_prompt(policy.tokenizer, body.messages, tools=tools)
         except Exception as exc:  # jinja errors name the bad message; report them as 400

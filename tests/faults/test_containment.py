@@ -250,3 +250,28 @@ async def test_hostname_cannot_be_changed(sb) -> None:
                        "2>/dev/null && echo CHANGED2; hostname")
     assert "CHANGED" not in out
     assert socket.gethostname() == before
+
+
+async def test_reading_a_huge_file_out_is_refused_with_bounded_memory(sb) -> None:
+    """A 1 GiB sparse file costs the agent nothing: `read_file`, `download` and a fresh
+    verify's transfer refuse it at the sandbox's `read_limit` instead of reading it whole
+    into the host's memory (+2 GiB of RSS before)."""
+    import resource
+
+    from corral.errors import OutputTooLarge
+    from corral.verify import transfer
+
+    await sb.exec("truncate -s 1G /root/big && echo small > /root/small")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    readers = [sb]
+    if sb.backend == "docker":  # also through the daemon's archive API (a remote daemon)
+        readers.append(type(sb)(sb.id, sb.spec, sb.user, sb.workdir, sb._io_dir, sb.host))
+    for reader in readers:
+        with pytest.raises(OutputTooLarge, match="67,108,864-byte read limit"):
+            await reader.read_file("/root/big")
+        with pytest.raises(OutputTooLarge):
+            await reader.download("/root/big", Path("/nonexistent/never-written"))
+        assert await reader.read_file("/root/small") == b"small\n"
+    assert await transfer(sb, sb, ["/root/big"]) == ["/root/big"]  # not copied: missing
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+    assert grown < 200 * 1024, f"peak RSS grew {grown // 1024} MiB"

@@ -186,3 +186,21 @@ def test_stale_upload_of_a_killed_server_is_removed_at_restart(tmp_path: Path) -
             if proc is not None:
                 proc.kill()
                 proc.wait(30)
+
+
+@pytest.mark.parametrize("bad", [{"passes": 5, "runs": 4}, {"task_index": -1},
+                                 {"avg": "NaN"}, {"pass_at_k": "Infinity"}, {"pass_at_k": 2.5}])
+def test_impossible_profiles_are_refused(bad: dict) -> None:
+    """More passes than runs, a negative task index, NaN (stored as null: the web page showed
+    25,000 %) or a pass@k outside [0, 1] are refused where a profile is read (the server's
+    `POST /api/profiles` body, a store's record)."""
+    from pydantic import ValidationError
+
+    from corral.registry.store import Profile
+
+    task = {"task_index": 0, "task_id": "t0", "runs": 4, "passes": 2, "avg": 0.5,
+            "pass_at_k": 0.5, **bad}
+    body = json.dumps({"env_id": "acme/x-v1", "agent": "oracle", "tasks": [task]})
+    with pytest.raises(ValidationError):
+        Profile.model_validate_json(body.replace('"NaN"', "NaN").replace('"Infinity"',
+                                                                        "Infinity"))

@@ -135,6 +135,25 @@ async def test_an_oversized_body_is_413_declared_or_streamed(server: PolicyServe
     assert still_fine.status_code == 200
 
 
+async def test_a_prompt_past_the_context_is_400_before_tokenizing(server: PolicyServer) -> None:
+    """7 MiB of text cannot fit 4096 positions: refused from its length, in milliseconds, by
+    8 concurrent requests while /health answers (it took the tokenizer 8.7 s a request, and
+    8 of them 108 s, /health 9 s)."""
+    text = "hello world " * (600 << 10)
+    bodies = [("/v1/completions", {**GOOD, "prompt": text}),
+              ("/v1/chat/completions", {"model": "tiny", "max_tokens": 4, "messages": [
+                  {"role": "user", "content": text}]})] * 4
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        started = time.monotonic()
+        answers = await asyncio.gather(*(http.post(path, json=body) for path, body in bodies),
+                                       http.get("/health"))
+        took = time.monotonic() - started
+    for answer in answers[:-1]:
+        _assert_one_line_error(answer, 400, "exceeds the model's 4096 positions")
+    assert answers[-1].status_code == 200
+    assert took < 15.0, f"{took:.1f} s"
+
+
 async def test_a_bad_request_fails_alone_amid_good_ones(server: PolicyServer) -> None:
     """The issue's poison: a seed the generator cannot take, sent with 8 concurrent requests."""
     good = [{**GOOD, "prompt": [5 + i, 6, 7], "max_tokens": 3 + i, "seed": i} for i in range(8)]
