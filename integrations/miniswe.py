@@ -28,6 +28,8 @@ Execute = Callable[..., Any]  # (command, timeout=None, cwd=None) -> an ExecResu
 def _require() -> None:
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")  # its banner goes to stdout otherwise
     os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")  # a local model has no price
+    # litellm fetches a price list from GitHub when imported; the packaged copy is enough
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import minisweagent  # noqa: F401
     except ImportError as exc:

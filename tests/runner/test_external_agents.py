@@ -159,3 +159,22 @@ async def test_mini_swe_agent_with_the_tiny_model_trains(policy, tiny_path,
     result = Trainer(model, None, StepConfig(dtype="float32")).step([trajs])
     assert result.applied and result.metrics["samples"] >= 2
 
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["collect", "corral/arithmetic-v0", "--run-dir", "R", "--agent", "mini-swe-agnet"],
+     "--agent mini-swe-agnet: unknown agent 'mini-swe-agnet'. Did you mean 'mini-swe-agent'?"),
+    (["eval", "corral/arithmetic-v0", "--agent-command", "no-such-agent-binary x"],
+     "--agent-command no-such-agent-binary x: agent command 'no-such-agent-binary' is not"),
+    (["collect", "corral/arithmetic-v0", "--run-dir", "R", "--agent", "mini-swe-agent",
+      "--agent-command", "python a.py"], "--agent and --agent-command: give one of them"),
+])
+def test_cli_agent_flags_are_usage_errors(argv: list[str], message: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from corral.cli import app
+
+    argv = [str(tmp_path / a) if a == "R" else a for a in argv]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
