@@ -178,3 +178,42 @@ def test_cli_agent_flags_are_usage_errors(argv: list[str], message: str, tmp_pat
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+
+
+class InsideTouch(Touch):
+    """Touch, with the agent program copied into the sandbox at setup."""
+
+    env_id = "test/agent-inside-v0"
+
+    async def setup(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> None:
+        await sandbox.write_file("/opt/agent.py", Path(INSIDE).read_text())
+
+
+INSIDE = str(Path(__file__).with_name("inside_agent.py"))
+
+
+@pytest.mark.bwrap
+@pytest.mark.docker
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+async def test_agent_inside_the_sandbox_reaches_only_the_proxy(backend: str) -> None:
+    """The agent runs in the sandbox (network off): the proxy answers it over the unix
+    socket and the relayed loopback port; a server on the host's loopback does not."""
+    import http.server
+    import threading
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    engine = Recorded(ScriptedPolicy(solver))
+    probes = [f"http://127.0.0.1:{host.server_port}/", "http://192.0.2.1/"]
+    agent = ExternalAgent(command=["python3", "/opt/agent.py", *probes], inside=True)
+    try:
+        async with Runner([InsideTouch], engine, sandbox_backend=backend, sandbox_capacity=1,
+                          agent=agent) as runner:
+            (traj,) = await runner.collect(1)
+    finally:
+        host.shutdown()
+    log = traj.metadata["agent"]["log_tail"]
+    assert traj.status is Status.COMPLETE and traj.reward == 1.0, (traj.error, log)
+    assert log.count("PROBE failed") == 2 and "PROBE reached" not in log, log
+    assert "MODELS corral-policy" in log
+    assert generated(traj) == [i for _, g in engine.calls for i in g.token_ids]
