@@ -234,15 +234,11 @@ async def _run_command(agent: ExternalAgent, ctx: AgentContext, outcome: dict[st
 
     pumping = asyncio.ensure_future(pump())
     try:
-        code = await proc.wait()
-        kill_tree(proc.pid, marker)  # what it left running in the background goes too
-        await asyncio.wait_for(pumping, 5)
-        return code
-    finally:
-        if proc.returncode is None:
-            kill_tree(proc.pid, marker)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(proc.wait(), 5)
+        return await proc.wait()
+    finally:  # exited, or cut at the deadline: what it left running goes too
+        kill_tree(proc.pid, marker)
+        with contextlib.suppress(Exception):  # its output ends once the tree is gone
+            await asyncio.wait_for(asyncio.gather(proc.wait(), pumping), 5)
         pumping.cancel()
         outcome["log_tail"] = tail.decode("utf-8", "replace")
         with contextlib.suppress(OSError):
