@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import socket
@@ -35,10 +34,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
 from corral.errors import PolicyError
@@ -149,6 +149,9 @@ class AgentProxy:
         self.host, self.uds = host, uds
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it; asyncio sets it only on sockets made with
+        # IPPROTO_TCP, and without it every response waits out a 40 ms delayed ACK
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         self.sessions: dict[str, AgentSession] = {}
@@ -278,7 +281,7 @@ class AgentProxy:
             response = _envelope("chat.completion", choice, prompt, gen)
             if body.stream:
                 return _stream(_chat_events(response))
-            return response
+            return _json(response)
 
         @app.post("/e/{key}/v1/completions", response_model=None)
         async def completions(key: str, body: _Completion) -> Any:
@@ -309,7 +312,7 @@ class AgentProxy:
             response = _envelope("text_completion", choice, prompt, gen)
             if body.stream:
                 return _stream(_completion_events(response))
-            return response
+            return _json(response)
 
         @app.post("/e/{key}/sandbox/exec")
         async def sandbox_exec(key: str, body: _Exec) -> dict[str, Any]:
@@ -358,10 +361,15 @@ def _envelope(kind: str, choice: dict[str, Any], prompt: Prompt,
                       "total_tokens": len(prompt.ids) + len(gen.token_ids)}}
 
 
+def _json(body: dict[str, Any]) -> Response:
+    """A JSON response serialised at once (FastAPI's encoder walks every token id)."""
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
 def _stream(events: list[dict[str, Any]]) -> StreamingResponse:
     async def body() -> AsyncIterator[bytes]:
         for event in events:
-            yield f"data: {json.dumps(event)}\n\n".encode()
+            yield b"data: " + orjson.dumps(event) + b"\n\n"
         yield b"data: [DONE]\n\n"
     return StreamingResponse(body(), media_type="text/event-stream")
 
