@@ -168,3 +168,23 @@ async def test_bad_requests_are_400(bad: dict) -> None:
             r = await http.post("/chat/completions",
                                 json={"messages": [{"role": "user", "content": "x"}], **bad})
     assert r.status_code == 400 and r.json()["error"]["message"]
+
+
+async def test_responses_do_not_wait_for_delayed_acks() -> None:
+    """The listening sockets set TCP_NODELAY (accepted connections inherit it; asyncio sets it
+    only on sockets made with IPPROTO_TCP): a response written in two parts otherwise waited
+    40 ms for the client's delayed ACK, on every request."""
+    import socket
+
+    from fastapi import FastAPI
+
+    from corral.runner.policy.serve import AppServer
+
+    proxy = AgentProxy()
+    server = AppServer(FastAPI())
+    try:
+        for sock in (proxy._sock, server._sock):
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        await proxy.close()
+        server._sock.close()
