@@ -18,11 +18,25 @@ import os
 import platform
 from typing import Any, Callable
 
-__all__ = ["SandboxEnvironment", "builtin_config", "run_mini_swe_agent"]
+__all__ = ["SandboxEnvironment", "builtin_config", "preload", "run_mini_swe_agent"]
 
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent's end-of-task marker
 
 Execute = Callable[..., Any]  # (command, timeout=None, cwd=None) -> an ExecResult
+
+
+def preload() -> None:
+    """Import mini-swe-agent and litellm now (seconds to tens of seconds: litellm is large), so
+    that an episode's deadline does not pay for it; a `CorralError` when they are missing."""
+    _require()
+    import litellm
+    import minisweagent.agents.default  # noqa: F401
+    import minisweagent.models.litellm_model  # noqa: F401
+
+    # litellm imports most of itself (its proxy's types) at the first completion: a mock
+    # one (no request is sent) pays for that here
+    litellm.completion(model="openai/corral-preload", mock_response="ok",
+                       messages=[{"role": "user", "content": "preload"}])
 
 
 def _require() -> None:

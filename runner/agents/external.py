@@ -143,7 +143,9 @@ class ExternalAgent:
 
 
 def _mini_swe_agent(**options: Any) -> ExternalAgent:
-    from corral.integrations.miniswe import run_mini_swe_agent
+    from corral.integrations.miniswe import preload, run_mini_swe_agent
+
+    preload()  # before any episode's deadline runs
 
     def play(ctx: AgentContext) -> dict[str, Any]:
         return run_mini_swe_agent(task=ctx.instruction, base_url=ctx.base_url,

@@ -43,8 +43,11 @@ def _call(command: str) -> str:
 
 
 def solver(call) -> str:
-    """Writes the word on turn 0, submits (mini-swe-agent's marker) on turn 1, then stops."""
+    """Solves the task on turn 0 (Touch's word, or the Harbor answer task's 42), submits
+    (mini-swe-agent's marker) on turn 1, then stops."""
     if call.turn == 0:
+        if "ultimate question" in call.prompt:
+            return _call("echo 42 > /root/answer.txt")
         word = call.prompt.split("Write the word ")[1].split()[0]
         return _call(f"echo {word} > /tmp/word.txt")
     if call.turn == 1:
@@ -57,10 +60,10 @@ async def test_openai_sdk_command_agent_solves_terminal_task() -> None:
     engine = Recorded(ScriptedPolicy(solver))
     agent = ExternalAgent(command=[sys.executable, AGENT])
     async with Runner([Touch], engine, agent=agent, sandbox_backend="bwrap",
-                      sandbox_capacity=2, seed=3) as runner:
-        trajs = await runner.collect(2, group=2)
-    assert [t.status for t in trajs] == [Status.COMPLETE] * 2, [t.error for t in trajs]
-    assert [t.reward for t in trajs] == [1.0, 1.0]
+                      sandbox_capacity=1, seed=3) as runner:
+        trajs = await runner.collect(1)
+    assert [t.status for t in trajs] == [Status.COMPLETE], [t.error for t in trajs]
+    assert [t.reward for t in trajs] == [1.0]
     sampled = [i for t in trajs for i in generated(t)]
     assert sorted(sampled) == sorted(i for _, g in engine.calls for i in g.token_ids)
     for t in trajs:
@@ -122,30 +125,29 @@ def test_agent_arguments_are_checked() -> None:
 
 
 @pytest.mark.bwrap
-async def test_mini_swe_agent_from_pypi_solves_the_task() -> None:
-    engine = Recorded(ScriptedPolicy(solver))
-    async with Runner([Touch], engine, agent=ExternalAgent.named("mini-swe-agent"),
-                      sandbox_backend="bwrap", sandbox_capacity=2, seed=5) as runner:
-        trajs = await runner.collect(2, group=2)
-    assert [t.status for t in trajs] == [Status.COMPLETE] * 2, [t.error for t in trajs]
-    assert [t.reward for t in trajs] == [1.0, 1.0]
-    for t in trajs:
-        assert t.metadata["agent"]["result"]["exit_status"] == "Submitted"
-        assert t.messages[0]["role"] == "system"  # mini-swe-agent's own prompt
-    sampled = sorted(i for t in trajs for i in generated(t))
-    assert sampled == sorted(i for _, g in engine.calls for i in g.token_ids)
+async def test_mini_swe_agent_from_pypi_solves_and_trains(policy, tiny_path, tmp_path: Path,
+                                                          one_torch_thread) -> None:
+    """mini-swe-agent (the PyPI package) through the proxy: with a scripted engine it solves
+    an imported Harbor task (the verifier's reward on the trajectory); with the tiny model's
+    random replies on a built-in terminal env its episodes end, every recorded id is the
+    engine's, and a training step runs on them."""
+    from terminal.harbor_tasks import answer_task
 
+    (harbor,) = cr.load_harbor(answer_task(tmp_path / "answer"), register=False).values()
+    scripted = Recorded(ScriptedPolicy(solver))
+    async with Runner([harbor], scripted, agent=ExternalAgent.named("mini-swe-agent"),
+                      sandbox_backend="bwrap", sandbox_capacity=1, seed=5) as runner:
+        (solved,) = await runner.collect(1)
+    assert solved.status is Status.COMPLETE and solved.reward == 1.0, solved.error
+    assert solved.metadata["agent"]["result"]["exit_status"] == "Submitted"
+    assert solved.messages[0]["role"] == "system"  # mini-swe-agent's own prompt
+    assert generated(solved) == [i for _, g in scripted.calls for i in g.token_ids]
 
-@pytest.mark.bwrap
-async def test_mini_swe_agent_with_the_tiny_model_trains(policy, tiny_path,
-                                                         one_torch_thread) -> None:
-    """The tiny model's (random) replies through mini-swe-agent: the episodes end, every
-    recorded id is the engine's, and a training step runs on the batch."""
     engine = Recorded(policy)
     limits = EpisodeLimits(max_tokens=16, max_turns=3, episode_deadline=60)
     agent = ExternalAgent.named("mini-swe-agent", step_limit=3)
-    async with Runner([Touch], engine, agent=agent, limits=limits, sandbox_backend="bwrap",
-                      sandbox_capacity=2, seed=1) as runner:
+    async with Runner(["corral/term-files-v0"], engine, agent=agent, limits=limits,
+                      sandbox_backend="bwrap", sandbox_capacity=2, seed=1) as runner:
         trajs = await runner.collect(2, group=2)
     assert all(t.trainable for t in trajs), [t.error for t in trajs]
     assert sorted(i for t in trajs for i in generated(t)) == \
@@ -158,7 +160,6 @@ async def test_mini_swe_agent_with_the_tiny_model_trains(policy, tiny_path,
     model, _ = load_model(tiny_path)  # a copy: the session's policy keeps its weights
     result = Trainer(model, None, StepConfig(dtype="float32")).step([trajs])
     assert result.applied and result.metrics["samples"] >= 2
-
 
 
 @pytest.mark.parametrize("argv, message", [
