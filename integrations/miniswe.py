@@ -33,6 +33,7 @@ def preload() -> None:
     import minisweagent.agents.default  # noqa: F401
     import minisweagent.models.litellm_model  # noqa: F401
 
+    litellm.suppress_debug_info = True  # else each failed call prints its provider list
     # litellm imports most of itself (its proxy's types) at the first completion: a mock
     # one (no request is sent) pays for that here
     litellm.completion(model="openai/corral-preload", mock_response="ok",
