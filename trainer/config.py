@@ -13,6 +13,8 @@ per step; each field's description says what it does and why the default is what
 
 from __future__ import annotations
 
+import shlex
+
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -248,8 +250,13 @@ class TrainConfig(BaseModel):
             raise ValueError("give either an agent name (--agent) or an agent command "
                              "(--agent-command), not both")
         if self.agent is not None or self.agent_command is not None:
-            try:
-                self.external_agent()
+            from corral.runner.agents.external import ExternalAgent, check_agent_name
+
+            try:  # checked, not built: a built-in agent imports its framework when made
+                if self.agent is not None:
+                    check_agent_name(self.agent)
+                else:
+                    ExternalAgent(command=shlex.split(self.agent_command or ""))
             except Exception as exc:  # a CorralError or ValueError: one line for the flag
                 flag, value = (("agent", self.agent) if self.agent is not None
                                else ("agent_command", self.agent_command))
@@ -292,8 +299,6 @@ class TrainConfig(BaseModel):
         if self.agent is not None:
             return ExternalAgent.named(self.agent)
         if self.agent_command is not None:
-            import shlex
-
             return ExternalAgent(command=shlex.split(self.agent_command))
         return None
 

@@ -44,7 +44,8 @@ from corral.runner.policy.base import Policy
 from corral.runner.pool import span_sink
 from corral.runner.trajectory import Span, Status, Trajectory
 
-__all__ = ["AGENT_NAMES", "AgentContext", "ExternalAgent", "kill_tree", "run_agent_episode"]
+__all__ = ["AGENT_NAMES", "AgentContext", "ExternalAgent", "check_agent_name", "kill_tree",
+           "run_agent_episode"]
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 600.0  # an episode deadline for agents when the run sets none
@@ -133,13 +134,17 @@ class ExternalAgent:
     def named(cls, name: str, **options: Any) -> "ExternalAgent":
         """A built-in agent by name (`AGENT_NAMES`): `mini-swe-agent` (the PyPI package, extra
         `[agents]`)."""
-        factory = _BUILTIN.get(name)
-        if factory is None:
-            from corral.suggest import closest
+        check_agent_name(name)
+        return _BUILTIN[name](**options)
 
-            raise CorralError(f"unknown agent {name!r}.{closest(name, list(_BUILTIN))} Known "
-                              f"agents: {', '.join(_BUILTIN)}")
-        return factory(**options)
+
+def check_agent_name(name: str) -> None:
+    """A `CorralError` naming the closest built-in agents when `name` is none of them."""
+    if name not in _BUILTIN:
+        from corral.suggest import closest
+
+        raise CorralError(f"unknown agent {name!r}.{closest(name, list(_BUILTIN))} Known "
+                          f"agents: {', '.join(_BUILTIN)}")
 
 
 def _mini_swe_agent(**options: Any) -> ExternalAgent:
