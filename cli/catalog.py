@@ -13,7 +13,8 @@ from rich.table import Table
 from corral.agents import AGENTS, EpisodeResult, make_agent, play
 from corral.errors import CorralError
 
-from .common import backend_help, check_backend_option, console, fail
+from .common import (AGENT_COMMAND_HELP, backend_help, check_backend_option, console,
+                     external_agent, fail)
 
 
 def _kind_and_tasks(spec: Any) -> tuple[str, str]:
@@ -160,14 +161,20 @@ def _print_release(card: dict[str, Any] | None) -> None:
 def run(env_id: str = typer.Argument(..., help="Environment id."),
         agent: str = typer.Option("oracle", "--agent", "-a",
                                   help=f"Scripted agent: {', '.join(AGENTS)}, hack:NAME "
-                                  "(a hack agent of corral.hacks) or adversary:NAME (one the "
-                                  "env declares)."),
+                                  "(a hack agent of corral.hacks), adversary:NAME (one the "
+                                  "env declares), or an external agent: mini-swe-agent (with "
+                                  "--model)."),
         n: int = typer.Option(5, "--n", "-n", min=1, help="Episodes to run, each on another "
                               "task (tasks repeat only when N exceeds them)."),
         seed: int = typer.Option(0, "--seed", min=0, help="Seed of the first episode."),
         backend: str = typer.Option(None, "--backend",
-                                    help=f"Sandbox backend: {backend_help()}.")) -> None:
-    """Run episodes with a scripted agent and print their rewards.
+                                    help=f"Sandbox backend: {backend_help()}."),
+        agent_command: str = typer.Option(None, help=AGENT_COMMAND_HELP),
+        model: str = typer.Option("tiny", "--model", "-m", help="With an external agent "
+                                  "(--agent mini-swe-agent, --agent-command): the policy behind "
+                                  "its proxy, 'tiny' or a local model directory.")) -> None:
+    """Run episodes with a scripted agent, or an external one (docs/agents.md) and a model,
+    and print their rewards.
 
     The N episodes play N distinct tasks, drawn by --seed (the same seed, the same tasks).
     Exits 1 when every episode ended in an infrastructure error (the note column names it):
@@ -175,29 +182,38 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
     import random
 
     import corral.registry as registry
+    from corral.runner.agents.external import AGENT_NAMES
 
-    probe = registry.make(env_id) if agent.startswith("adversary:") else None
-    try:  # an unknown name fails here, with the closest known ones (a usage error)
-        make_agent(agent, probe)
-    except CorralError as exc:
-        fail(f"--agent {agent}: {exc}", code=2)
     check_backend_option(backend)
-    overrides = {"backend": backend} if backend else {}
+    if agent_command is not None or agent in AGENT_NAMES:
+        if agent_command is not None and agent != "oracle":
+            fail("--agent and --agent-command: give one of them", code=2)
+        player = external_agent(None if agent_command else agent, agent_command)
+        registry.spec(env_id)  # an unknown env fails before the model loads
+        results = asyncio.run(_external_episodes(env_id, player, model, n, seed, backend))
+        agent = player.label
+    else:
+        probe = registry.make(env_id) if agent.startswith("adversary:") else None
+        try:  # an unknown name fails here, with the closest known ones (a usage error)
+            make_agent(agent, probe)
+        except CorralError as exc:
+            fail(f"--agent {agent}: {exc}", code=2)
+        overrides = {"backend": backend} if backend else {}
 
-    async def episodes() -> list[EpisodeResult]:
-        results = []
-        order: list[int] = []
-        for i in range(n):
-            env = registry.make(env_id, **overrides)
-            if not order:  # distinct tasks; a dataset smaller than N is drawn again
-                size = len(env.tasks)
-                order = random.Random(seed + i).sample(range(size), min(n - i, size)) \
-                    if size else [0]
-            results.append(await play(env, make_agent(agent, env), seed=seed + i,
-                                      options={"task_index": order.pop(0)}))
-        return results
+        async def episodes() -> list[EpisodeResult]:
+            results = []
+            order: list[int] = []
+            for i in range(n):
+                env = registry.make(env_id, **overrides)
+                if not order:  # distinct tasks; a dataset smaller than N is drawn again
+                    size = len(env.tasks)
+                    order = random.Random(seed + i).sample(range(size), min(n - i, size)) \
+                        if size else [0]
+                results.append(await play(env, make_agent(agent, env), seed=seed + i,
+                                          options={"task_index": order.pop(0)}))
+            return results
 
-    results = asyncio.run(episodes())
+        results = asyncio.run(episodes())
     table = Table(title=f"{env_id} · agent {agent}", title_justify="left")
     for column in ("episode", "task", "reward", "turns", "seconds", "note"):
         table.add_column(column)
@@ -212,6 +228,28 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
     if all(r.infra_error for r in results):
         fail(f"no episode of {env_id} could be played: all {len(results)} ended in an "
              f"infrastructure error ({results[-1].infra_error.split(':')[0]}; see the note column)")
+
+
+async def _external_episodes(env_id: str, agent: Any, model: str, n: int, seed: int,
+                             backend: str | None) -> list[EpisodeResult]:
+    """`n` episodes of `env_id` played by an external `agent` with `model` behind the proxy
+    (one sample per task, tasks drawn from `seed`), as the scripted agents' results."""
+    from corral.runner import Runner, Status
+
+    from .runner import make_policy
+
+    async with make_policy(model) as policy:
+        async with Runner([env_id], policy, agent=agent, seed=seed, sandbox_capacity=1,
+                          sandbox_backend=backend or "auto") as runner:
+            trajs = await runner.collect(n)
+    return [EpisodeResult(env_id=env_id, task_id=t.task_id, agent=agent.label,
+                          reward=t.reward, rewards=dict(t.rewards), turns=t.turns,
+                          seconds=sum(t.phase_seconds().values()),
+                          truncated=t.status is Status.TRUNCATED,
+                          infra_error=t.error if t.status is Status.INFRA_ERROR else None,
+                          errors=[t.error] if t.error and t.status is not Status.INFRA_ERROR
+                          else [])
+            for t in trajs]
 
 
 def register(app: typer.Typer) -> None:

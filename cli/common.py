@@ -187,6 +187,32 @@ def episode_limits(**values: Any) -> Any:
         fail(f"--{field.replace('_', '-')} {shown}: {exc}", code=2)
 
 
+AGENT_HELP = ("An external agent plays the episodes through the recording proxy: "
+              "mini-swe-agent (docs/agents.md).")
+AGENT_COMMAND_HELP = ("An external agent command (shell words, run on the host; it reads "
+                      "OPENAI_BASE_URL) plays the episodes (docs/agents.md).")
+
+
+def external_agent(name: str | None, command: str | None) -> Any:
+    """The `ExternalAgent` of `--agent NAME` (a built-in one) or `--agent-command "CMD ARGS"`
+    (None without either); a bad value exits 2 with one line naming its flag."""
+    if name is not None and command is not None:
+        fail("--agent and --agent-command: give one of them", code=2)
+    if name is None and command is None:
+        return None
+    import shlex
+
+    from corral.runner.agents.external import ExternalAgent
+
+    flag, value = ("--agent", name) if name is not None else ("--agent-command", command)
+    try:
+        if name is not None:
+            return ExternalAgent.named(name)
+        return ExternalAgent(command=shlex.split(command or ""))
+    except (CorralError, ValueError) as exc:
+        fail(f"{flag} {value}: {exc}", code=2)
+
+
 def check_device_option(device: str | None) -> None:
     """Exit with one line naming --device unless it is unset or a device torch can use here:
     2 for a name that is not a device, 1 for a device this machine lacks."""

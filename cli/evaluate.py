@@ -14,7 +14,8 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import check_device_option, check_run_dir, console, episode_limits, fail
+from .common import (AGENT_COMMAND_HELP, AGENT_HELP, check_device_option, check_run_dir,
+                     console, episode_limits, external_agent, fail)
 
 
 def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: str) -> Table:
@@ -142,6 +143,8 @@ def register(app: typer.Typer) -> None:
         family_field: str = typer.Option(None, help="Task field that names a task's family "
                                          "(default: family, category or template)."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (CI)."),
+        agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
+        agent_command: str = typer.Option(None, help=AGENT_COMMAND_HELP),
         reverify_dir: Path = typer.Option(None, "--reverify", help="Rescore RUN_DIR's stored "
                                           "trajectories with the envs' current verifiers (no "
                                           "inference); report the tasks whose scores changed."),
@@ -165,6 +168,7 @@ def register(app: typer.Typer) -> None:
         limits = episode_limits(max_tokens=max_tokens, max_turns=max_turns,
                                 temperature=temperature)
         check_device_option(device)
+        player = external_agent(agent, agent_command)
         from corral.runner.eval.evaluation import aevaluate
 
         check_run_dir(run_dir)
@@ -180,7 +184,8 @@ def register(app: typer.Typer) -> None:
                 list(env_ids), model, tasks=tasks, samples=samples, split=split,
                 run_dir=run_dir, tokenizer=tokenizer, device=device, limits=limits,
                 sandbox_capacity=sandbox_capacity, inference_concurrency=inference_concurrency,
-                seed=seed, family_field=family_field, where=where, listener=advance))
+                seed=seed, family_field=family_field, where=where, listener=advance,
+                agent=player))
         _show(result.summary, as_json)
         if not as_json:
             console.print(f"{result.trajectories} trajectories in {result.seconds:.1f} s · "

@@ -13,8 +13,9 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import (FlagError, backend_help, check_backend_option, check_device_option,
-                     check_run_dir, console, episode_limits, fail)
+from .common import (AGENT_COMMAND_HELP, AGENT_HELP, FlagError, backend_help,
+                     check_backend_option, check_device_option, check_run_dir, console,
+                     episode_limits, external_agent, fail)
 
 if TYPE_CHECKING:
     from corral.runner.store import StoreMismatch
@@ -136,6 +137,8 @@ def register(app: typer.Typer) -> None:
         turn_deadline: float = typer.Option(None, min=0.0, help="Seconds per turn."),
         device: str = typer.Option(None, help="torch device for a local policy."),
         report: bool = typer.Option(True, help="Write report.html at the end."),
+        agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
+        agent_command: str = typer.Option(None, help=AGENT_COMMAND_HELP),
     ) -> None:
         """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
         from corral.runner import AssemblyConfig, Status
@@ -144,6 +147,7 @@ def register(app: typer.Typer) -> None:
         from corral.runner.store import MANIFEST, StoreMismatch, check_resume, read_manifest
 
         check_backend_option(sandbox_backend, flag="--sandbox-backend")
+        player = external_agent(agent, agent_command)
         check_run_dir(run_dir)
         # an unknown env or a broken manifest fails before the model loads (seconds to minutes)
         for env_id in env_ids:
@@ -162,7 +166,7 @@ def register(app: typer.Typer) -> None:
         kwargs = dict(seed=seed, sandbox_capacity=sandbox_capacity,
                       inference_concurrency=inference_concurrency, limits=limits,
                       assembly=AssemblyConfig(**({} if retries is None else {"retries": retries})),
-                      sandbox_backend=sandbox_backend)
+                      sandbox_backend=sandbox_backend, agent=player)
         started = time.perf_counter()
         try:
             trajectories, _ = asyncio.run(_collect(list(env_ids), model, n, group, run_dir,

@@ -32,6 +32,7 @@ _EXPORTS = {
     "Executor": "executor", "LocalExecutor": "executor",
     "Trajectory": "trajectory", "Batch": "trajectory", "Status": "trajectory",
     "Span": "trajectory",
+    "ExternalAgent": "agents.external", "AgentProxy": "agents.proxy",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -109,9 +110,12 @@ class LocalExecutor:
 
     def __init__(self, sources: list[EnvSource], probes: list[Any], policy: Policy,
                  limits: EpisodeLimits, inference: asyncio.Semaphore, pool: SandboxPool,
-                 sandbox_capacity: int, on_deck: int = 1) -> None:
+                 sandbox_capacity: int, on_deck: int = 1, agent: Any = None,
+                 proxy: Any = None) -> None:
         """`on_deck`: episodes allowed to decode their first turn while every slot is taken
-        (at least 1)."""
+        (at least 1). `agent` + `proxy`: an `ExternalAgent` plays the episodes
+        (`corral.runner.agents.run_agent_episode`) instead of the native loop."""
+        self.agent, self.proxy = agent, proxy
         self.sources, self.policy, self.limits = sources, policy, limits
         self.inference, self.pool = inference, pool
         self.capacity = sandbox_capacity
@@ -136,10 +140,15 @@ class LocalExecutor:
 
     async def run(self, item: WorkItem, attempt: int) -> Trajectory:
         env = self._checkout(item.env_index)
+        play = run_episode
+        if self.agent is not None:
+            from corral.runner.agents.external import run_agent_episode
+
+            play = functools.partial(run_agent_episode, agent=self.agent, proxy=self.proxy)
         try:
             if not self.sources[item.env_index].pooled:
-                return await run_episode(env, self.policy, item, self.limits, self.inference,
-                                         attempt=attempt)
+                return await play(env, self.policy, item, self.limits, self.inference,
+                                  attempt=attempt)
             key = spec_key(self.sources[item.env_index].spec)
             async with on_deck(self.deck) as spans:
                 self._arrived = True
@@ -147,9 +156,9 @@ class LocalExecutor:
                 self.pool.refill(self.sources[item.env_index].spec)
                 unslotted = [True]
                 try:
-                    return await run_episode(env, self.policy, item, self.limits,
-                                             self.inference, attempt=attempt, spans=spans,
-                                             admission=self._admitted(key, unslotted))
+                    return await play(env, self.policy, item, self.limits, self.inference,
+                                      attempt=attempt, spans=spans,
+                                      admission=self._admitted(key, unslotted))
                 finally:
                     if unslotted[0]:  # it ended before its slot was granted
                         self._waiting[key] -= 1

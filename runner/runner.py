@@ -148,7 +148,9 @@ class Runner:
     shared with other runners, which this one drains instead of closing). The run: `run_dir` (the
     trajectory store; a run resumes from it), `run_id`, `seed` (the task plan), `env_weights`
     (sampling weights of `envs`), and `backend` (`"asyncio"`, `"ray"` or an `Executor`) with its
-    `backend_options`. `env_servers`: URLs of `corral serve-env` servers the env ids run on
+    `backend_options`. `agent`: an `ExternalAgent` (`corral.runner.agents`) plays the episodes
+    instead of the native loop, its model calls recorded by a proxy the runner serves
+    (asyncio backend). `env_servers`: URLs of `corral serve-env` servers the env ids run on
     (sessions spread by free capacity; an episode whose server died is retried on another).
     """
 
@@ -161,8 +163,17 @@ class Runner:
                  seed: int = 0, env_weights: Sequence[float] | None = None,
                  backend: str | Executor = "asyncio",
                  backend_options: dict[str, Any] | None = None,
-                 env_servers: Sequence[str] | None = None) -> None:
+                 env_servers: Sequence[str] | None = None, agent: Any = None) -> None:
         _check_arguments(envs, policy, limits, assembly, seed, env_weights)
+        if agent is not None:
+            from corral.runner.agents.external import ExternalAgent
+
+            if not isinstance(agent, ExternalAgent):
+                raise TypeError(f"agent must be an ExternalAgent, got {type(agent).__name__}")
+            if backend != "asyncio":
+                raise ValueError("an external agent runs on the asyncio backend only")
+        self.agent = agent
+        self.proxy: Any = None
         if sandbox_capacity < 1 or inference_concurrency < 1:
             raise ValueError("sandbox_capacity and inference_concurrency must be at least 1")
         if warm_spares is not None and warm_spares < 0:
@@ -243,7 +254,8 @@ class Runner:
                 "max_turns": self.limits.max_turns, "max_tokens": self.limits.max_tokens,
                 "temperature": self.limits.temperature,
                 "overprovision": self.assembly.overprovision,
-                "policy": type(self.policy).__name__, "run_id": self.run_id}
+                "policy": type(self.policy).__name__, "run_id": self.run_id,
+                **({"agent": self.agent.label} if self.agent is not None else {})}
 
     async def start(self) -> None:
         """Resolve envs, open the store (resuming what it holds), start the pool and pre-warm."""
@@ -280,6 +292,10 @@ class Runner:
             self.pool = SandboxPool(self.sandbox_capacity + self.warm_spares,
                                     backend=self.sandbox_backend,
                                     run_id=self.run_id)
+        if self.agent is not None:
+            from corral.runner.agents.proxy import AgentProxy
+
+            self.proxy = await AgentProxy().start()
         self.executor = self._make_executor(probes)
         await self._prewarm()
         self._started = True
@@ -314,7 +330,8 @@ class Runner:
         if self.backend == "asyncio":
             inference = asyncio.Semaphore(self.inference_concurrency)
             return LocalExecutor(self.sources, probes, self.policy, self.limits, inference,
-                                 self.pool, self.sandbox_capacity, on_deck=self.on_deck())
+                                 self.pool, self.sandbox_capacity, on_deck=self.on_deck(),
+                                 agent=self.agent, proxy=self.proxy)
         try:
             module = importlib.import_module(f"corral.runner.{self.backend}_backend")
         except ModuleNotFoundError as exc:
@@ -349,6 +366,8 @@ class Runner:
         await asyncio.gather(*flights, return_exceptions=True)
         if self.executor is not None:
             await self.executor.close()
+        if self.proxy is not None:
+            await self.proxy.close()
         if self.pool is not None:
             await (self.pool.close() if self._own_pool else self.pool.drain())
         if self._named and self._own_pool:  # all of its sandboxes are closed: any left leaked

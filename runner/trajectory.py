@@ -9,6 +9,7 @@ the rollout engine, which the trainer needs for off-policy correction.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -86,6 +87,22 @@ class Trajectory:
     @property
     def trainable(self) -> bool:
         return self.status in (Status.COMPLETE, Status.TRUNCATED, Status.AGENT_ERROR)
+
+    def segments(self) -> list["Trajectory"]:
+        """The token sequences to train on: `[self]`, or, when an external agent rewrote its
+        history (`metadata["segments"]`, see `corral.runner.agents`), one trajectory per
+        segment (ids `ID#k`), each with this one's reward, status and group."""
+        described = self.metadata.get("segments") or []
+        if len(described) <= 1:
+            return [self]
+        parts = []
+        for k, seg in enumerate(described):
+            a, b = int(seg["start"]), int(seg["end"])
+            parts.append(dataclasses.replace(
+                self, id=f"{self.id}#{k}", token_ids=self.token_ids[a:b],
+                loss_mask=self.loss_mask[a:b], logprobs=self.logprobs[a:b],
+                versions=self.versions[a:b], metadata={**self.metadata, "segment": k}))
+        return parts
 
     def phase_seconds(self) -> dict[str, float]:
         """Total seconds spent per phase."""

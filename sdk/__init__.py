@@ -54,6 +54,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "mix": ("corral.registry.curation", "mix"),
     "evaluate": ("corral.runner.eval.evaluation", "evaluate"),
     "remote": ("corral.serve.client", "remote"),
+    "ExternalAgent": ("corral.runner.agents.external", "ExternalAgent"),
 }
 _SUBPACKAGES = ("browser", "envs", "registry", "runner", "sandbox", "trainer")
 

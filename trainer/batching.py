@@ -104,9 +104,11 @@ def build_tensor_batch(batch: Batch | Sequence[Sequence[Trajectory]],
         adv, flat = group_advantages([t.reward for t in members], norm=config.adv_norm,
                                      eps=config.adv_eps)
         zero_var += int(flat)
-        samples.extend(members)
-        advantages.extend(adv)
-        group_index.extend([g] * len(members))
+        for member, advantage in zip(members, adv):
+            parts = member.segments()  # an agent's rewritten history: a row per segment
+            samples.extend(parts)
+            advantages.extend([advantage] * len(parts))
+            group_index.extend([g] * len(parts))
     for t in samples:
         _check_lengths(t)
 

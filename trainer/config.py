@@ -13,6 +13,8 @@ per step; each field's description says what it does and why the default is what
 
 from __future__ import annotations
 
+import shlex
+
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -258,8 +260,31 @@ class TrainConfig(BaseModel):
         "on (sessions spread by free capacity; an episode whose server died is retried on "
         "another); a URL may carry its token as password: http://:TOKEN@host:8010")
 
+    agent: str | None = Field(None, description="an external agent plays the episodes through "
+                              "the recording proxy: a built-in one by name (mini-swe-agent; "
+                              "docs/agents.md)")
+    agent_command: str | None = Field(None, description="an external agent command (shell "
+                                      "words, run on the host; it reads OPENAI_BASE_URL) that "
+                                      "plays the episodes (docs/agents.md)")
+
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
+        if self.agent is not None and self.agent_command is not None:
+            raise ValueError("give either an agent name (--agent) or an agent command "
+                             "(--agent-command), not both")
+        if self.agent is not None or self.agent_command is not None:
+            from corral.runner.agents.external import ExternalAgent, check_agent_name
+
+            try:  # checked, not built: a built-in agent imports its framework when made
+                if self.agent is not None:
+                    check_agent_name(self.agent)
+                else:
+                    ExternalAgent(command=shlex.split(self.agent_command or ""))
+            except Exception as exc:  # a CorralError or ValueError: one line for the flag
+                flag, value = (("agent", self.agent) if self.agent is not None
+                               else ("agent_command", self.agent_command))
+                raise ValueError(f"{flag} {value!r} (--{flag.replace('_', '-')}): "
+                                 f"{exc}") from None
         if not self.envs and not self.mix:
             raise ValueError("give at least one env id (--env) or a mixture (--mix)")
         if self.envs and self.mix:
@@ -292,6 +317,16 @@ class TrainConfig(BaseModel):
     def env_weights(self) -> list[float] | None:
         """Sampling weights in `env_ids()` order (None: uniform)."""
         return list(self.mix.values()) if self.mix else None
+
+    def external_agent(self) -> Any:
+        """The `ExternalAgent` of `agent` / `agent_command` (None: the native episode loop)."""
+        from corral.runner.agents.external import ExternalAgent
+
+        if self.agent is not None:
+            return ExternalAgent.named(self.agent)
+        if self.agent_command is not None:
+            return ExternalAgent(command=shlex.split(self.agent_command))
+        return None
 
     def episode_limits(self) -> "EpisodeLimits":
         """The runner's limits for training and evaluation episodes."""

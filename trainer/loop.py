@@ -231,7 +231,7 @@ async def _evaluate(config: TrainConfig, policy: Any, step: int, envs: list[EnvE
     async with Runner(envs, policy, sandbox_capacity=config.sandbox_capacity,
                       inference_concurrency=config.inference_concurrency,
                       limits=config.episode_limits(), seed=config.seed + 1_000_003,
-                      env_weights=config.env_weights()) as ev:
+                      env_weights=config.env_weights(), agent=config.external_agent()) as ev:
         trajs = await ev.collect(config.eval_tasks, group=1)
         thresholds = {source.label: source.threshold for source in ev.sources}
     rewards = [t.reward for t in trajs]
@@ -280,8 +280,10 @@ async def _rollout_engine(config: TrainConfig, source: Any, model: Any, tokenize
 
 
 async def train(config: TrainConfig, *, resume: bool = False,
-                on_step: StepCallback | None = None) -> TrainResult:
-    """Run (or, with `resume`, continue) a training run; see the module docstring. Launched
+                on_step: StepCallback | None = None, agent: Any = None) -> TrainResult:
+    """Run (or, with `resume`, continue) a training run; see the module docstring. `agent`:
+    an `ExternalAgent` playing the episodes (default: `config.external_agent()`, else the
+    native episode loop; docs/agents.md). Launched
     as several ranks (`corral train --nproc N`, torchrun), rank 0 runs the loop and the others
     follow its trainer calls (`corral.trainer.distributed`)."""
     if distributed.world_size() > 1:  # before joining: every rank refuses alike, none waits
@@ -302,7 +304,8 @@ async def train(config: TrainConfig, *, resume: bool = False,
                 failed = False
                 return TrainResult(run_dir=config.run_dir, steps=steps, version=version)
         async with AsyncExitStack() as stack:  # a vLLM engine stops with it, even on errors
-            result = await _train(config, resume, on_step, stack)
+            result = await _train(config, resume, on_step, stack,
+                                  agent if agent is not None else config.external_agent())
         failed = False
         return result
     finally:
@@ -310,7 +313,7 @@ async def train(config: TrainConfig, *, resume: bool = False,
 
 
 async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None,
-                 stack: AsyncExitStack) -> TrainResult:
+                 stack: AsyncExitStack, agent: Any = None) -> TrainResult:
     from corral.runner import AssemblyConfig, Runner, load_model
     from corral.runner.policy.models import resolve_model_path
 
@@ -435,7 +438,8 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
                         first_signal_groups=(config.zero_signal_groups
                                              if config.zero_signal == "stop" else None),
                         dynamic_sampling=config.dynamic_sampling),
-                    run_dir=run_dir, seed=config.seed, env_weights=config.env_weights())
+                    run_dir=run_dir, seed=config.seed, env_weights=config.env_weights(),
+                    agent=agent)
     if config.zero_signal == "warn":
         runner.add_listener(zero_signal_warner(config, runner))
     async with runner:

@@ -192,10 +192,12 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
                     inference_concurrency: int = 32, seed: int = 0,
                     family_field: str | None = None, where: Sequence[str] = (),
                     report: bool = True,
-                    listener: Any = None) -> EvalResult:
+                    listener: Any = None, agent: Any = None) -> EvalResult:
     """Evaluate `model` on `envs` (module docstring); returns the summary and writes
     `eval_plan.json`, `eval.json` and (with `report`) `eval.html` into `run_dir`. `where`
-    keeps tasks whose fields match (`NAME=VALUE`, `len(NAME)=N`; `corral.taskfilter`)."""
+    keeps tasks whose fields match (`NAME=VALUE`, `len(NAME)=N`; `corral.taskfilter`).
+    `agent`: an `ExternalAgent` plays the episodes with `model` behind the recording proxy
+    (docs/agents.md); the plan records its name."""
     import time
 
     from corral.registry import make
@@ -208,7 +210,7 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
     name = model if isinstance(model, str) else type(model).__name__
     key = model_key(model) if isinstance(model, str) else name
     plan = {"model": name, "model_key": key, "samples": samples, "seed": seed,
-            "envs": env_plan}
+            "envs": env_plan, **({"agent": agent.label} if agent is not None else {})}
     _check_plan(root, plan)
     # the model loads before the plan is written: a bad --model leaves the run dir as it was
     policy = load_policy(model, tokenizer=tokenizer, device=device)
@@ -232,7 +234,8 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
         async with _PlannedRunner(factories, policy, order=order, run_dir=root, seed=seed,
                                   limits=limits or EpisodeLimits(max_tokens=128),
                                   sandbox_capacity=sandbox_capacity,
-                                  inference_concurrency=inference_concurrency) as runner:
+                                  inference_concurrency=inference_concurrency,
+                                  agent=agent) as runner:
             if listener is not None:
                 runner.add_listener(listener)
             collected = await runner.collect(len(order) * samples, group=samples)

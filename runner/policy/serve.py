@@ -354,6 +354,9 @@ class AppServer:
         self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit it; asyncio sets it only on sockets made with
+        # IPPROTO_TCP, and without it every response waits out a 40 ms delayed ACK
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         self._startup_timeout = startup_timeout

@@ -32,6 +32,9 @@ WRITTEN = {
     "difficulty": (["--difficulty", "0.1:0.9"], [0.1, 0.9]),
     "batch_size": (["--batch", "32"], 32),  # a multiple of the group
     "group": (["--group", "8"], 8),
+    # checked against the built-in agents and PATH
+    "agent": (["--agent", "mini-swe-agent"], "mini-swe-agent"),
+    "agent_command": (["--agent-command", "bash -c true"], "bash -c true"),
 }
 
 

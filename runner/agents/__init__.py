@@ -1,0 +1,37 @@
+"""`corral.runner.agents`: external agent programs playing Corral envs through a
+token-recording OpenAI-compatible proxy (docs/agents.md).
+
+* `record`: `EpisodeRecord`, an episode's model calls as token-exact segments;
+* `proxy`: `AgentProxy`, the run's endpoint (one URL per episode), and `AgentSession`;
+* `external`: `ExternalAgent` (a command or a Python callable), `run_agent_episode`;
+* `inside`: the relay that lets an agent inside the sandbox reach the proxy and nothing else.
+
+FastAPI and uvicorn load with the proxy, on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .external import AGENT_NAMES, AgentContext, ExternalAgent, kill_tree, run_agent_episode
+    from .proxy import AgentProxy, AgentSession
+    from .record import EpisodeRecord
+
+_LAZY = {"AgentProxy": "proxy", "AgentSession": "proxy", "EpisodeRecord": "record",
+         "ExternalAgent": "external", "AgentContext": "external", "AGENT_NAMES": "external",
+         "kill_tree": "external", "run_agent_episode": "external"}
+
+__all__ = ["AGENT_NAMES", "AgentContext", "AgentProxy", "AgentSession", "EpisodeRecord",
+           "ExternalAgent", "kill_tree", "run_agent_episode"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

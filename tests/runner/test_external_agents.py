@@ -1,0 +1,220 @@
+"""External agents playing a terminal env through the Runner: a plain openai-SDK program,
+mini-swe-agent from PyPI, a hung agent cut at its deadline; the verifier's reward on the
+trajectory and the recorded tokens exactly the engine's."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import corral as cr
+from corral.runner import EpisodeLimits, Runner, ScriptedPolicy, Status
+from corral.runner.agents import ExternalAgent, kill_tree
+from corral.runner.agents.external import MARKER_ENV
+
+from agent_helpers import Recorded, generated
+
+AGENT = str(Path(__file__).with_name("openai_agent.py"))
+
+
+class Touch(cr.TerminalEnv):
+    """Put a word into /tmp/word.txt."""
+
+    env_id = "test/agent-touch-v0"
+    tasks = cr.Dataset.from_list([{"word": w} for w in ("alpha", "beta")])
+    max_turns = 6
+
+    def instruction(self, task: cr.Task) -> str:
+        return f"Write the word {task.word} into /tmp/word.txt."
+
+    @cr.reward
+    async def written(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> float:
+        result = await sandbox.exec("cat /tmp/word.txt")
+        return float(result.stdout.strip() == task.word)
+
+
+def _call(command: str) -> str:
+    return "<tool_call>" + json.dumps({"name": "bash", "arguments": {"command": command}}) + \
+        "</tool_call>"
+
+
+def solver(call) -> str:
+    """Solves the task on turn 0 (Touch's word, or the Harbor answer task's 42), submits
+    (mini-swe-agent's marker) on turn 1, then stops."""
+    if call.turn == 0:
+        if "ultimate question" in call.prompt:
+            return _call("echo 42 > /root/answer.txt")
+        word = call.prompt.split("Write the word ")[1].split()[0]
+        return _call(f"echo {word} > /tmp/word.txt")
+    if call.turn == 1:
+        return _call("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+    return "done"
+
+
+@pytest.mark.bwrap
+async def test_openai_sdk_command_agent_solves_terminal_task() -> None:
+    engine = Recorded(ScriptedPolicy(solver))
+    agent = ExternalAgent(command=[sys.executable, AGENT])
+    async with Runner([Touch], engine, agent=agent, sandbox_backend="bwrap",
+                      sandbox_capacity=1, seed=3) as runner:
+        trajs = await runner.collect(1)
+    assert [t.status for t in trajs] == [Status.COMPLETE], [t.error for t in trajs]
+    assert [t.reward for t in trajs] == [1.0]
+    sampled = [i for t in trajs for i in generated(t)]
+    assert sorted(sampled) == sorted(i for _, g in engine.calls for i in g.token_ids)
+    for t in trajs:
+        assert t.metadata["agent"]["exit_code"] == 0 and "turns" in \
+            t.metadata["agent"]["log_tail"]
+        assert len(t.metadata["segments"]) == 1 and t.turns >= 2
+        assert any(m["role"] == "tool" for m in t.messages)
+        assert {"setup", "agent", "decode", "verify"} <= set(t.phase_seconds())
+
+
+@pytest.mark.bwrap
+async def test_hung_agent_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! >> {pids}; (setsid sleep 300 & echo $! >> {pids}); sleep 300"
+    agent = ExternalAgent(command=["bash", "-c", script])
+    limits = EpisodeLimits(episode_deadline=1.5)
+    async with Runner([Touch], ScriptedPolicy(["x"]), agent=agent, limits=limits,
+                      sandbox_backend="bwrap", sandbox_capacity=1) as runner:
+        (traj,) = await runner.collect(1)
+    assert traj.status is Status.TRUNCATED and traj.metadata["truncated_by"] == "episode"
+    assert traj.reward == 0.0 and "verify" in traj.phase_seconds()
+    left = [int(p) for p in pids.read_text().split()]
+    assert len(left) == 2
+    for pid in left:  # both background children, the one that left the session too
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_kill_tree_reaches_detached_children(tmp_path: Path) -> None:
+    import subprocess
+    import time
+
+    marker = tmp_path / "pid"
+    proc = subprocess.Popen(["bash", "-c", f"(setsid sleep 300 & echo $! > {marker}); sleep 300"],
+                            start_new_session=True, env={**os.environ, MARKER_ENV: "t1"})
+    deadline = time.monotonic() + 10
+    while not marker.exists() or not marker.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    child = int(marker.read_text())
+    kill_tree(proc.pid, "t1")
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and \
+            Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the detached child survived"
+        time.sleep(0.02)
+
+
+def test_agent_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="exactly one of"):
+        ExternalAgent()
+    with pytest.raises(ValueError, match="list of strings"):
+        ExternalAgent(command="python agent.py")
+    with pytest.raises(cr.errors.CorralError, match="not an executable"):
+        ExternalAgent(command=["no-such-agent-binary"])
+    with pytest.raises(cr.errors.CorralError, match="Did you mean 'mini-swe-agent'"):
+        ExternalAgent.named("mini-swe-agnet")
+
+
+@pytest.mark.bwrap
+async def test_mini_swe_agent_from_pypi_solves_and_trains(policy, tiny_path, tmp_path: Path,
+                                                          one_torch_thread) -> None:
+    """mini-swe-agent (the PyPI package) through the proxy: with a scripted engine it solves
+    an imported Harbor task (the verifier's reward on the trajectory); with the tiny model's
+    random replies on a built-in terminal env its episodes end, every recorded id is the
+    engine's, and a training step runs on them."""
+    from terminal.harbor_tasks import answer_task
+
+    (harbor,) = cr.load_harbor(answer_task(tmp_path / "answer"), register=False).values()
+    scripted = Recorded(ScriptedPolicy(solver))
+    async with Runner([harbor], scripted, agent=ExternalAgent.named("mini-swe-agent"),
+                      sandbox_backend="bwrap", sandbox_capacity=1, seed=5) as runner:
+        (solved,) = await runner.collect(1)
+    assert solved.status is Status.COMPLETE and solved.reward == 1.0, solved.error
+    assert solved.metadata["agent"]["result"]["exit_status"] == "Submitted"
+    assert solved.messages[0]["role"] == "system"  # mini-swe-agent's own prompt
+    assert generated(solved) == [i for _, g in scripted.calls for i in g.token_ids]
+
+    engine = Recorded(policy)
+    limits = EpisodeLimits(max_tokens=16, max_turns=3, episode_deadline=60)
+    agent = ExternalAgent.named("mini-swe-agent", step_limit=3)
+    async with Runner(["corral/term-files-v0"], engine, agent=agent, limits=limits,
+                      sandbox_backend="bwrap", sandbox_capacity=2, seed=1) as runner:
+        trajs = await runner.collect(2, group=2)
+    assert all(t.trainable for t in trajs), [t.error for t in trajs]
+    assert sorted(i for t in trajs for i in generated(t)) == \
+        sorted(i for _, g in engine.calls for i in g.token_ids)
+    from corral.runner.policy import load_model
+    from corral.trainer.config import StepConfig
+    from corral.trainer.trainer import Trainer
+
+    trajs[0].reward = 1.0  # a group with signal (the random model solves nothing)
+    model, _ = load_model(tiny_path)  # a copy: the session's policy keeps its weights
+    result = Trainer(model, None, StepConfig(dtype="float32")).step([trajs])
+    assert result.applied and result.metrics["samples"] >= 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["collect", "corral/arithmetic-v0", "--run-dir", "R", "--agent", "mini-swe-agnet"],
+     "--agent mini-swe-agnet: unknown agent 'mini-swe-agnet'. Did you mean 'mini-swe-agent'?"),
+    (["eval", "corral/arithmetic-v0", "--agent-command", "no-such-agent-binary x"],
+     "--agent-command no-such-agent-binary x: agent command 'no-such-agent-binary' is not"),
+    (["collect", "corral/arithmetic-v0", "--run-dir", "R", "--agent", "mini-swe-agent",
+      "--agent-command", "python a.py"], "--agent and --agent-command: give one of them"),
+])
+def test_cli_agent_flags_are_usage_errors(argv: list[str], message: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from corral.cli import app
+
+    argv = [str(tmp_path / a) if a == "R" else a for a in argv]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+class InsideTouch(Touch):
+    """Touch, with the agent program copied into the sandbox at setup."""
+
+    env_id = "test/agent-inside-v0"
+
+    async def setup(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> None:
+        await sandbox.write_file("/opt/agent.py", Path(INSIDE).read_text())
+
+
+INSIDE = str(Path(__file__).with_name("inside_agent.py"))
+
+
+@pytest.mark.bwrap
+@pytest.mark.docker
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+async def test_agent_inside_the_sandbox_reaches_only_the_proxy(backend: str) -> None:
+    """The agent runs in the sandbox (network off): the proxy answers it over the unix
+    socket and the relayed loopback port; a server on the host's loopback does not."""
+    import http.server
+    import threading
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    engine = Recorded(ScriptedPolicy(solver))
+    probes = [f"http://127.0.0.1:{host.server_port}/", "http://192.0.2.1/"]
+    agent = ExternalAgent(command=["python3", "/opt/agent.py", *probes], inside=True)
+    try:
+        async with Runner([InsideTouch], engine, sandbox_backend=backend, sandbox_capacity=1,
+                          agent=agent) as runner:
+            (traj,) = await runner.collect(1)
+    finally:
+        host.shutdown()
+    log = traj.metadata["agent"]["log_tail"]
+    assert traj.status is Status.COMPLETE and traj.reward == 1.0, (traj.error, log)
+    assert log.count("PROBE failed") == 2 and "PROBE reached" not in log, log
+    assert "MODELS corral-policy" in log
+    assert generated(traj) == [i for _, g in engine.calls for i in g.token_ids]
