@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from corral.agents import EpisodeResult, make_agent, play
 from corral.hacks import HACKS
-from corral.errors import SandboxError
+from corral.errors import NoOracle, SandboxError
 from corral.sandbox import AUTO, SandboxOpener, resolve_backend
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ DEFAULT_LIMIT = 50
 first 50 (built-in families put one task of every template first, so these cover them all)."""
 
 AgentName = str  # "oracle", "noop" or "hack:<name>"
+NO_ORACLE = "solvability unchecked (no oracle)"
 
 
 class EpisodeCheck(BaseModel):
@@ -52,6 +53,7 @@ class EpisodeCheck(BaseModel):
     infra_error: str | None = None
     verifier_error: str | None = None
     partial: bool = False
+    unchecked: str = ""  # why the episode could not be played (the env has no oracle)
 
     @classmethod
     def from_result(cls, agent: AgentName, result: EpisodeResult) -> "EpisodeCheck":
@@ -94,7 +96,7 @@ class TaskCheck(BaseModel):
     @property
     def baseline_ok(self) -> bool:
         """Valid before any hack: oracle passed, no-op failed, no infrastructure error."""
-        return (self.oracle.passed and not self.noop.passed
+        return ((self.oracle.passed or bool(self.oracle.unchecked)) and not self.noop.passed
                 and self.oracle.infra_error is None and self.noop.infra_error is None)
 
     @property
@@ -103,7 +105,7 @@ class TaskCheck(BaseModel):
         for check in (self.oracle, self.noop):
             if check.infra_error:
                 return f"{check.agent}: {check.infra_error}"
-        if not self.oracle.passed:
+        if not self.oracle.passed and not self.oracle.unchecked:
             why = "; ".join(self.oracle.errors) or f"reward {self.oracle.reward:g}"
             return f"oracle failed ({why})"
         if self.noop.passed:
@@ -136,12 +138,17 @@ class ValidationReport(BaseModel):
     hacks: list[str] = Field(default_factory=list)  # the hacks run on every task
     hackable: int = 0  # tasks some hack beat
     hacks_skipped: int = 0  # hack episodes not played (see HackCheck.skipped)
+    oracle_unchecked: int = 0  # tasks without an oracle: only the no-op was checked
 
     @property
     def verdict(self) -> str:
         """One line for a dataset card: oracle / no-op / adversarial results."""
-        line = (f"oracle {self.oracle_pass_rate:.0%} pass, no-op {self.noop_pass_rate:.0%} pass "
-                f"over {self.tasks_checked} task(s)")
+        oracle = (f"oracle {self.oracle_pass_rate:.0%} pass" if self.oracle_unchecked <
+                  self.tasks_checked else f"oracle: {NO_ORACLE}")
+        line = (f"{oracle}, no-op {self.noop_pass_rate:.0%} pass over {self.tasks_checked} "
+                "task(s)")
+        if 0 < self.oracle_unchecked < self.tasks_checked:
+            line += f"; {NO_ORACLE} on {self.oracle_unchecked} task(s)"
         if self.adversarial:
             skipped = f" ({self.hacks_skipped} decided unplayed)" if self.hacks_skipped else ""
             line += (f"; adversarial: {len(self.hacks)} hacks{skipped}, {self.hackable} "
@@ -250,6 +257,15 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
             player = make_agent(agent)
             try:
                 result = await play(instance, player, seed=index, options={"task_index": index})
+            except NoOracle as exc:  # not a failure: solvability is not checked, the no-op is
+                log.debug("validation episode %s: %s", index, exc)
+                result = EpisodeResult(env_id, "", agent, 0.0)
+                results[(index, agent)] = EpisodeCheck.from_result(agent, result).model_copy(
+                    update={"unchecked": NO_ORACLE})
+                await instance.aclose()
+                if on_episode is not None:
+                    on_episode(index, agent, results[(index, agent)])
+                return
             except Exception as exc:  # an author bug (setup, oracle) fails this task, not the run
                 log.debug("validation episode %s/%s raised", index, agent, exc_info=True)
                 result = EpisodeResult(env_id, "", agent, 0.0,
@@ -265,8 +281,8 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     async def task(index: int) -> None:
         await asyncio.gather(episode(index, "oracle"), episode(index, "noop"))
         oracle, noop = results[(index, "oracle")], results[(index, "noop")]
-        valid = (oracle.passed and not noop.passed and oracle.infra_error is None
-                 and noop.infra_error is None)
+        valid = ((oracle.passed or bool(oracle.unchecked)) and not noop.passed
+                 and oracle.infra_error is None and noop.infra_error is None)
         play_now = []
         for hack in chosen:
             why = ("" if play_all else "not played: the task is already invalid" if not valid
@@ -289,7 +305,9 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
                                           results[(i, "noop")], skipped.get((i, h.name), ""))
                               for h in chosen])
              for i in range(count)]
-    oracle_rate = sum(t.oracle.passed for t in tasks) / count if count else 0.0
+    with_oracle = [t for t in tasks if not t.oracle.unchecked]
+    oracle_rate = (sum(t.oracle.passed for t in with_oracle) / len(with_oracle)
+                   if with_oracle else 0.0)
     noop_rate = sum(t.noop.passed for t in tasks) / count if count else 0.0
     infra = sum((t.oracle.infra_error is not None) + (t.noop.infra_error is not None)
                 for t in tasks)
@@ -300,7 +318,7 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         noop_pass_rate=noop_rate, infra_errors=infra,
         ok=count > 0 and all(t.ok for t in tasks), tasks=tasks, adversarial=bool(chosen),
         hacks=[h.name for h in chosen], hackable=sum(bool(t.hacked_by) for t in tasks),
-        hacks_skipped=len(skipped))
+        hacks_skipped=len(skipped), oracle_unchecked=count - len(with_oracle))
 
 
 def _hack_name(name: str) -> str:

@@ -315,14 +315,16 @@ class Observation:
                 "elements": [{"bid": n.bid, "role": n.role, "name": n.name, "value": n.value,
                               "states": n.states} for n in self.nodes if n.bid]}
 
-    def find(self, role: str | None = None, name: str | None = None) -> Node | None:
-        """The first node with this role and exactly this name (else the first whose name
-        contains it); used by oracles to look bids up."""
+    def find(self, role: str | None = None, name: str | None = None,
+             nth: int = 0) -> Node | None:
+        """The `nth` node (from 0) with this role and exactly this name (else the `nth` whose
+        name contains it), or None; used by oracles to look bids up."""
         candidates = [n for n in self.nodes if n.bid and (role is None or n.role == role)]
         for exact in (True, False):
-            for node in candidates:
-                if name is None or (node.name == name if exact else name in node.name):
-                    return node
+            found = [node for node in candidates
+                     if name is None or (node.name == name if exact else name in node.name)]
+            if len(found) > nth:
+                return found[nth]
         return None
 
 
