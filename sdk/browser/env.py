@@ -274,7 +274,8 @@ class BrowserEnv(Env):
                 found = {"error": f"could not be looked up ({str(exc).splitlines()[0]})"}
             if "bid" not in found:
                 why = found.get("error") or f"matches {found['count']} element(s)"
-                return ToolCallParseError(str(ref), f"no {ref.describe()}: {ref.css!r} {why}")
+                return ToolCallParseError(str(ref), f"no element for {ref.describe()}: the "
+                                                    f"selector {why}")
             sandbox.next_bid = max(sandbox.next_bid, int(found["next"]))
             sandbox.issued.add(found["bid"])
             arguments[key] = found["bid"]

@@ -69,11 +69,10 @@ class Ref(str):
         return None
 
     def describe(self) -> str:
-        """The Ref in words, for errors."""
-        what = f"CSS selector {self.css!r}" if self.css else f"role {self.role or 'any'}"
+        """The Ref in words, for errors: `the CSS selector '#a' named 'x' (match #2)`."""
+        what = f"the CSS selector {self.css!r}" if self.css else f"role {self.role or 'any'}"
         named = f" named {self.name!r}" if self.name is not None else ""
-        return (f"element #{self.nth} of {what}{named}" if self.nth
-                else f"an element of {what}{named}")
+        return f"{what}{named}" + (f" (match #{self.nth})" if self.nth else "")
 
 
 # The `nth` element matching a CSS selector (and, with a name, whose text is it: exact, else
