@@ -358,12 +358,14 @@ def worker(job):
                                                 timeout=spec["timeout_ms"])  # 5 s by default
         obs, info = env.reset(seed=ep["seed"])
         page = env.unwrapped.page
-        reward, done, info = 0.0, False, {}
+        goal, reward, info, errors = obs["goal"], 0.0, {}, []
         for call in ep["actions"]:
             obs, reward, term, trunc, info = env.step(action(page, call))
+            if obs["last_action_error"]:
+                errors.append(obs["last_action_error"].splitlines()[0][:160])
             if term or trunc:
                 break
-        out.append({"index": ep["index"], "goal": obs["goal"], "reward": reward,
+        out.append({"index": ep["index"], "goal": goal, "reward": reward, "errors": errors,
                     "raw": info.get("task_info", {}).get("RAW_REWARD_GLOBAL")})
     for env in envs.values():
         env.close()
@@ -462,6 +464,9 @@ def browsergym_miniwob(python: str, episodes: list[dict], concurrencies: list[in
 
 
 def miniwob_main(args: argparse.Namespace) -> None:
+    from corral.sandbox.browser.chromium import CHROMIUM
+
+    args.chromium = args.chromium or CHROMIUM
     tasks = args.miniwob.split(",")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     episodes = miniwob_episodes(tasks, args.episodes)
@@ -491,7 +496,7 @@ def miniwob_main(args: argparse.Namespace) -> None:
             for a, b in zip(results, peer["results"]):
                 if a["goal"] != b["goal"] or a["raw"] != b["raw"]:
                     print(f"  differs: {a['task']} seed {a['seed']}: corral {a['raw']} "
-                          f"{a['goal']!r}, BrowserGym {b['raw']} {b['goal']!r}")
+                          f"{a['goal']!r}, BrowserGym {b['raw']} {b['goal']!r} {b['errors']}")
         print(line)
     print(f"load at the end: {load_average()}")
 
@@ -511,8 +516,9 @@ def main() -> None:
     parser.add_argument("--miniwob", default=None, metavar="TASKS",
                         help="comma-separated MiniWoB++ tasks: run the MiniWoB++ comparison "
                              "(Corral vs BrowserGym with browsergym-miniwob) instead")
-    parser.add_argument("--chromium", default="/usr/bin/chromium",
-                        help="the Chromium both sides of the MiniWoB++ comparison run")
+    parser.add_argument("--chromium", default=None,
+                        help="the Chromium both sides of the MiniWoB++ comparison run (default: "
+                             "the one Corral's pool runs)")
     args = parser.parse_args()
     if args.miniwob:
         return miniwob_main(args)

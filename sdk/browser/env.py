@@ -185,9 +185,12 @@ class BrowserEnv(Env):
     async def _run_calls(self, episode: Episode, calls: list[ToolCall | ToolCallParseError]) -> str:
         sandbox = require_browser(episode.sandbox)
         sandbox.last_error = None
-        calls = [await self._resolve_css(sandbox, c) if isinstance(c, ToolCall) else c
-                 for c in calls]
-        output = await super()._run_calls(episode, calls)
+        outputs = []
+        for call in calls:  # one by one: a CSS ref is looked up in the page its call acts on
+            if isinstance(call, ToolCall):
+                call = await self._resolve_css(sandbox, call)
+            outputs.append(await super()._run_calls(episode, [call]))
+        output = "\n".join(outputs)
         if sandbox.hung:  # an action found the page hung (its tool output says so)
             episode.done = episode.truncated = True
         if not episode.done and (done := self.done_script(episode.task)):

@@ -168,7 +168,8 @@ async def test_the_oracles_solve_their_tasks_and_the_noop_does_not(pool: Browser
         assert result.infra_error is None and not result.errors, (name, agent, result)
         if agent == "oracle":
             assert result.passed and result.rewards["raw"] == 1.0, (name, result)
-            assert 0 < result.rewards["time_scaled"] <= 1.0, (name, result)
+            # MiniWoB's time discount (0 past its 10 s, which a loaded machine can take)
+            assert 0 <= result.rewards["time_scaled"] < 1.0, (name, result)
         else:
             assert not result.passed and result.rewards == {"raw": 0.0, "time_scaled": 0.0}
 
