@@ -284,6 +284,233 @@ async def observation_costs(pool: Any) -> dict[str, float]:
     return costs
 
 
+# --- 5. MiniWoB++: Corral vs BrowserGym on the miniwob package's own pages -----------------------
+# BrowserGym runs in its own venv (`browsergym-miniwob` pins Playwright 1.44): one env per
+# worker process, N processes for concurrency N, pointed at the package's pages with a file://
+# MINIWOB_URL. Both sides play the same scripted actions (Corral's oracle for the utterance;
+# its Refs looked up in BrowserGym's page for BrowserGym's bids) on the same page seed:
+# BrowserGym seeds the page with `RandomState(seed).randint(0, 1000000)`, so Corral is given
+# that number as its task seed.
+MINIWOB_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+PEER_MINIWOB = textwrap.dedent(r'''
+import json, multiprocessing, os, sys, time
+
+
+def patch_launch(spec):  # MONKEYPATCH (benchmark only): BrowserGym launches Playwright's own
+    # chromium, which `playwright install` cannot download here; run Debian's instead
+    import playwright.sync_api
+    launch = playwright.sync_api.BrowserType.launch
+    def launched(self, *a, **kw):
+        kw["executable_path"] = spec["chromium"]
+        kw["args"] = list(kw.get("args") or []) + spec["flags"]
+        return launch(self, *a, **kw)
+    playwright.sync_api.BrowserType.launch = launched
+
+
+RESOLVE = """([css, role, name, nth]) => {
+  const norm = s => (s || '').replace(/\\s+/g, ' ').trim();
+  let found = Array.from(document.querySelectorAll(css));
+  if (name !== null) {
+    const text = el => norm(el.getAttribute('aria-label') || el.textContent || el.value);
+    const exact = found.filter(el => text(el) === norm(name));
+    found = exact.length > nth ? exact : found.filter(el => text(el).includes(norm(name)));
+  }
+  const el = found[nth];
+  return el ? el.getAttribute('bid') : null;
+}"""
+
+
+def bid_of(page, ref):
+    if ref.get("css"):
+        return page.evaluate(RESOLVE, [ref["css"], None, ref.get("name"), ref.get("nth", 0)])
+    loc = page.get_by_role(ref["role"], name=ref.get("name"), exact=True)
+    if ref.get("name") is not None and loc.count() <= ref.get("nth", 0):
+        loc = page.get_by_role(ref["role"], name=ref.get("name"))
+    return loc.nth(ref.get("nth", 0)).get_attribute("bid")
+
+
+def action(page, call):
+    args = dict(call["arguments"])
+    bid = bid_of(page, args.pop("bid"))
+    if call["name"] == "click":
+        return f"click({bid!r})"
+    if call["name"] == "fill":
+        return f"fill({bid!r}, {args['text']!r})"
+    if call["name"] == "check":
+        return f"check({bid!r})"
+    if call["name"] == "select":
+        return f"select_option({bid!r}, {args['option']!r})"
+    raise ValueError(call["name"])
+
+
+def patch_action_timeouts(env, spec):  # MONKEYPATCH (benchmark only): BrowserGym's actions
+    # give Playwright 500 ms each (its action code is these functions' source text); on a loaded
+    # 2-core machine that fails fills and clicks, so both sides get the same bound instead
+    actions = getattr(env.unwrapped.action_mapping, "__self__", None)
+    if actions is not None:
+        actions.python_includes = actions.python_includes.replace(
+            "timeout=500", f"timeout={spec['timeout_ms']}")
+
+
+def worker(job):
+    spec, episodes = job
+    os.environ["MINIWOB_URL"] = spec["miniwob_url"]
+    patch_launch(spec)
+    import gymnasium as gym
+    import browsergym.miniwob  # noqa: F401  (registers browsergym/miniwob.*)
+    envs, out = {}, []
+    for ep in episodes:
+        env = envs.get(ep["task"])
+        if env is None:
+            env = envs[ep["task"]] = gym.make(f"browsergym/miniwob.{ep['task']}", headless=True,
+                                                timeout=spec["timeout_ms"])  # 5 s by default
+            patch_action_timeouts(env, spec)
+        obs, info = env.reset(seed=ep["seed"])
+        page = env.unwrapped.page
+        goal, reward, info, errors = obs["goal"], 0.0, {}, []
+        for call in ep["actions"]:
+            obs, reward, term, trunc, info = env.step(action(page, call))
+            if obs["last_action_error"]:
+                errors.append(obs["last_action_error"].splitlines()[0][:160])
+            if term or trunc:
+                break
+        out.append({"index": ep["index"], "goal": goal, "reward": reward, "errors": errors,
+                    "raw": info.get("task_info", {}).get("RAW_REWARD_GLOBAL")})
+    for env in envs.values():
+        env.close()
+    return out
+
+
+if __name__ == "__main__":
+    spec = json.load(sys.stdin)
+    for n in spec["concurrency"]:
+        slices = [(spec, spec["episodes"][i::n]) for i in range(n)]
+        started = time.perf_counter()
+        with multiprocessing.get_context("spawn").Pool(n) as pool:
+            results = [r for part in pool.map(worker, slices) for r in part]
+        print(json.dumps({"concurrency": n, "seconds": time.perf_counter() - started,
+                          "results": sorted(results, key=lambda r: r["index"])}), flush=True)
+''')
+
+
+def miniwob_episodes(tasks: list[str], n: int) -> list[dict]:
+    """Episode i: task `tasks[i % len(tasks)]`, BrowserGym seed i and its page seed."""
+    import numpy as np
+
+    return [{"index": i, "task": tasks[i % len(tasks)], "seed": i,
+             "page_seed": int(np.random.RandomState(i).randint(0, 1000000))} for i in range(n)]
+
+
+def ref_fields(value: Any) -> Any:
+    """A ToolCall argument as JSON for the peer (a Ref as its fields)."""
+    from corral.browser import Ref
+
+    ref = Ref.of(value)
+    return value if ref is None else {"role": ref.role, "name": ref.name, "nth": ref.nth,
+                                      "css": ref.css}
+
+
+async def corral_miniwob(episodes: list[dict], concurrency: int, chromium: str
+                         ) -> tuple[float, list[dict]]:
+    """Corral's episodes/s at `concurrency` on one warm browser, with each episode's utterance,
+    the oracle's actions (for the peer) and the page's raw reward."""
+    import corral as cr
+    from corral.agents import play
+    from corral.browser import BrowserPool
+    from corral.envs.browser.miniwob.oracles import ORACLES
+    from corral.sandbox.browser.pool import HostLauncher
+
+    spec = cr.Browser(**TIMEOUTS)
+    pool = await BrowserPool(HostLauncher(executable=chromium), warm_contexts=concurrency,
+                             size=1).start()
+    out: list[dict] = []
+    try:
+        for task in sorted({e["task"] for e in episodes}):  # warm-up: each task's files cached
+            await play(cr.make(f"corral/miniwob-{task}-v0", pool=pool, sandbox=spec), "oracle",
+                       options={"task": {"seed": 0}})
+        queue = list(episodes)
+
+        async def worker() -> None:
+            envs: dict[str, Any] = {}
+            while queue:
+                ep = queue.pop(0)
+                env = envs.get(ep["task"]) or envs.setdefault(
+                    ep["task"], cr.make(f"corral/miniwob-{ep['task']}-v0", pool=pool, sandbox=spec))
+                result = await play(env, "oracle", options={"task": {"seed": ep["page_seed"]}})
+                utterance = env.episode.state["start_script"]["utterance"]
+                actions = ORACLES[ep["task"]](utterance)
+                out.append({**ep, "goal": utterance, "raw": result.rewards.get("raw"),
+                            "passed": result.passed, "errors": result.errors,
+                            "actions": [{"name": c.name, "arguments": {
+                                k: ref_fields(v) for k, v in c.arguments.items()}}
+                                for c in actions]})
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - started
+    finally:
+        await pool.close()
+    return seconds, sorted(out, key=lambda r: r["index"])
+
+
+def browsergym_miniwob(python: str, episodes: list[dict], concurrencies: list[int],
+                       chromium: str) -> list[dict]:
+    """BrowserGym's runs (one per concurrency) on the same episodes and actions."""
+    from corral.envs.browser.miniwob.pages import html_root
+
+    spec = {"episodes": episodes, "concurrency": concurrencies, "chromium": chromium,
+            "flags": MINIWOB_FLAGS, "miniwob_url": f"file://{html_root()}/miniwob/",
+            "timeout_ms": int(TIMEOUTS["action_timeout"] * 1000)}
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+        fh.write(PEER_MINIWOB)
+    proc = subprocess.run([python, fh.name], input=json.dumps(spec), capture_output=True,
+                          text=True, timeout=3600)
+    Path(fh.name).unlink()
+    if proc.returncode != 0:
+        print(f"browsergym failed: {proc.stderr.strip().splitlines()[-3:]}")
+        return []
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def miniwob_main(args: argparse.Namespace) -> None:
+    from corral.sandbox.browser.chromium import CHROMIUM
+
+    args.chromium = args.chromium or CHROMIUM
+    tasks = args.miniwob.split(",")
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    episodes = miniwob_episodes(tasks, args.episodes)
+    print(f"MiniWoB++ tasks {', '.join(tasks)}; {args.episodes} episodes per setting; "
+          f"{__import__('os').cpu_count()} cores, load {load_average()}; both sides run "
+          f"{args.chromium}")
+    corral: dict[int, tuple[float, list[dict]]] = {
+        n: asyncio.run(corral_miniwob(episodes, n, args.chromium)) for n in concurrencies}
+    first = corral[concurrencies[0]][1]
+    actions = [{**e, "actions": r["actions"]} for e, r in zip(episodes, first)]
+    peers = ({p["concurrency"]: p for p in browsergym_miniwob(
+        args.browsergym_python, actions, concurrencies, args.chromium)}
+        if args.browsergym_python else {})
+    for n in concurrencies:
+        seconds, results = corral[n]
+        rate = len(results) / seconds
+        line = (f"concurrency {n:2d}: corral {rate:6.2f} episodes/s "
+                f"({sum(r['passed'] for r in results)}/{len(results)} solved)")
+        peer = peers.get(n)
+        if peer:
+            peer_rate = len(peer["results"]) / peer["seconds"]
+            same_goal = sum(a["goal"] == b["goal"] for a, b in zip(results, peer["results"]))
+            same_raw = sum(a["raw"] == b["raw"] for a, b in zip(results, peer["results"]))
+            line += (f" | BrowserGym {peer_rate:6.2f} episodes/s | ratio "
+                     f"{rate / peer_rate:5.1f}x | same utterance {same_goal}/{len(results)}, "
+                     f"same raw reward {same_raw}/{len(results)}")
+            for a, b in zip(results, peer["results"]):
+                if a["goal"] != b["goal"] or a["raw"] != b["raw"]:
+                    print(f"  differs: {a['task']} seed {a['seed']}: corral {a['raw']} "
+                          f"{a['goal']!r}, BrowserGym {b['raw']} {b['goal']!r} {b['errors']}")
+        print(line)
+    print(f"load at the end: {load_average()}")
+
+
 def load_average() -> str:
     """The 1, 5 and 15 minute load averages (latency figures mean little without them)."""
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -296,7 +523,15 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--browsergym-python", default=None,
                         help="python of a venv with browsergym-core (adds BrowserGym itself)")
+    parser.add_argument("--miniwob", default=None, metavar="TASKS",
+                        help="comma-separated MiniWoB++ tasks: run the MiniWoB++ comparison "
+                             "(Corral vs BrowserGym with browsergym-miniwob) instead")
+    parser.add_argument("--chromium", default=None,
+                        help="the Chromium both sides of the MiniWoB++ comparison run (default: "
+                             "the one Corral's pool runs)")
     args = parser.parse_args()
+    if args.miniwob:
+        return miniwob_main(args)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     episodes = tasks(args.sync_episodes)
 

@@ -100,8 +100,8 @@ def validate_command(
 
         def on_episode(index: int, agent: str, check: EpisodeCheck) -> None:
             nonlocal failed
-            bad = (check.passed != (agent == "oracle") or check.infra_error is not None
-                   or getattr(check, "hacked", False))
+            bad = (check.passed != (agent == "oracle" and not check.unchecked)
+                   or check.infra_error is not None or getattr(check, "hacked", False))
             failed += bad
             progress.update(bar, advance=1, status=f"[red]{failed} bad[/]" if failed else "")
 
@@ -144,7 +144,9 @@ def _table(report: ValidationReport) -> Table:
 
 
 def _mark(check: EpisodeCheck) -> str:
-    """pass / partial / fail / verifier error, with the reward."""
+    """pass / partial / fail / verifier error, with the reward; or unchecked (no oracle)."""
+    if check.unchecked:
+        return f"[yellow]{check.unchecked}[/]"
     if check.verifier_error:
         return f"[magenta]verifier error[/] {check.reward:g}"
     if check.passed:

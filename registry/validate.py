@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from corral.adversaries import PREFIX as ADVERSARY, adversaries_of
 from corral.agents import EpisodeResult, make_agent, play
-from corral.errors import SandboxError
+from corral.errors import NoOracle, SandboxError
 from corral.hacks import HACKS
 from corral.sandbox import AUTO, SandboxOpener, resolve_backend
 
@@ -42,6 +42,7 @@ DEFAULT_LIMIT = 50
 first 50 (built-in families put one task of every template first, so these cover them all)."""
 
 AgentName = str  # "oracle", "noop", "hack:<name>" or "adversary:<name>" (the env's own)
+NO_ORACLE = "solvability unchecked (no oracle)"
 
 
 class EpisodeCheck(BaseModel):
@@ -58,6 +59,7 @@ class EpisodeCheck(BaseModel):
     verifier_error: str | None = None
     partial: bool = False
     truncated: bool = False  # ended by max_turns (then `turns` is the env's max_turns)
+    unchecked: str = ""  # why the episode could not be played (the env has no oracle)
 
     @classmethod
     def from_result(cls, agent: AgentName, result: EpisodeResult) -> "EpisodeCheck":
@@ -104,7 +106,7 @@ class TaskCheck(BaseModel):
     @property
     def baseline_ok(self) -> bool:
         """Valid before any hack: oracle passed, no-op failed, no infrastructure error."""
-        return (self.oracle.passed and not self.noop.passed
+        return ((self.oracle.passed or bool(self.oracle.unchecked)) and not self.noop.passed
                 and self.oracle.infra_error is None and self.noop.infra_error is None)
 
     @property
@@ -113,7 +115,7 @@ class TaskCheck(BaseModel):
         for check in (self.oracle, self.noop):
             if check.infra_error:
                 return f"{check.agent}: {check.infra_error}"
-        if not self.oracle.passed:
+        if not self.oracle.passed and not self.oracle.unchecked:
             why = "; ".join(self.oracle.errors) or f"reward {self.oracle.reward:g}"
             if self.oracle.truncated and not self.oracle.errors:
                 return (f"oracle truncated at max_turns={self.oracle.turns} ({why}): its "
@@ -156,13 +158,18 @@ class ValidationReport(BaseModel):
     families: list[FamilyCoverage] = Field(default_factory=list)
     # what was covered, one line each: solvability, adversarial, each family (`coverage`)
     covered: list[str] = Field(default_factory=list)
+    oracle_unchecked: int = 0  # tasks without an oracle: only the no-op was checked
 
     @property
     def verdict(self) -> str:
         """One line for a dataset card: oracle / no-op results, then what adversaries were
         played and skipped (and why), and which beat a task."""
-        line = (f"oracle {self.oracle_pass_rate:.0%} pass, no-op {self.noop_pass_rate:.0%} pass "
-                f"over {self.tasks_checked} task(s)")
+        oracle = (f"oracle {self.oracle_pass_rate:.0%} pass" if self.oracle_unchecked <
+                  self.tasks_checked else f"oracle: {NO_ORACLE}")
+        if 0 < self.oracle_unchecked < self.tasks_checked:
+            oracle += f" ({NO_ORACLE} on {self.oracle_unchecked} task(s))"
+        line = (f"{oracle}, no-op {self.noop_pass_rate:.0%} pass over {self.tasks_checked} "
+                "task(s)")
         if self.adversarial:
             winners = list(dict.fromkeys(h.agent.split(":", 1)[-1] for t in self.tasks
                                          for h in t.hacked_by))
@@ -290,6 +297,15 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
             player = players[agent]()
             try:
                 result = await play(instance, player, seed=index, options={"task_index": index})
+            except NoOracle as exc:  # not a failure: solvability is not checked, the no-op is
+                log.debug("validation episode %s: %s", index, exc)
+                result = EpisodeResult(env_id, "", agent, 0.0)
+                results[(index, agent)] = EpisodeCheck.from_result(agent, result).model_copy(
+                    update={"unchecked": NO_ORACLE})
+                await instance.aclose()
+                if on_episode is not None:
+                    on_episode(index, agent, results[(index, agent)])
+                return
             except Exception as exc:  # an author bug (setup, oracle) fails this task, not the run
                 log.debug("validation episode %s/%s raised", index, agent, exc_info=True)
                 result = EpisodeResult(env_id, "", agent, 0.0,
@@ -307,8 +323,8 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
     async def task(index: int) -> None:
         await asyncio.gather(episode(index, "oracle"), episode(index, "noop"))
         oracle, noop = results[(index, "oracle")], results[(index, "noop")]
-        valid = (oracle.passed and not noop.passed and oracle.infra_error is None
-                 and noop.infra_error is None)
+        valid = ((oracle.passed or bool(oracle.unchecked)) and not noop.passed
+                 and oracle.infra_error is None and noop.infra_error is None)
         play_now = []
         for name, adversary in adversaries:
             why, reason = "", ""
@@ -334,7 +350,9 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
                                           *skipped.get((i, name), ("", "")))
                               for name, a in adversaries])
              for i in range(count)]
-    oracle_rate = sum(t.oracle.passed for t in tasks) / count if count else 0.0
+    with_oracle = [t for t in tasks if not t.oracle.unchecked]
+    oracle_rate = (sum(t.oracle.passed for t in with_oracle) / len(with_oracle)
+                   if with_oracle else 0.0)
     noop_rate = sum(t.noop.passed for t in tasks) / count if count else 0.0
     infra = sum((t.oracle.infra_error is not None) + (t.noop.infra_error is not None)
                 for t in tasks)
@@ -351,9 +369,14 @@ async def validate(env: str | Callable[..., Any], *, backend: str | None = None,
         hacks=[h.name for h in chosen], adversaries=list(authors),
         inapplicable=[h.name for h in inapplicable],
         hackable=sum(bool(t.hacked_by) for t in tasks), hacks_skipped=len(skipped),
-        families=families)
+        families=families, oracle_unchecked=count - len(with_oracle))
+    solvability = solvability_line(count, size)
+    if report.oracle_unchecked:
+        solvability = (f"{NO_ORACLE}: only the no-op played on {count} of {size} task(s)"
+                       if report.oracle_unchecked == count else
+                       f"{solvability}; {NO_ORACLE} on {report.oracle_unchecked} of them")
     report.covered = covered_lines(
-        solvability=solvability_line(count, size),
+        solvability=solvability,
         adversarial=report.verdict.split("; ", 1)[1] if adversarial else "adversarial: not run",
         families=families, inapplicable=by_family, kind=kind)
     return report

@@ -80,7 +80,7 @@ python_env() {
   quiet "${pip[@]}" -U pip "setuptools>=77" wheel
   # A plain torch requirement would pull several GB of CUDA wheels; pin the local CPU build.
   "$VENV/bin/python" -c 'import torch' 2>/dev/null || quiet "${pip[@]}" torch==2.13.0
-  quiet "${pip[@]}" -e ".[train,hf,ray,trl,mcp,log,reasoning,agents,dev]"
+  quiet "${pip[@]}" -e ".[train,hf,ray,trl,mcp,log,reasoning,agents,miniwob,dev]"
   "$VENV/bin/python" -c 'import corral, torch, playwright' || { log "Python set-up failed"; exit 1; }
   echo "$digest" >"$stamp"
 }

@@ -45,6 +45,11 @@ class AuthoringError(CorralError, TypeError):
     """An environment, tool, reward or task definition is malformed."""
 
 
+class NoOracle(AuthoringError):
+    """The env has no oracle (`solution`) for this task: validation cannot check that it is
+    solvable and says so ("solvability unchecked (no oracle)") instead of failing it."""
+
+
 class VerifierError(AuthoringError):
     """A verifier broke (no reward file, a reward that is NaN, infinite, unparsable or outside
     the env's declared range, a reward function that raised): the env's bug, reported as such

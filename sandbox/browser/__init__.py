@@ -14,8 +14,9 @@ from .backend import BrowserBackend, BrowserConfig
 from .observe import Observation
 from .pool import BrowserPool, ContextLease, HostLauncher
 from .sandbox import BrowserSandbox
-from .site import Request, Response, SiteSession, html_page, task_server
+from .site import (Request, Response, SiteSession, StaticFiles, content_type, html_page,
+                   task_server)
 
 __all__ = ["BrowserBackend", "BrowserConfig", "BrowserPool", "BrowserSandbox", "ContextLease",
-           "HostLauncher", "Observation", "Request", "Response", "SiteSession", "html_page",
-           "task_server"]
+           "HostLauncher", "Observation", "Request", "Response", "SiteSession", "StaticFiles",
+           "content_type", "html_page", "task_server"]

@@ -10,7 +10,9 @@ the document to finish parsing) (CDP's accessibility tree alone has no ids to ac
 pairs it with a DOM snapshot and a marking pass); `benchmarks/browser.py` prints its cost.
 
 Hidden subtrees (display:none, visibility:hidden, `hidden`, aria-hidden) are left out, so an
-element revealed later (hover menus) gets its bid when it appears.
+element revealed later (hover menus) gets its bid when it appears. An element without a role
+that shows a pointer cursor where its parent does not (a `<span>` a script made clickable) is
+reported as `generic`, so it has a bid to click.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ async ([start, maxText]) => {
     return s.join(' ');
   }
   const nodes = [];
-  function walk(parent, depth, inLeaf) {
+  // `pointer`: the parent shows a pointer cursor (a control, or a script's click target)
+  function walk(parent, depth, inLeaf, pointer) {
     for (const child of parent.childNodes) {
       if (child.nodeType === 3) {
         if (!inLeaf) { const t = clip(child.textContent, 300);
@@ -131,9 +134,14 @@ async ([start, maxText]) => {
       if (role === null) continue;
       const clickable = child.hasAttribute('onclick') || child.hasAttribute('tabindex') ||
                         child.isContentEditable && child.getAttribute('contenteditable') !== null;
+      let own = pointer;
+      if (!role && !clickable) {  // a click target made by script shows a pointer cursor
+        own = getComputedStyle(child).cursor === 'pointer';
+        if (own && !pointer) role = 'generic';
+      }
       if (!role && clickable) role = 'generic';
       if (!role || role === 'none' || role === 'presentation') {
-        walk(child, depth, inLeaf);
+        walk(child, depth, inLeaf, own);
         continue;
       }
       let bid = child.getAttribute(ATTR);
@@ -141,10 +149,11 @@ async ([start, maxText]) => {
       const name = clip(nameOf(child, role), 120);
       nodes.push([depth, bid, role, name, valueOf(child, role), statesOf(child, role)]);
       if (child.tagName === 'SELECT') continue;  // options are listed in the value/select tool
-      walk(child, depth + 1, inLeaf || (LEAF.has(role) && name !== ''));
+      walk(child, depth + 1, inLeaf || (LEAF.has(role) && name !== ''),
+           own || clickable || role !== 'generic' && LEAF.has(role));
     }
   }
-  if (document.body) walk(document.body, 0, false);
+  if (document.body) walk(document.body, 0, false, false);
   window.__corralNext = next;
   const body = document.body;
   return {next, nodes, url: location.href, title: document.title,
@@ -315,14 +324,16 @@ class Observation:
                 "elements": [{"bid": n.bid, "role": n.role, "name": n.name, "value": n.value,
                               "states": n.states} for n in self.nodes if n.bid]}
 
-    def find(self, role: str | None = None, name: str | None = None) -> Node | None:
-        """The first node with this role and exactly this name (else the first whose name
-        contains it); used by oracles to look bids up."""
+    def find(self, role: str | None = None, name: str | None = None,
+             nth: int = 0) -> Node | None:
+        """The `nth` node (from 0) with this role and exactly this name (else the `nth` whose
+        name contains it), or None; used by oracles to look bids up."""
         candidates = [n for n in self.nodes if n.bid and (role is None or n.role == role)]
         for exact in (True, False):
-            for node in candidates:
-                if name is None or (node.name == name if exact else name in node.name):
-                    return node
+            found = [node for node in candidates
+                     if name is None or (node.name == name if exact else name in node.name)]
+            if len(found) > nth:
+                return found[nth]
         return None
 
 

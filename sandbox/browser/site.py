@@ -1,7 +1,9 @@
 """Task sites: each episode's pages, served from one local HTTP server per process.
 
 An env describes its site for one task as a mapping `path -> page`, where a page is HTML text,
-bytes, a `Response`, or a function `Request -> Response | str` (dynamic pages: search results).
+bytes, a `Response`, or a function `Request -> Response | str` (dynamic pages: search results),
+each served with the Content-Type of its path's extension (HTML where it has none), or a
+`StaticFiles` folder mounted at that path (a package's pages, scripts and stylesheets).
 `TaskServer.open(pages)` gives the episode a `SiteSession`. Every episode's site lives at the
 same origin, `http://127.0.0.1:<port>`; the server tells episodes apart by the `X-Corral-Site`
 header that the episode's browser context sends with every request (its token). Episodes stay
@@ -20,13 +22,15 @@ from __future__ import annotations
 
 import json
 import logging
+import mimetypes
 import secrets
 import threading
 from dataclasses import dataclass, field
 from html import escape
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable, Mapping, Union
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,59 @@ class Response:
         return self.body.encode() if isinstance(self.body, str) else self.body
 
 
-Page = Union[str, bytes, Response, Callable[[Request], Union[Response, str]]]
+def content_type(path: str, default: str = "text/html; charset=utf-8") -> str:
+    """The Content-Type of `path` from its extension (text in UTF-8); `default` when the
+    extension says nothing (`/`, `/cart`)."""
+    guessed, _ = mimetypes.guess_type(path)
+    if guessed is None:
+        return default
+    text = guessed.startswith("text/") or guessed in ("application/javascript", "application/json",
+                                                      "image/svg+xml")
+    return f"{guessed}; charset=utf-8" if text else guessed
+
+
+class StaticFiles:
+    """A folder of static files, served under the path it is mounted at: `{"/": StaticFiles(d)}`
+    serves `d/a/b.css` at `/a/b.css`, `{"/assets": StaticFiles(d)}` at `/assets/a/b.css` (a
+    folder's `index.html` at the folder's path), each with the Content-Type of its extension.
+    Pages defined beside it take precedence; nothing outside the folder is served. Files are
+    read once and kept in memory (up to `max_bytes` in all), so many episodes share one read."""
+
+    def __init__(self, root: str | Path, *, max_bytes: int = 64 << 20) -> None:
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"StaticFiles: {root} is not a folder")
+        self.max_bytes = max_bytes
+        self._cache: dict[str, Response | None] = {}
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"StaticFiles({str(self.root)!r})"
+
+    def get(self, relative: str) -> Response | None:
+        """The file at `relative` (the URL path below the mount point) as a Response, or None."""
+        with self._lock:
+            if relative in self._cache:
+                return self._cache[relative]
+        response = self._read(relative)
+        size = len(response.payload()) if response is not None else 0
+        with self._lock:
+            if self._size + size <= self.max_bytes:
+                self._cache[relative] = response
+                self._size += size
+        return response
+
+    def _read(self, relative: str) -> Response | None:
+        target = (self.root / unquote(relative).lstrip("/")).resolve()
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_relative_to(self.root) or not target.is_file():
+            return None
+        return Response(target.read_bytes(), content_type=content_type(target.name))
+
+
+Page = Union[str, bytes, Response, StaticFiles, Callable[[Request], Union[Response, str]]]
 
 
 @dataclass
@@ -76,6 +132,8 @@ class SiteSession:
     pages: dict[str, Page]
     submissions: list[dict[str, Any]] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
+    # `StaticFiles` folders by mount point (ending in "/"), longest first
+    mounts: list[tuple[str, StaticFiles]] = field(default_factory=list)
 
     def url(self, path: str = "/") -> str:
         """Absolute URL of `path` on this site."""
@@ -151,7 +209,12 @@ class TaskServer:
         """Serve `pages` to one episode (the context that sends this session's token: `token`,
         the one a pooled context already sends, or a new one)."""
         token = token or secrets.token_hex(8)
-        session = SiteSession(token, self.origin, {_norm(p): page for p, page in pages.items()})
+        mounts = sorted(((p.rstrip("/") + "/" if p.rstrip("/") else "/", page)
+                         for p, page in pages.items() if isinstance(page, StaticFiles)),
+                        key=lambda m: -len(m[0]))
+        session = SiteSession(token, self.origin,
+                              {_norm(p): page for p, page in pages.items()
+                               if not isinstance(page, StaticFiles)}, mounts=mounts)
         with self._lock:
             self._sessions[token] = session
         return session
@@ -175,7 +238,9 @@ class TaskServer:
         path = _norm(parts.path)
         request = Request(method.upper(), path, parse_qs(parts.query),
                           _parse_body(body, headers), {k.lower(): v for k, v in headers.items()})
-        page = session.pages.get(path)
+        page: Page | None = session.pages.get(path)
+        if page is None and request.method in ("GET", "HEAD"):
+            page = _mounted(session, parts.path)
         if request.method == "POST" or page is None and path != "/favicon.ico":
             session.submissions.append({"method": request.method, "path": path,
                                         "form": {k: v[0] if len(v) == 1 else v
@@ -209,12 +274,23 @@ def _parse_body(body: bytes, headers: Mapping[str, str]) -> dict[str, list[str]]
     return parse_qs(text, keep_blank_values=True)
 
 
+def _mounted(session: SiteSession, path: str) -> Response | None:
+    """The file a `StaticFiles` mount of the session serves at `path`, or None."""
+    path = "/" + path.lstrip("/")
+    for prefix, files in session.mounts:
+        if path.startswith(prefix) or path + "/" == prefix:
+            found = files.get(path[len(prefix):])
+            if found is not None:
+                return found
+    return None
+
+
 def _render(page: Page, request: Request) -> Response:
-    if callable(page):
+    if callable(page) and not isinstance(page, StaticFiles):
         page = page(request)
     if isinstance(page, Response):
         return page
-    return Response(page)
+    return Response(page, content_type=content_type(request.path))  # type: ignore[arg-type]
 
 
 _servers: dict[int, TaskServer] = {}

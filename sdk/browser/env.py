@@ -22,8 +22,12 @@ form (URL, page text, elements, optional PNG screenshot). Actions are tools (`cl
 `fill(bid, text)`, ...) or BrowserGym-style strings (`click("a12")`), parsed without eval.
 
 Oracles cannot know bids before the page is observed, so an oracle's ToolCalls may give a
-`Ref(role, name)` instead of a bid: when the action is played, the env replaces it with the bid
-of the first element of that role and name in the latest observation.
+`Ref(role, name, nth=0)` or `Ref(css=...)` instead of a bid (`corral.browser.refs`): when the
+action is played, the env replaces it with the bid of that element.
+
+Pages that run their own episode (MiniWoB's) are driven with two more hooks: `start_script(task)`
+runs JavaScript in the start page once it has loaded, and `done_script(task)` is read after
+every step and ends the episode when true; `js_reward(expression)` reads a reward from the page.
 
 A page that stops responding (a script that never yields) is killed when a call into it
 outlives `action_timeout` (`BrowserSandbox.call`): `reset` raises `PageUnresponsive`, a step
@@ -40,7 +44,7 @@ from typing import Any, Awaitable, Callable, ClassVar, Mapping
 from playwright.async_api import Error as PlaywrightError
 
 from ..env import Action, Env, Episode
-from ..errors import AgentError, BrowserError, PageUnresponsive
+from ..errors import AgentError, AuthoringError, BrowserError, PageUnresponsive
 from ..sandbox.spec import Browser
 from ..terminal import default_run_id
 from ..toolcalls import ToolCallParseError
@@ -53,40 +57,18 @@ from ..sandbox.browser.sandbox import BrowserSandbox
 from ..sandbox.browser.site import Page
 from . import actions
 from .actions import ActionError, looks_like_actions, parse_actions, require_browser
+from .refs import RESOLVE_CSS_JS, Ref
+
+__all__ = ["BrowserEnv", "Ref"]
 
 log = logging.getLogger(__name__)
 
 
-class Ref(str):
-    """An element named by role and accessible name, for oracles; resolved to a bid from the
-    latest observation when the action is played. It is a `str` so actions stay JSON-able:
-    its text, `@role:name` (`*` for any role), is read back as the Ref where a bid is expected
-    (an oracle's actions sent over the env server's protocol)."""
-
-    role: str | None
-    name: str | None
-
-    def __new__(cls, role: str | None = None, name: str | None = None) -> "Ref":
-        obj = super().__new__(cls, f"@{role or '*'}:{name or ''}")
-        obj.role, obj.name = role, name
-        return obj
-
-    @classmethod
-    def of(cls, value: Any) -> "Ref | None":
-        """`value` as a Ref: a Ref, or a Ref's text (`@button:Submit`); else None (a bid is
-        never `@...`)."""
-        if isinstance(value, Ref):
-            return value
-        if isinstance(value, str) and value.startswith("@") and ":" in value:
-            role, _, name = value[1:].partition(":")
-            return cls(None if role == "*" else role or None, name or None)
-        return None
-
-
 class BrowserEnv(Env):
     """Base class of browser environments. Author hooks: `site(task)` (the pages),
-    `start_path(task)`, `instruction(task)`, `@cr.reward`s (they may ask for `page`, `site`,
-    `sandbox`), and `solution(task)` (ToolCalls; `Ref(role, name)` for bids)."""
+    `start_path(task)`, `start_script(task)`, `done_script(task)`, `instruction(task)`,
+    `@cr.reward`s (they may ask for `page`, `site`, `sandbox`; `js_reward` reads one from the
+    page), and `solution(task)` (ToolCalls; `Ref(role, name)` or `Ref(css=...)` for bids)."""
 
     kind: ClassVar[str] = "browser"
     instruction_is_first_message: ClassVar[bool] = False  # the first message holds the page
@@ -115,6 +97,19 @@ class BrowserEnv(Env):
         """The path the episode starts on."""
         return "/"
 
+    def start_script(self, task: Task) -> str | tuple[str, Any] | None:
+        """JavaScript run in the start page once it has loaded (its `load` event, after the
+        page's own load handlers), before the first observation: a function's source or an
+        expression, as `page.evaluate` takes it, or `(source, argument)`. Its JSON-able value
+        is kept in the episode's state as `state["start_script"]` (an instruction may read
+        it). Default: none."""
+        return None
+
+    def done_script(self, task: Task) -> str | None:
+        """A JavaScript expression read after every step: when it is true the episode ends
+        (terminated), for pages that decide their own end. Default: none."""
+        return None
+
     async def setup(self, sandbox: BrowserSandbox, task: Task) -> None:
         """Serve the task's site to this episode and open its start page. It returns once the
         page's response has committed; the first observation waits in the page for the rest of
@@ -131,6 +126,9 @@ class BrowserEnv(Env):
             sandbox.check()
             raise BrowserError(f"the task's start page {url} did not load: "
                                f"{str(exc).strip().splitlines()[0]}") from exc
+        script = self.start_script(task)
+        if script is not None and self.episode is not None:
+            self.episode.state["start_script"] = await _start(sandbox, script)
 
     # --- sandbox and episode plumbing ------------------------------------------------------------
     async def open_sandbox(self, task: Task) -> BrowserSandbox:
@@ -187,9 +185,16 @@ class BrowserEnv(Env):
     async def _run_calls(self, episode: Episode, calls: list[ToolCall | ToolCallParseError]) -> str:
         sandbox = require_browser(episode.sandbox)
         sandbox.last_error = None
-        output = await super()._run_calls(episode, calls)
+        outputs = []
+        for call in calls:  # one by one: a CSS ref is looked up in the page its call acts on
+            if isinstance(call, ToolCall):
+                call = await self._resolve_css(sandbox, call)
+            outputs.append(await super()._run_calls(episode, [call]))
+        output = "\n".join(outputs)
         if sandbox.hung:  # an action found the page hung (its tool output says so)
             episode.done = episode.truncated = True
+        if not episode.done and (done := self.done_script(episode.task)):
+            episode.done = await _is_done(sandbox, done)
         if episode.done:
             return output
         try:
@@ -248,8 +253,35 @@ class BrowserEnv(Env):
         obs = sandbox.last_observation if isinstance(sandbox, BrowserSandbox) else None
         arguments = dict(call.arguments)
         for key, ref in refs.items():
-            node = obs.find(ref.role, ref.name) if obs else None
+            if ref.css is not None:
+                continue  # looked up in the page when the call runs (`_resolve_css`)
+            node = obs.find(ref.role, ref.name, ref.nth) if obs else None
             arguments[key] = node.bid if node else str(ref)
+        return ToolCall(name=call.name, arguments=arguments, id=call.id)
+
+    async def _resolve_css(self, sandbox: BrowserSandbox, call: ToolCall
+                           ) -> ToolCall | ToolCallParseError:
+        """`call` with its CSS refs replaced by the bids of the elements they select in the
+        page (an element the observation left out gets a bid now)."""
+        arguments = dict(call.arguments)
+        for key, value in call.arguments.items():
+            ref = Ref.of(value) if key == "bid" or isinstance(value, Ref) else None
+            if ref is None or ref.css is None:
+                continue
+            try:
+                found = await sandbox.call(sandbox.page.evaluate(
+                    RESOLVE_CSS_JS, [ref.css, ref.name, ref.nth, sandbox.next_bid]),
+                    "a CSS lookup")
+            except PlaywrightError as exc:
+                sandbox.check()
+                found = {"error": f"could not be looked up ({str(exc).splitlines()[0]})"}
+            if "bid" not in found:
+                why = found.get("error") or f"matches {found['count']} element(s)"
+                return ToolCallParseError(str(ref), f"no element for {ref.describe()}: the "
+                                                    f"selector {why}")
+            sandbox.next_bid = max(sandbox.next_bid, int(found["next"]))
+            sandbox.issued.add(found["bid"])
+            arguments[key] = found["bid"]
         return ToolCall(name=call.name, arguments=arguments, id=call.id)
 
     def random_action(self, task: Task, rng: Any) -> Action:
@@ -391,3 +423,25 @@ class BrowserEnv(Env):
         if self.episode is None:
             raise AgentError("no episode is running")
         self.episode.done = True
+
+
+async def _start(sandbox: BrowserSandbox, script: str | tuple[str, Any]) -> Any:
+    """Run a start script in the start page (under `navigation_timeout`: it may wait for the
+    page to load); a script that throws is the env's bug."""
+    source, argument = script if isinstance(script, tuple) else (script, None)
+    try:
+        return await sandbox.call(sandbox.page.evaluate(source, argument), "the start script",
+                                  sandbox.spec.navigation_timeout)
+    except PlaywrightError as exc:
+        sandbox.check()
+        raise AuthoringError(f"the start script failed in {sandbox.page.url}: "
+                             f"{str(exc).strip().splitlines()[0]}") from exc
+
+
+async def _is_done(sandbox: BrowserSandbox, expression: str) -> bool:
+    """Whether the page says its episode is over (false while it is navigating)."""
+    try:
+        return bool(await sandbox.call(sandbox.page.evaluate(expression), "the done check"))
+    except PlaywrightError:
+        sandbox.check()
+        return False
