@@ -45,10 +45,11 @@ from corral.errors import PolicyError
 from corral.runner.agents.record import EpisodeRecord, Prompt
 from corral.runner.episode import EpisodeLimits
 from corral.runner.policy.base import Generation, GenerationRequest, Policy, checked_generation
-from corral.runner.policy.wire import (ApiError, BodyLimit, ChatRequest, CompletionRequest,
+from corral.runner.policy.wire import (ApiError, ChatRequest, CompletionRequest,
                                        api_error_handler, error_response, stops,
                                        validation_error_handler)
 from corral.runner.trajectory import Span
+from corral.serve.limits import BodyLimit
 
 __all__ = ["AgentProxy", "AgentSession", "MODEL_NAME"]
 
