@@ -17,7 +17,8 @@ import time
 from typing import Awaitable, Callable
 
 from corral.sandbox import open_sandbox
-from corral.sandbox.images import docker_client, ensure_base_image
+from corral.sandbox.baseimage import ensure_base_image
+from corral.sandbox.daemon import docker_client
 from corral.sandbox.reaper import gc
 from corral.sandbox.spec import Terminal
 

@@ -349,7 +349,7 @@ def zero_variance_groups(rewards_by_group: dict[Any, list[float]]) -> int:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from corral.runner.policy.models import load_tokenizer
-    from corral.sandbox.images import ensure_base_image
+    from corral.sandbox.baseimage import ensure_base_image
 
     config, cost = workload_of(args), cost_of(args)
     if args.executor_threads:

@@ -20,7 +20,7 @@ import time
 
 from corral.hacks import HACKS
 from corral.registry.validate import validate
-from corral.sandbox.images import ensure_base_image
+from corral.sandbox.baseimage import ensure_base_image
 from corral.sandbox.reaper import gc
 
 ENVS = ("corral/term-files-v0", "corral/term-procs-v0", "corral/term-python-v0")

@@ -124,7 +124,7 @@ def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version.
     import torch
 
     from corral.runner import build_tiny_model
-    from corral.sandbox.images import ensure_base_image
+    from corral.sandbox.baseimage import ensure_base_image
     from corral.trainer.report import write_training_report
 
     from .engine import ENGINES, check_engine

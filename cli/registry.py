@@ -169,7 +169,7 @@ def yank(ref: str = typer.Argument(..., help="id@version or sha256:HASH."),
          registry: Optional[str] = _registry_option(), token: Optional[str] = _token_option()
          ) -> None:
     """Hide a release from resolution (it stays pullable by exact hash)."""
-    from corral.registry.store import ReleaseRef
+    from corral.registry.records import ReleaseRef
     from corral.registry.transfer import open_store
 
     ReleaseRef.exact(ref)  # before the store is opened: a bare id is refused even without one
@@ -292,7 +292,7 @@ def _check_can_record(store: Any, env_id: str, token: Optional[str]) -> None:
     import corral.registry as registry
     from corral.registry.client import RegistryClient
     from corral.registry.errors import AuthError
-    from corral.registry.store import Profile
+    from corral.registry.profiles import Profile
 
     if not isinstance(store, RegistryClient):
         return

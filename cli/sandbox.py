@@ -13,7 +13,8 @@ import typer
 
 from corral.errors import CorralError
 from corral.registry import make
-from corral.sandbox import images
+from corral.sandbox import baseimage, builds
+from corral.sandbox.daemon import image_exists
 from .common import build_image, console, fail
 
 sandbox_app = typer.Typer(help="Manage running sandboxes.", no_args_is_help=True)
@@ -84,7 +85,7 @@ def hosts_command(
 @image_app.command("base")
 def image_base(tag: str = typer.Option("corral/base:bookworm", help="tag to create")) -> None:
     """Create the base image with debootstrap + docker import (cached: no-op if present)."""
-    from corral.sandbox.images import ensure_base_image
+    from corral.sandbox.baseimage import ensure_base_image
 
     build_image(tag, ensure_base_image)
 
@@ -99,7 +100,7 @@ def image_build(
     name: Optional[str] = typer.Option(None, help="image name part (with --dockerfile)"),
 ) -> None:
     """Build an env's image (or a Dockerfile's), tagged by content hash; never rebuilds."""
-    from corral.sandbox.images import build_image
+    from corral.sandbox.builds import build_image
 
     if (env_id is None) == (dockerfile is None):
         fail("give an environment id or --dockerfile PATH (one of them)", code=2)
@@ -127,13 +128,13 @@ def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None) 
         if spec is None or getattr(spec, "kind", None) != "terminal":
             raise CorralError(f"{env_id} has no terminal sandbox, so no image to build")
         if spec.dockerfile:
-            tags.append(images.build_image(spec.dockerfile, on_line=on_line))
-        elif spec.image == images.BASE_IMAGE:
-            tags.append(images.ensure_base_image(on_step=on_line))
-        elif images.image_exists(spec.image):
+            tags.append(builds.build_image(spec.dockerfile, on_line=on_line))
+        elif spec.image == baseimage.BASE_IMAGE:
+            tags.append(baseimage.ensure_base_image(on_step=on_line))
+        elif image_exists(spec.image):
             tags.append(spec.image)
         else:
-            raise images.missing_image(spec.image)
+            raise builds.missing_image(spec.image)
     return list(dict.fromkeys(tags))
 
 

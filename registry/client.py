@@ -17,7 +17,8 @@ from corral.errors import InvalidEnvId, RegistryError
 
 from .errors import (AuthError, LimitExceeded, RegistryUnavailable, ReleaseError,
                      ReleaseNotFound, VersionConflict)
-from .store import Profile, PublishResult, ReleaseRecord
+from .profiles import Profile
+from .records import PublishResult, ReleaseRecord
 
 log = logging.getLogger(__name__)
 

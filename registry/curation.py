@@ -33,7 +33,8 @@ from corral.errors import RegistryError
 
 from corral.catalog import Catalog, EnvSpec
 from .minhash import near_duplicate_pairs
-from .store import LocalStore, Profile, TaskPassRate
+from .profiles import Profile, TaskPassRate
+from .store import LocalStore
 
 log = logging.getLogger(__name__)
 

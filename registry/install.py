@@ -24,7 +24,8 @@ from pathlib import Path
 from corral.catalog import Catalog, EnvSpec
 from .imports import finder, module_name_for
 from .release import ReleaseManifest, unpack
-from .store import LocalStore, ReleaseRecord, default_home
+from .records import ReleaseRecord
+from .store import LocalStore, default_home
 from .verify import check_install
 
 log = logging.getLogger(__name__)

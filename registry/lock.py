@@ -26,7 +26,8 @@ from typing import Any
 from corral.catalog import Catalog, EnvSpec
 from corral.fileio import write_text_atomic
 from .errors import LockError
-from .store import LocalStore, ReleaseRecord
+from .records import ReleaseRecord
+from .store import LocalStore
 
 LOCK_NAME = "corral.lock"
 LOCK_VERSION = 1

@@ -38,7 +38,9 @@ from corral.errors import CorralError, InvalidEnvId, RegistryError
 
 from .errors import (AuthError, LimitExceeded, MissingToken, ReleaseError, ReleaseNotFound,
                      VersionConflict)
-from .store import LocalStore, Profile, ReleaseRef
+from .profiles import Profile
+from .records import ReleaseRef
+from .store import LocalStore
 
 log = logging.getLogger(__name__)
 

@@ -12,204 +12,46 @@ A release becomes visible only when its row is committed, and its row is committ
 the archive was fully verified and atomically renamed into `blobs/`: a crash at any point leaves
 at most a stray temp file or an unreferenced blob, never a partial release. Writers serialise on
 SQLite's write lock (`BEGIN IMMEDIATE`), so two publishes of one version cannot both land.
+
+`LocalStore` is the store; the index's schema and rows are `index.py`, the locked temp files
+`uploads.py`, and what it hands out `records.py` (releases) and `profiles.py` (difficulty).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
-import re
 import shutil
 import sqlite3
 import threading
 import time
-import uuid
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterator, Literal
-
-from pydantic import BaseModel, Field, model_validator
+from typing import IO, Any, Iterator
 
 from corral.suggest import closest
 
 from corral.catalog import parse_id
+from . import uploads
 from .errors import ReleaseError, ReleaseNotFound, VersionConflict
-from .release import DEFAULT_LIMITS, Limits, ReleaseManifest, SemVer, read_release, sha256_file
+from .index import (SCHEMA, connect, insert_profile, migrate, profile_from_rows, release_record,
+                    search_text)
+from .profiles import Profile, TaskPassRate
+from .records import SHA_REF, PublishResult, ReleaseRecord, ReleaseRef
+from .release import DEFAULT_LIMITS, Limits, SemVer, read_release, sha256_file
+
+# the records and profiles were defined here first: they still import from here
+__all__ = ["LocalStore", "Profile", "PublishResult", "ReleaseRecord", "ReleaseRef",
+           "TaskPassRate", "default_home"]
 
 log = logging.getLogger(__name__)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS releases (
-    sha256 TEXT PRIMARY KEY, env_id TEXT NOT NULL, namespace TEXT NOT NULL, version TEXT NOT NULL,
-    content_sha256 TEXT NOT NULL, size INTEGER NOT NULL, manifest TEXT NOT NULL,
-    search TEXT NOT NULL, yanked INTEGER NOT NULL DEFAULT 0, yank_reason TEXT NOT NULL DEFAULT '',
-    published_at REAL NOT NULL, UNIQUE (env_id, version));
-CREATE INDEX IF NOT EXISTS releases_env ON releases (env_id);
-CREATE TABLE IF NOT EXISTS installs (
-    env_id TEXT PRIMARY KEY, sha256 TEXT NOT NULL, module TEXT NOT NULL, path TEXT NOT NULL,
-    installed_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS profiles (
-    env_id TEXT NOT NULL, agent TEXT NOT NULL, task_index INTEGER NOT NULL, task_id TEXT NOT NULL,
-    runs INTEGER NOT NULL, passes INTEGER NOT NULL, release TEXT NOT NULL DEFAULT '',
-    updated_at REAL NOT NULL, PRIMARY KEY (env_id, agent, task_index));
-"""
-# Columns added after the first release of the schema: (name, SQL type and default). A store
-# made before them gains them on open (`_migrate`); old rows read as agent profiles.
-_PROFILE_COLUMNS = (("kind", "TEXT NOT NULL DEFAULT 'agent'"), ("k", "INTEGER NOT NULL DEFAULT 1"),
-                    ("split", "TEXT NOT NULL DEFAULT ''"), ("avg", "REAL"), ("pass_at_k", "REAL"))
-_SHA_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{8,64})$")
 
 
 def default_home() -> Path:
     """`$CORRAL_HOME`, else `~/.corral`."""
     return Path(os.environ.get("CORRAL_HOME") or Path.home() / ".corral").expanduser()
 
-
-class ReleaseRecord(BaseModel):
-    """A stored release: its hash, manifest and registry-side state."""
-
-    sha256: str
-    size: int
-    manifest: ReleaseManifest
-    yanked: bool = False
-    yank_reason: str = ""
-    published_at: float = 0.0
-
-    @property
-    def id(self) -> str:
-        return self.manifest.id
-
-    @property
-    def version(self) -> str:
-        return self.manifest.version
-
-    @property
-    def ref(self) -> str:
-        return self.manifest.ref
-
-
-class PublishResult(BaseModel):
-    """What `publish` did: `created` is False when the identical release was already there."""
-
-    record: ReleaseRecord
-    created: bool
-
-
-class TaskPassRate(BaseModel):
-    """How often an agent or a model solved one task: `passes` of `runs` samples; a model's
-    profile also has avg@k (`avg`, the mean reward) and the unbiased pass@k (`pass_at_k`, for
-    the profile's `k`)."""
-
-    task_index: int = Field(ge=0)
-    task_id: str
-    runs: int = Field(ge=1)
-    passes: int = Field(ge=0)
-    avg: float | None = Field(None, allow_inf_nan=False)
-    pass_at_k: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
-
-    @model_validator(mode="after")
-    def _passes_within_runs(self) -> "TaskPassRate":
-        if self.passes > self.runs:
-            raise ValueError(f"task {self.task_index}: passes ({self.passes}) cannot exceed "
-                             f"runs ({self.runs})")
-        return self
-
-    @property
-    def pass_rate(self) -> float:
-        return self.passes / self.runs
-
-    @property
-    def difficulty(self) -> float:
-        """1 - pass rate: 0 = always solved, 1 = never solved."""
-        return 1.0 - self.pass_rate
-
-
-class Profile(BaseModel):
-    """Pass rates per task of one env under one agent or model (the env's difficulty profile).
-    `agent` names the scripted agent (`kind="agent"`) or the model (`kind="model"`, e.g. a
-    checkpoint path, `tiny` or a server URL); `k` samples per task, drawn from the dataset's
-    `split`; `updated_at` is when the store last recorded it (Unix time)."""
-
-    env_id: str
-    agent: str
-    release: str = ""
-    kind: Literal["agent", "model"] = "agent"
-    k: int = Field(1, ge=1)
-    split: str = ""
-    updated_at: float = 0.0
-    tasks: list[TaskPassRate] = Field(default_factory=list)
-
-    @property
-    def pass_rate(self) -> float:
-        runs = sum(t.runs for t in self.tasks)
-        return sum(t.passes for t in self.tasks) / runs if runs else 0.0
-
-    def difficulty(self) -> dict[int, float]:
-        """Task index → difficulty."""
-        return {t.task_index: t.difficulty for t in self.tasks}
-
-    def summary(self) -> dict[str, Any]:
-        """What a dataset card shows of the profile: who, when, k, split, task count and the
-        means over tasks of pass@1 (`pass_rate`), pass@k and avg@k (None where not measured)."""
-        def mean(values: list[float | None]) -> float | None:
-            present = [v for v in values if v is not None]
-            return sum(present) / len(present) if present else None
-
-        return {"name": self.agent, "kind": self.kind, "k": self.k, "split": self.split,
-                "release": self.release, "updated_at": self.updated_at,
-                "tasks": len(self.tasks),
-                "pass_rate": self.pass_rate if self.tasks else None,
-                "pass_at_k": mean([t.pass_at_k for t in self.tasks]),
-                "avg": mean([t.avg for t in self.tasks])}
-
-    def histogram(self, bins: int = 10) -> list[int]:
-        """Task counts per pass-rate bin over [0, 1] (the last bin includes 1.0)."""
-        counts = [0] * bins
-        for task in self.tasks:
-            counts[min(int(task.pass_rate * bins), bins - 1)] += 1
-        return counts
-
-
-@dataclass(frozen=True)
-class ReleaseRef:
-    """A parsed release reference: `sha256:<hex>` (or a hex prefix of 8+), `ns/name-vN@X.Y.Z`,
-    `ns/name-vN` (latest version) or `ns/name` (latest env version, latest release)."""
-
-    text: str
-    sha: str | None = None
-    env_id: str | None = None
-    version: str | None = None
-
-    @classmethod
-    def parse(cls, ref: str) -> "ReleaseRef":
-        ref = ref.strip()
-        match = _SHA_REF.match(ref)
-        if match and (ref.startswith("sha256:") or len(match[1]) == 64):
-            return cls(ref, sha=match[1])
-        if ref.startswith("sha256:"):
-            raise ReleaseError(f"{ref!r}: a hash reference is sha256: and 8 to 64 hex digits "
-                               "(0-9, a-f), a unique prefix of the release's sha256")
-        env_id, at, version = ref.partition("@")
-        if at and not version:
-            raise ReleaseError(f"{ref!r}: no version after '@'; write {env_id}@X.Y.Z, or "
-                               f"{env_id} for the latest release")
-        parse_id(env_id)
-        if version:
-            SemVer.parse(version)
-        return cls(ref, env_id=env_id, version=version or None)
-
-    @classmethod
-    def exact(cls, ref: str) -> "ReleaseRef":
-        """`parse`, refusing a reference that means "the newest" (an id without a version):
-        what changes a release (yank) must name one."""
-        parsed = cls.parse(ref)
-        if parsed.sha is None and parsed.version is None:
-            raise ReleaseError(f"{ref}: name the release exactly, id@version or sha256:HASH "
-                               "(a bare id would mean whichever version is newest)")
-        return parsed
 
 
 class LocalStore:
@@ -235,8 +77,8 @@ class LocalStore:
             raise ReleaseError(f"{self.home}: cannot hold a store ({exc.strerror or exc}); "
                                "give a folder") from None
         self._local = threading.local()
-        self._conn().executescript(_SCHEMA)  # idempotent; executescript commits by itself
-        self._migrate()
+        self._conn().executescript(SCHEMA)  # idempotent; executescript commits by itself
+        migrate(self._conn())
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.home)!r})"
@@ -245,27 +87,11 @@ class LocalStore:
     def location(self) -> str:
         return str(self.home)
 
-    def _migrate(self) -> None:
-        """Add the profile columns a store made by an older Corral lacks."""
-        conn = self._conn()
-        have = {row["name"] for row in conn.execute("PRAGMA table_info(profiles)")}
-        for name, sql in _PROFILE_COLUMNS:
-            if name not in have:
-                try:
-                    conn.execute(f"ALTER TABLE profiles ADD COLUMN {name} {sql}")
-                except sqlite3.OperationalError as exc:  # another process added it first
-                    if "duplicate column" not in str(exc):
-                        raise
-
     # --- connections -------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.home / self.INDEX, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.row_factory = sqlite3.Row
-            self._local.conn = conn
+            conn = self._local.conn = connect(self.home / self.INDEX)
         return conn
 
     @contextmanager
@@ -283,27 +109,12 @@ class LocalStore:
     # --- publishing --------------------------------------------------------------------------
     def temp_path(self) -> Path:
         """A fresh path in the store's temp folder, named after this process."""
-        return self.tmp / f"{os.getpid()}-{uuid.uuid4().hex}.part"
+        return uploads.temp_path(self.tmp)
 
-    @contextmanager
-    def temp_file(self) -> Iterator[tuple[Path, IO[bytes]]]:
-        """A fresh temp file, open for writing and locked (`flock`) until the block ends, then
-        removed if still there. The lock, not the writer's pid, tells `recover` the file is in
-        use: the kernel drops it with the writer's descriptors, so the file of a writer that
-        died is reclaimable at once, even while its pid lives on as an unreaped zombie."""
-        while True:
-            path = self.temp_path()
-            fh = open(path, "xb")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            # A `recover` may have locked and removed the file between open and flock: retry.
-            if path.exists() and path.stat().st_ino == os.fstat(fh.fileno()).st_ino:
-                break
-            fh.close()
-        try:
-            yield path, fh
-        finally:
-            fh.close()
-            path.unlink(missing_ok=True)
+    def temp_file(self) -> AbstractContextManager[tuple[Path, IO[bytes]]]:
+        """A fresh temp file, open for writing and locked until the block ends, then removed if
+        still there (`uploads.temp_file`: the lock tells `recover` it is in use)."""
+        return uploads.temp_file(self.tmp)
 
     def publish(self, archive: str | Path, *, token: str | None = None) -> PublishResult:
         """Add a release archive (copied; the original is left alone). `token` is accepted for
@@ -338,7 +149,7 @@ class LocalStore:
                 row = conn.execute("SELECT * FROM releases WHERE env_id=? AND version=?",
                                    (manifest.id, manifest.version)).fetchone()
                 if row is not None:
-                    existing = self._record(row)
+                    existing = release_record(row)
                     if existing.manifest.content_sha256 != manifest.content_sha256:
                         raise VersionConflict(
                             f"{manifest.ref} is already published with different content "
@@ -358,7 +169,7 @@ class LocalStore:
                     "size, manifest, search, published_at) VALUES (?,?,?,?,?,?,?,?,?)",
                     (sha, manifest.id, manifest.namespace, manifest.version,
                      manifest.content_sha256, size, manifest.model_dump_json(),
-                     _search_text(manifest), record.published_at))
+                     search_text(manifest), record.published_at))
             log.info("published %s as sha256:%s", manifest.ref, sha)
             return PublishResult(record=record, created=True)
         finally:
@@ -367,20 +178,7 @@ class LocalStore:
     def recover(self) -> int:
         """Delete temp files no writer holds locked (see `temp_file`): uploads and pulls of
         processes that died; returns how many."""
-        removed = 0
-        for path in self.tmp.glob("*.part"):
-            try:
-                fh = open(path, "rb")
-            except FileNotFoundError:
-                continue
-            with fh:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a live writer, maybe in this very process
-                path.unlink(missing_ok=True)
-                removed += 1
-        return removed
+        return uploads.recover(self.tmp)
 
     # --- lookup ------------------------------------------------------------------------------
     def blob_path(self, sha: str) -> Path:
@@ -390,11 +188,11 @@ class LocalStore:
         """A release by hash (or a unique prefix of 8+ hex digits), yanked or not."""
         sha = sha.removeprefix("sha256:")
         rows = self._conn().execute("SELECT * FROM releases WHERE sha256 LIKE ? LIMIT 2",
-                                    (sha + "%",)).fetchall() if _SHA_REF.match(sha) else []
+                                    (sha + "%",)).fetchall() if SHA_REF.match(sha) else []
         if len(rows) != 1:
             why = "is ambiguous" if rows else "matches no release"
             raise ReleaseNotFound(f"sha256:{sha} {why} in {self.location}")
-        return self._record(rows[0])
+        return release_record(rows[0])
 
     def resolve(self, ref: str, *, include_yanked: bool = False) -> ReleaseRecord:
         """The release a reference means; yanked releases are found only by hash, or by
@@ -471,7 +269,7 @@ class LocalStore:
                  include_yanked: bool = True) -> list[ReleaseRecord]:
         """Every release (of env ids matching the glob `pattern`), newest version first."""
         rows = self._conn().execute("SELECT * FROM releases").fetchall()
-        records = [self._record(r) for r in rows]
+        records = [release_record(r) for r in rows]
         if pattern:
             import fnmatch
 
@@ -492,7 +290,7 @@ class LocalStore:
                    for w in words]
         rows = self._conn().execute(sql, [f"%{w}%" for w in escaped]).fetchall()
         latest: dict[str, ReleaseRecord] = {}
-        for record in map(self._record, rows):
+        for record in map(release_record, rows):
             current = latest.get(record.id)
             if current is None or record.manifest.semver.key > current.manifest.semver.key:
                 latest[record.id] = record
@@ -512,25 +310,13 @@ class LocalStore:
                          (reason, record.sha256))
         return record.model_copy(update={"yanked": True, "yank_reason": reason})
 
-    def _record(self, row: sqlite3.Row) -> ReleaseRecord:
-        return ReleaseRecord(sha256=row["sha256"], size=row["size"],
-                             manifest=ReleaseManifest.model_validate_json(row["manifest"]),
-                             yanked=bool(row["yanked"]), yank_reason=row["yank_reason"],
-                             published_at=row["published_at"])
-
     # --- profiles ----------------------------------------------------------------------------
     def record_profile(self, profile: Profile, *, token: str | None = None) -> Profile:
         """Store pass rates per task (replacing earlier figures for the same tasks)."""
         parse_id(profile.env_id, require_version=True)
         now = time.time()
         with self._write() as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO profiles (env_id, agent, task_index, task_id, runs, "
-                "passes, release, updated_at, kind, k, split, avg, pass_at_k) VALUES "
-                "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                [(profile.env_id, profile.agent, t.task_index, t.task_id, t.runs, t.passes,
-                  profile.release, now, profile.kind, profile.k, profile.split, t.avg,
-                  t.pass_at_k) for t in profile.tasks])
+            insert_profile(conn, profile, now)
         return self.profile(profile.env_id, profile.agent)
 
     def profile(self, env_id: str, agent: str | None = None) -> Profile:
@@ -542,14 +328,7 @@ class LocalStore:
             agent = row["agent"] if row else "random"
         rows = conn.execute("SELECT * FROM profiles WHERE env_id=? AND agent=? ORDER BY "
                             "task_index", (env_id, agent)).fetchall()
-        head = rows[-1] if rows else None  # any row: a profile is recorded in one write
-        meta = ({"release": head["release"], "kind": head["kind"], "k": head["k"],
-                 "split": head["split"], "updated_at": max(r["updated_at"] for r in rows)}
-                if head is not None else {})
-        return Profile(env_id=env_id, agent=agent, **meta,
-                       tasks=[TaskPassRate(task_index=r["task_index"], task_id=r["task_id"],
-                                           runs=r["runs"], passes=r["passes"], avg=r["avg"],
-                                           pass_at_k=r["pass_at_k"]) for r in rows])
+        return profile_from_rows(env_id, agent, rows)
 
     def check_env(self, env_id: str) -> None:
         """Raise `ReleaseNotFound` unless `env_id` has a release (yanked too) or a recorded
@@ -584,12 +363,3 @@ class LocalStore:
         if conn is not None:
             conn.close()
             self._local.conn = None
-
-
-def _search_text(manifest: ReleaseManifest) -> str:
-    parts = [manifest.id, manifest.description, " ".join(manifest.tags),
-             " ".join(manifest.card.families), manifest.kind or ""]
-    return " ".join(parts).lower()
-
-
-

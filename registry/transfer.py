@@ -14,7 +14,8 @@ from typing import Any, Union
 from .build import build_release
 from .client import RegistryClient
 from .errors import ReleaseError, ReleaseNotFound
-from .store import LocalStore, PublishResult, ReleaseRef, ReleaseRecord
+from .records import PublishResult, ReleaseRef, ReleaseRecord
+from .store import LocalStore
 
 log = logging.getLogger(__name__)
 

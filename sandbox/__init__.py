@@ -17,9 +17,10 @@ The one call most code needs::
 Backends (`backend=` or `spec.backend`) are the rows of the table in `backends.py`:
 `backend_names()` lists them (docker, bwrap, browser), "auto" picks the first available one for
 the spec's kind. Each implements `Sandbox` and `Backend` from `base.py`. Many sandboxes sharing
-what a backend keeps warm (one Chromium, many contexts): `SandboxOpener`. Images:
-`images.ensure_base_image()`, `images.build_image(dockerfile)`; a spec with `dockerfile` is
-built on first use (content-hash tagged, so it never rebuilds unchanged). Orphans:
+what a backend keeps warm (one Chromium, many contexts): `SandboxOpener`. Images (all named
+again by `images`): `baseimage.ensure_base_image()`, `builds.build_image(dockerfile)`; a spec
+with `dockerfile` is built on first use (content-hash tagged, so it never rebuilds unchanged),
+`rootfs.export_rootfs(image)` unpacks one for bwrap, `daemon.py` reaches Docker. Orphans:
 `reaper.gc()` / `corral sandbox gc`.
 """
 
@@ -30,7 +31,7 @@ from .backends import (AUTO, BackendRow, backend_names, check_backend, make_back
 from .base import (DEFAULT_OUTPUT_LIMIT, Backend, BackendConfig, ExecResult, Sandbox,
                    Process, SandboxStats, Shell, cap_output)
 from .image_backend import resolve_image
-from .images import docker_available
+from .daemon import docker_available
 from .opener import SandboxOpener, open_sandbox
 from .spec import Terminal
 

@@ -7,7 +7,7 @@ Usage is the same as the docker backend (normally through `corral.sandbox.open_s
 
 How a sandbox is laid out:
 
-- The image's filesystem is exported once per image id (`images.export_rootfs`), copied once
+- The image's filesystem is exported once per image id (`rootfs.export_rootfs`), copied once
   with its owners shifted into the sandbox's uid range (`_confine.shifted_rootfs`), and is the
   read-only lower layer of a kernel overlayfs; each sandbox gets its own upper dir, so the whole
   filesystem is writable and every write persists for the sandbox's life (like a container).
@@ -60,7 +60,8 @@ from .image_backend import ImageBackend
 from ._rootio import RootDir
 from ._rootio import supported as openat2_supported
 from ._seccomp import program_file
-from .images import (cache_dir, cached_rootfs, export_rootfs, passwd_entry, rootfs_config,
+from .cache import cache_dir
+from .rootfs import (cached_rootfs, export_rootfs, passwd_entry, rootfs_config,
                      touch_export)
 from .spec import Terminal, parse_size
 

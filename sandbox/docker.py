@@ -69,8 +69,10 @@ from .base import PREPARE_ERRORS, BackendConfig, ExecResult, Process, Sandbox, S
 from .image_backend import ImageBackend
 from .fleet import (DockerFleet, DockerHost, DockerHostConfig, configured_hosts, default_host,
                     parse_hosts, reason, ssh_command, unreachable)
-from .images import (LABEL_MANAGED, cache_dir, daemon_unreachable, docker_available,
-                     image_tag, missing_image, passwd_entry)
+from .builds import image_tag, missing_image
+from .cache import cache_dir
+from .daemon import LABEL_MANAGED, daemon_unreachable, docker_available
+from .rootfs import passwd_entry
 from .spec import Terminal
 
 log = logging.getLogger(__name__)

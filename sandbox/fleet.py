@@ -13,7 +13,7 @@ is up, preferring one that already holds the image; a host without it gets it fr
 has it (`docker save | docker load` through the API, no registry), once per host and image.
 
 Without hosts configured the fleet is the one daemon of `DOCKER_HOST` (else the local socket),
-unlimited, and waited for while it restarts (`images.daemon_call`), as a single daemon always
+unlimited, and waited for while it restarts (`daemon.daemon_call`), as a single daemon always
 was: there is nowhere else to go. With hosts configured, an unreachable host fails fast
 (`SandboxUnavailable`, an infrastructure error the runner retries) so its work moves on.
 """
@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..backoff import Backoff
 from ..errors import CorralError, SandboxUnavailable
-from . import images
+from . import daemon
+from .builds import missing_image
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -183,7 +184,7 @@ def unreachable(exc: BaseException) -> bool:
 
     if isinstance(exc, (docker.errors.APIError, requests.exceptions.HTTPError)):
         return False  # an answer (requests' errors are OSErrors too)
-    return images.daemon_unreachable(exc) or isinstance(
+    return daemon.daemon_unreachable(exc) or isinstance(
         exc, (requests.exceptions.RequestException, docker.errors.DockerException, OSError))
 
 
@@ -233,7 +234,7 @@ class DockerHost:
     def client(self) -> Any:
         """The docker SDK client of this host (built on first use)."""
         if self.implicit:
-            return images.docker_client()
+            return daemon.docker_client()
         import docker
 
         with self._lock:
@@ -246,7 +247,7 @@ class DockerHost:
         """`fn(client)`. The implicit daemon is waited for while it restarts; a fleet host
         that does not answer is marked down and SandboxUnavailable raised. Blocks."""
         if self.implicit:
-            return images.daemon_call(fn)
+            return daemon.daemon_call(fn)
         try:
             return fn(self.client())
         except Exception as exc:
@@ -405,11 +406,11 @@ def survey(host: DockerHost, window: float = 60.0) -> dict[str, Any]:
     try:
         def ask(client: Any) -> tuple[list[Any], list[Any], list[Any]]:
             api, now = client.api, int(time.time())
-            running = api.containers(filters={"label": f"{images.LABEL_MANAGED}=1"})
+            running = api.containers(filters={"label": f"{daemon.LABEL_MANAGED}=1"})
             tags = [t for i in api.images() for t in i.get("RepoTags") or []
                     if t != "<none>:<none>"]
             creates = list(api.events(since=now - int(window), until=now, decode=True, filters={
-                "type": "container", "event": "create", "label": f"{images.LABEL_MANAGED}=1"}))
+                "type": "container", "event": "create", "label": f"{daemon.LABEL_MANAGED}=1"}))
             return running, tags, creates
 
         running, tags, creates = host.call(ask)
@@ -541,7 +542,7 @@ class DockerFleet:
                 return
             source = self.holder(image, besides=host)
             if source is None:
-                raise images.missing_image(image)
+                raise missing_image(image)
             started = time.monotonic()
             log.info("copying %s from %s to %s", image, source.url, host.url)
             stream = source.call(lambda c: c.api.get_image(image, chunk_size=1 << 20))

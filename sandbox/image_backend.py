@@ -20,17 +20,18 @@ class _Creates(Protocol):
 async def resolve_image(spec: Terminal, env_id: str | None = None, build: bool = True) -> str:
     """The local image tag for `spec`: its `dockerfile` built (content-hash tag, cached) or
     its `image`. Raises ImageNotFound naming the command that creates a missing image."""
-    from . import images
+    from .builds import build_image, image_tag, missing_image
+    from .daemon import image_exists
 
     if spec.dockerfile:
-        tag = await asyncio.to_thread(images.image_tag, spec.dockerfile)
-        if await asyncio.to_thread(images.image_exists, tag):
+        tag = await asyncio.to_thread(image_tag, spec.dockerfile)
+        if await asyncio.to_thread(image_exists, tag):
             return tag
         if not build:
-            raise images.missing_image(tag, spec.dockerfile, env_id)
-        return await asyncio.to_thread(images.build_image, Path(spec.dockerfile))
-    if not await asyncio.to_thread(images.image_exists, spec.image):
-        raise images.missing_image(spec.image, None, env_id)
+            raise missing_image(tag, spec.dockerfile, env_id)
+        return await asyncio.to_thread(build_image, Path(spec.dockerfile))
+    if not await asyncio.to_thread(image_exists, spec.image):
+        raise missing_image(spec.image, None, env_id)
     return spec.image
 
 

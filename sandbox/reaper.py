@@ -10,7 +10,7 @@ so a reaper with another `CORRAL_CACHE` spares the live sandboxes of every cache
 container, live or not. CLI: `corral sandbox gc [--run RUN] [--all]`.
 
 Both also prune the bwrap backend's rootfs cache: the exports of images the local daemon no
-longer holds (`images.prune_exports`), but those a live sandbox runs on or used in the last
+longer holds (`rootfs.prune_exports`), but those a live sandbox runs on or used in the last
 `EXPORT_GRACE_S`, so a cache that every rebuilt image adds to does not fill the disk.
 
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
@@ -46,7 +46,8 @@ from .base import BackendConfig
 from .docker import LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN, DockerConfig, io_root
 from .fleet import (DockerHost, DockerHostConfig, configured_hosts, default_host, shared_host,
                     unreachable)
-from .images import LABEL_MANAGED, prune_exports
+from .daemon import LABEL_MANAGED
+from .rootfs import prune_exports
 
 # a bwrap dir without an owner record (made by an older version) or a record not yet written
 # in full, younger than this, is spared: it may be being made

@@ -49,7 +49,7 @@ def dockerd() -> None:
 @pytest.fixture(scope="session")
 def base_image(dockerd: None) -> str:
     """corral/base:bookworm, built once by debootstrap + docker import when missing."""
-    from corral.sandbox.images import ensure_base_image
+    from corral.sandbox.baseimage import ensure_base_image
 
     return ensure_base_image()
 

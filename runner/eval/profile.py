@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from corral.errors import CorralError
-from corral.registry.store import Profile, TaskPassRate
+from corral.registry.profiles import Profile, TaskPassRate
 from corral.runner.eval.evaluation import EvalResult, aevaluate
 from corral.runner.policy import Policy
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import tempfile
 
-from ..images import cache_dir
+from ..cache import cache_dir
 
 log = logging.getLogger(__name__)
 

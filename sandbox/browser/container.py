@@ -20,7 +20,7 @@ from typing import Awaitable, Callable
 from playwright.async_api import Browser, Playwright
 
 from ...errors import BrowserError, ImageNotFound
-from ..images import LABEL_MANAGED, docker_client, image_exists
+from ..daemon import LABEL_MANAGED, docker_client, image_exists
 from .chromium import LAUNCH_ARGS
 from .image import CHROMIUM_IMAGE
 

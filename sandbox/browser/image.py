@@ -15,7 +15,8 @@ import logging
 from typing import Callable
 
 from ...errors import ImageBuildError
-from ..images import LABEL_MANAGED, docker_client, ensure_base_image, image_exists
+from ..baseimage import ensure_base_image
+from ..daemon import LABEL_MANAGED, docker_client, image_exists
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from corral.registry.client import RegistryClient
 from corral.registry.errors import (AuthError, LimitExceeded, ReleaseError, ReleaseNotFound,
                                     VersionConflict)
 from corral.registry.release import Limits, collect_files, pack, read_release
-from corral.registry.store import LocalStore, Profile, TaskPassRate
+from corral.registry.profiles import Profile, TaskPassRate
+from corral.registry.store import LocalStore
 from corral.registry.transfer import publish, pull
 from registry_helpers import (OTHER_TOKEN, TOKEN, free_port, is_up, serve_process, store_is_empty,
                               wait_for, word_tasks, write_env)

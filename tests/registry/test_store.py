@@ -169,3 +169,12 @@ def test_yank_names_one_release(make_env, tmp_path: Path) -> None:
         store.yank(env_id)
     assert not store.get(record.sha256).yanked
     assert store.yank(f"{env_id}@{record.manifest.version}").yanked
+
+
+def test_the_records_still_import_from_the_store_as_the_same_classes() -> None:
+    # the records and profiles moved to their own modules; `corral.registry.store` names them
+    from corral.registry import profiles, records, store
+
+    for module in (profiles, records):
+        for name in set(module.__all__) - {"SHA_REF"}:
+            assert getattr(store, name) is getattr(module, name), name

@@ -10,7 +10,7 @@ import pytest
 from playwright.async_api import async_playwright
 
 from corral.sandbox.browser.chromium import CHROMIUM, LAUNCH_ARGS
-from corral.registry.store import Profile, TaskPassRate
+from corral.registry.profiles import Profile, TaskPassRate
 from corral.registry.transfer import publish
 
 

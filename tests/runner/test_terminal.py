@@ -11,7 +11,7 @@ import corral as cr
 from corral.runner import Runner, ScriptedPolicy, Status
 from corral.runner.policy import ScriptedCall
 from corral.runner.trajectory import Trajectory
-from corral.sandbox.images import ensure_base_image
+from corral.sandbox.baseimage import ensure_base_image
 
 from runner_helpers import tool_call
 

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from corral.errors import ImageBuildError, ImageNotFound
 from corral.sandbox import open_sandbox
-from corral.sandbox.images import build_image, ensure_base_image, image_tag
+from corral.sandbox.baseimage import ensure_base_image
+from corral.sandbox.builds import build_image, image_tag
 from corral.sandbox.spec import Terminal
 
 
@@ -105,7 +106,7 @@ async def test_missing_image_names_the_command(dockerd, run_id):
     with pytest.raises(ImageNotFound, match=r"docker build -t corral/env-none:abc \."):
         await open_sandbox(Terminal(image="corral/env-none:abc"), "docker", run_id=run_id,
                            env_id="acme/none-v1")
-    from corral.sandbox.images import missing_image
+    from corral.sandbox.builds import missing_image
 
     assert "`corral image base`" in str(missing_image("corral/base:bookworm"))
 
@@ -251,7 +252,7 @@ async def test_rootfs_exports_of_removed_images_are_pruned_unless_in_use(base_im
     """Every rebuilt image used by the bwrap backend adds an export (and its uid-shifted copy)
     to the cache: once the daemon no longer holds the image, the reaper removes them, but
     never one a live sandbox runs on, one used in the grace period, or one of a held image."""
-    from corral.sandbox.images import cache_dir
+    from corral.sandbox.cache import cache_dir
     from corral.sandbox.reaper import gc, prune_rootfs
 
     def export_of(tag: str) -> Path:
@@ -291,3 +292,15 @@ async def test_rootfs_exports_of_removed_images_are_pruned_unless_in_use(base_im
     assert gc().rootfs_exports >= 1
     assert not list(in_use.parent.glob(f"{in_use.name}*"))
     assert held.is_dir()
+
+
+def test_images_names_every_function_of_its_modules_as_before():
+    # `corral.sandbox.images` was one module; its jobs moved to their own modules, and every
+    # public name still imports from `images`, as the very object its module defines
+    from corral.sandbox import baseimage, builds, cache, daemon, images, rootfs
+
+    for module in (baseimage, builds, cache, daemon, rootfs):
+        for name in module.__all__:
+            assert getattr(images, name) is getattr(module, name), name
+    assert set(images.__all__) == {n for m in (baseimage, builds, cache, daemon, rootfs)
+                                   for n in m.__all__}

@@ -47,7 +47,7 @@ def _closure(*roots: str) -> list[importlib.metadata.Distribution]:
 def notes_image_dockerfile() -> Path:
     """A Dockerfile (and its context, made once in Corral's cache) for an image that runs
     the notes server."""
-    from corral.sandbox.images import cache_dir
+    from corral.sandbox.cache import cache_dir
 
     where = cache_dir() / f"test-mcp-notes-{importlib.metadata.version('mcp')}"
     ready, dockerfile = where.with_suffix(".ready"), where / "Dockerfile"

@@ -25,7 +25,7 @@ from .servers import free_port
 @pytest.fixture(scope="module")
 def notes_image(base_image: str) -> str:
     """The notes server's image (built once per machine: its tag is a content hash)."""
-    from corral.sandbox.images import build_image
+    from corral.sandbox.builds import build_image
 
     return build_image(notes_image_dockerfile())
 
