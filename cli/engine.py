@@ -15,7 +15,7 @@ import typer
 
 from corral.errors import CorralError
 
-from .common import check_run_dir, console, fail
+from .common import check_run_dir, console, fail, model_names_help, prepare_model
 
 if TYPE_CHECKING:  # vLLM's manager loads when a command needs it
     from corral.runner.engines.vllm import VLLMEngine
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
     def start(
         engine: str = typer.Argument(..., help="Engine: vllm."),
         model: str = typer.Argument(..., help="A local model directory (save_pretrained) or "
-                                    "'tiny'."),
+                                    f"a model name ({model_names_help()})."),
         replicas: int = typer.Option(1, "--replicas", min=1, help="Servers to start."),
         port: int = typer.Option(None, "--port", min=1, max=65535,
                                  help="First replica's port (the next count up; default: "
@@ -76,6 +76,7 @@ def register(app: typer.Typer) -> None:
         check_engine(engine)
         if log_dir is not None:  # a file there failed at mkdir, as "FileExistsError"
             check_run_dir(log_dir, flag="--log-dir")
+        prepare_model(model, "MODEL")
         started = start_vllm(model, replicas=replicas, port=port, log_dir=log_dir,
                              enable_lora=enable_lora, lora_rank=max_lora_rank)
         for url in started.urls:

@@ -162,7 +162,8 @@ class TrainConfig(BaseModel):
     envs: list[str] = Field(default_factory=list, description="env ids, sampled uniformly")
     mix: dict[str, float] | None = Field(None, description="env id -> sampling weight "
                                          "(instead of `envs`)")
-    model: str = Field("tiny", description='"tiny" or a local causal-LM directory')
+    model: str = Field("tiny", description='a model name ("tiny", "smollm2-135m-instruct": '
+                       'docs/models.md) or a local causal-LM directory')
     steps: int = Field(10, ge=1, description="training steps in total (a resume counts on)")
     batch_size: int = Field(16, ge=1, description="trajectories per step")
     group: int = Field(4, ge=2, description="samples per task (GRPO group)")
@@ -189,7 +190,8 @@ class TrainConfig(BaseModel):
     sft_batch: int = Field(8, ge=1, description="oracle episodes per warm-up step")
     sft_from: str | None = Field(None, description="warm up on an exported dataset (`corral "
                                  "export`: a saved HF dataset directory, .parquet or .jsonl) "
-                                 "instead of oracle answers, for sft_steps steps")
+                                 "instead of oracle answers, for sft_steps steps (required "
+                                 "with it)")
     eval_every: int = Field(0, ge=0, description="evaluate on held-out tasks every k steps")
     eval_tasks: int = Field(16, ge=1, description="held-out tasks per evaluation")
     tasks: TaskSlice | None = Field(None, description="train on a slice of each env's tasks "
@@ -250,6 +252,9 @@ class TrainConfig(BaseModel):
         if self.env_servers and (self.tasks is not None or self.difficulty is not None):
             raise ValueError("--env-server: the servers pick the tasks; --where/--length and "
                              "--difficulty select from a local dataset and cannot be combined")
+        if self.sft_from and not self.sft_steps:  # it was silently ignored
+            raise ValueError(f"sft_from {self.sft_from} (--sft-from) needs sft_steps > 0 "
+                             "(--sft-steps N): how many supervised steps to take on it")
         if self.inference_concurrency is None:  # a whole batch's rollouts decode together
             self.inference_concurrency = self.batch_size
         return self
