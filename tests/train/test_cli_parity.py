@@ -31,6 +31,8 @@ WRITTEN = {
     "difficulty": (["--difficulty", "0.1:0.9"], [0.1, 0.9]),
     "batch_size": (["--batch", "32"], 32),  # a multiple of the group
     "group": (["--group", "8"], 8),
+    # --sft-from needs --sft-steps (alone it is a usage error)
+    "sft_from": (["--sft-from", "parity-value", "--sft-steps", "3"], "parity-value"),
 }
 
 
