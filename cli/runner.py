@@ -50,8 +50,9 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
     from corral.runner.policy.models import is_model_name, model_names
 
     if not is_model_name(spec) and not Path(spec).exists():
-        raise CorralError(f"--policy {spec!r} is neither a model name ({', '.join(model_names())}"
-                          "), a model directory, nor an http:// URL")
+        names = ", ".join(map(repr, model_names()))
+        raise CorralError(f"--policy {spec!r} is neither a model name ({names}), a model "
+                          "directory, nor an http:// URL")
     from corral.runner import LocalPolicy
 
     prepare_model(spec, "--policy")

@@ -121,8 +121,9 @@ def load_policy(model: str | Policy, *, tokenizer: str | None = None,
                 raise CorralError(f"--model {url}: no server answers there ({problem})")
         return OpenAIPolicy(urls, tokenizer=tokenizer)
     if not is_model_name(model) and not Path(model).exists():
-        raise CorralError(f"model {model!r} is neither a model name ({', '.join(model_names())}"
-                          "), a model directory, nor an http:// URL")
+        names = ", ".join(map(repr, model_names()))
+        raise CorralError(f"model {model!r} is neither a model name ({names}), a model "
+                          "directory, nor an http:// URL")
     from corral.runner.policy import LocalPolicy, load_model, load_tokenizer
 
     parts = None if is_model_name(model) else checkpoint_parts(Path(model))
