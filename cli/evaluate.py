@@ -15,7 +15,8 @@ from rich.table import Table
 from corral.errors import CorralError
 
 from .common import (AGENT_COMMAND_HELP, AGENT_HELP, check_device_option, check_run_dir,
-                     console, episode_limits, external_agent, fail)
+                     console, episode_limits, err_console, external_agent, fail,
+                     model_names_help, prepare_model)
 
 
 def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: str) -> Table:
@@ -112,15 +113,48 @@ def _compare(run_a: Path, run_b: Path, as_json: bool) -> None:
     console.print(f"report: {page}")
 
 
+def _run_eval(*args: Any, **kwargs: Any) -> Any:
+    """`aevaluate(*args, **kwargs)` behind a bar of episodes done / in all (a resumed run's
+    stored ones count at once), its first column saying what runs now (the model loading,
+    sandboxes starting, episodes); on stderr, so `--json` keeps stdout to the summary."""
+    from corral.runner.eval.evaluation import aevaluate
+
+    columns = (TextColumn("[bold]eval[/] {task.fields[phase]}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        bar = progress.add_task("eval", total=None, phase="")
+
+        def on_phase(what: str, total: int) -> None:
+            progress.update(bar, total=total, phase=what)
+
+        def advance(_traj: Any) -> None:
+            progress.update(bar, advance=1)
+
+        return asyncio.run(aevaluate(*args, listener=advance, on_phase=on_phase, **kwargs))
+
+
+def _timing(result: Any) -> str:
+    """`64 trajectories in 80.1 s`; for a resumed run also how many were stored and the time
+    of every invocation that ran the evaluation."""
+    if not result.resumed:
+        return f"{result.trajectories} trajectories in {result.seconds:.1f} s"
+    return (f"{result.trajectories} trajectories ({result.resumed} stored by an earlier run) "
+            f"in {result.seconds:.1f} s; the evaluation took {result.total_seconds:.1f} s in "
+            "all")
+
+
 def register(app: typer.Typer) -> None:
     """Add `eval` to `app`."""
 
     @app.command("eval")
     def eval_cmd(
         env_ids: Optional[list[str]] = typer.Argument(None, help="Environment ids."),
-        model: str = typer.Option("tiny", "--model", "-m", help="'tiny', a local model "
-                                  "directory, or http://host:port[,...] (any OpenAI-compatible "
-                                  "server or a started engine; needs --tokenizer)."),
+        model: str = typer.Option("tiny", "--model", "-m", help="A model name "
+                                  f"({model_names_help()}), a local model directory, a "
+                                  "trainer checkpoint (a LoRA run's adapter is merged onto "
+                                  "its base), or http://host:port[,...] (any "
+                                  "OpenAI-compatible server or a started engine; needs "
+                                  "--tokenizer)."),
         tasks: int = typer.Option(16, "--tasks", "-n", min=1, help="Tasks per env."),
         samples: int = typer.Option(1, "--samples", "-k", min=1, help="Samples per task "
                                     "(pass@k is reported for k = 1, 2, 4, ... up to it)."),
@@ -169,24 +203,15 @@ def register(app: typer.Typer) -> None:
                                 temperature=temperature)
         check_device_option(device)
         player = external_agent(agent, agent_command)
-        from corral.runner.eval.evaluation import aevaluate
-
         check_run_dir(run_dir)
-        columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True, disable=as_json) as progress:
-            bar = progress.add_task("eval", total=None)
-
-            def advance(_traj: Any) -> None:
-                progress.update(bar, advance=1)
-
-            result = asyncio.run(aevaluate(
-                list(env_ids), model, tasks=tasks, samples=samples, split=split,
-                run_dir=run_dir, tokenizer=tokenizer, device=device, limits=limits,
-                sandbox_capacity=sandbox_capacity, inference_concurrency=inference_concurrency,
-                seed=seed, family_field=family_field, where=where, listener=advance,
-                agent=player))
+        prepare_model(model)
+        prepare_model(tokenizer, "--tokenizer")
+        result = _run_eval(
+            list(env_ids), model, tasks=tasks, samples=samples, split=split,
+            run_dir=run_dir, tokenizer=tokenizer, device=device, limits=limits,
+            sandbox_capacity=sandbox_capacity, inference_concurrency=inference_concurrency,
+            seed=seed, family_field=family_field, where=where, agent=player)
         _show(result.summary, as_json)
         if not as_json:
-            console.print(f"{result.trajectories} trajectories in {result.seconds:.1f} s · "
-                          f"json: {run_dir / 'eval.json'} · report: {result.report}")
+            console.print(_timing(result) + f" · json: {run_dir / 'eval.json'} · report: "
+                          f"{result.report}")

@@ -6,7 +6,8 @@ import typer
 
 from corral.errors import CorralError
 from corral.runner.policy.base import RELOAD_TOKEN_ENV
-from .common import check_device_option, check_listen, fail, serve_group
+from .common import (check_device_option, check_listen, fail, model_names_help,
+                     prepare_model, serve_group)
 
 
 def register(app: typer.Typer) -> None:
@@ -14,8 +15,9 @@ def register(app: typer.Typer) -> None:
 
     @serve_group(app).command("policy")
     def serve_policy(
-        model: str = typer.Argument(..., help="A local model directory (save_pretrained) or "
-                                    "'tiny'."),
+        model: str = typer.Argument(..., help="A local model directory (save_pretrained), a "
+                                    "LoRA adapter directory (merged onto its base) or a model "
+                                    f"name ({model_names_help()})."),
         host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
         port: int = typer.Option(8000, min=1, max=65535, help="TCP port."),
         device: str = typer.Option(None, help="torch device (default: cuda if present, else cpu)."),
@@ -49,6 +51,7 @@ def register(app: typer.Typer) -> None:
         if log_level.lower() not in LOG_LEVELS:
             fail(f"--log-level {log_level}: choose one of {', '.join(LOG_LEVELS)}", code=2)
         check_listen(host, port)
+        prepare_model(model, "MODEL")
         try:
             policy = LocalPolicy(model, device=device, max_batch=max_batch, threads=threads)
         except (CorralError, ValueError, RuntimeError) as exc:

@@ -18,7 +18,9 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import FlagError, check_listen, console, episode_limits, fail, serve_group
+from .common import (FlagError, check_listen, console, episode_limits, fail,
+                     model_names_help,
+                     prepare_model, serve_group)
 
 REGISTRY_HELP = "Local store path or registry URL (default: $CORRAL_REGISTRY or ~/.corral)."
 registry_app = typer.Typer(help="Run a registry server.", no_args_is_help=True)
@@ -222,7 +224,8 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
                                                 "adversary:NAME (default: random; not with "
                                                 "--model)."),
             model: Optional[str] = typer.Option(None, "--model", "-m", help="Profile under a "
-                                                "real policy instead: 'tiny', a model directory "
+                                                "real policy instead: a model name "
+                                                f"({model_names_help()}), a model directory "
                                                 "or checkpoint, or http://host:port (needs "
                                                 "--tokenizer), as `corral eval`."),
             n: int = typer.Option(100, "--n", "-n", min=0, help="Tasks to play (0 = all; "
@@ -269,6 +272,7 @@ def profile(env_id: str = typer.Argument(..., help="Environment id."),
     store = open_store(registry, token=token)
     _check_can_record(store, env_id, token)
     if model is not None:
+        prepare_model(model)
         result = _profile_model(env_id, model, n, samples, split, name, tokenizer, limits,
                                 run_dir, concurrency, store, token)
     else:
@@ -315,15 +319,17 @@ def _profile_model(env_id: str, model: str, n: int, samples: int, split: str,
 
     from corral.runner.eval.profile import aprofile_model
 
-    columns = (TextColumn(f"[bold]profile {env_id}"), BarColumn(), MofNCompleteColumn())
+    columns = (TextColumn(f"[bold]profile {env_id}[/] {{task.fields[phase]}}"), BarColumn(),
+               MofNCompleteColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        bar = progress.add_task("profile", total=None)
+        bar = progress.add_task("profile", total=None, phase="")
         profile, _ = asyncio.run(aprofile_model(
             env_id, model, tasks=n or 1_000_000, samples=samples, split=split, name=name,
             store=store, token=token, run_dir=run_dir, tokenizer=tokenizer,
             limits=limits,
             sandbox_capacity=concurrency, report=False,
-            listener=lambda _t: progress.update(bar, advance=1)))
+            listener=lambda _t: progress.update(bar, advance=1),
+            on_phase=lambda what, total: progress.update(bar, total=total, phase=what)))
     return profile
 
 

@@ -15,15 +15,16 @@ from corral.errors import CorralError
 
 from .common import (AGENT_COMMAND_HELP, AGENT_HELP, FlagError, backend_help,
                      check_backend_option, check_device_option, check_run_dir, console,
-                     episode_limits, external_agent, fail)
+                     episode_limits, external_agent, fail, model_names_help, prepare_model)
 
 if TYPE_CHECKING:
     from corral.runner.store import StoreMismatch
 
 
 def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
-    """`tiny` or a local model directory → LocalPolicy; `http://...` (comma-separated
-    replicas) → OpenAIPolicy, which needs `tokenizer` (the served model's directory or tiny)."""
+    """A model name (`tiny`, `smollm2-135m-instruct`) or a local model directory →
+    LocalPolicy; `http://...` (comma-separated replicas) → OpenAIPolicy, which needs
+    `tokenizer` (the served model's directory or name)."""
     if spec.startswith(("http://", "https://")):
         from corral.runner import OpenAIPolicy
 
@@ -38,6 +39,7 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
         except ValueError as exc:
             raise FlagError(f"--policy {spec}: {exc}") from None
         try:
+            prepare_model(tokenizer, "--tokenizer")
             loaded = load_tokenizer(tokenizer)
         except CorralError as exc:
             raise CorralError(f"--tokenizer {tokenizer}: {exc}") from None
@@ -45,11 +47,15 @@ def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None =
     if "://" in spec:  # a URL of another scheme (ftp://, ws://): the flag's value is wrong
         raise FlagError(f"--policy {spec}: {spec!r} is not an http:// or https:// URL with a "
                         "host")
-    if spec != "tiny" and not Path(spec).exists():
-        raise CorralError(f"--policy {spec!r} is neither 'tiny', a model directory, nor an "
-                          "http:// URL")
+    from corral.runner.policy.models import is_model_name, model_names
+
+    if not is_model_name(spec) and not Path(spec).exists():
+        names = ", ".join(map(repr, model_names()))
+        raise CorralError(f"--policy {spec!r} is neither a model name ({names}), a model "
+                          "directory, nor an http:// URL")
     from corral.runner import LocalPolicy
 
+    prepare_model(spec, "--policy")
     return LocalPolicy(spec, device=device)
 
 
@@ -116,7 +122,8 @@ def register(app: typer.Typer) -> None:
     @app.command("collect")
     def collect(
         env_ids: list[str] = typer.Argument(..., help="Environment ids to sample tasks from."),
-        policy: str = typer.Option("tiny", help="'tiny', a local model directory, or "
+        policy: str = typer.Option("tiny", help=f"A model name ({model_names_help()}), a "
+                                                "local model directory, or "
                                                 "http://host:port[,http://...] replicas."),
         tokenizer: str = typer.Option(None, help="Tokenizer directory for an http policy."),
         n: int = typer.Option(16, "--n", min=1, help="Trajectories to collect."),

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from corral.suggest import closest
 
-from .common import check_run_dir, console, fail
+from .common import check_run_dir, console, fail, prepare_model
 from .common import FlagError
 from .trainflags import field_values, generated_options, kebab
 
@@ -253,6 +253,8 @@ def train_command(
     if print_config:
         print(config.model_dump_json(indent=2, exclude={"tasks": {"predicate"}}))
         return
+    if int(os.environ.get("RANK", "0")) == 0:  # converted once, before any rank starts
+        prepare_model(config.model)
     if nproc > 1:  # the ranks rerun this command line without --nproc
         from corral.trainer import distributed
 

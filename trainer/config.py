@@ -164,7 +164,8 @@ class TrainConfig(BaseModel):
     envs: list[str] = Field(default_factory=list, description="env ids, sampled uniformly")
     mix: dict[str, float] | None = Field(None, description="env id -> sampling weight "
                                          "(instead of `envs`)")
-    model: str = Field("tiny", description='"tiny" or a local causal-LM directory')
+    model: str = Field("tiny", description='a model name ("tiny", "smollm2-135m-instruct": '
+                       'docs/models.md) or a local causal-LM directory')
     steps: int = Field(10, ge=1, description="training steps in total (a resume counts on)")
     batch_size: int = Field(16, ge=1, description="trajectories per step")
     group: int = Field(4, ge=2, description="samples per task (GRPO group)")
@@ -191,7 +192,8 @@ class TrainConfig(BaseModel):
     sft_batch: int = Field(8, ge=1, description="oracle episodes per warm-up step")
     sft_from: str | None = Field(None, description="warm up on an exported dataset (`corral "
                                  "export`: a saved HF dataset directory, .parquet or .jsonl) "
-                                 "instead of oracle answers, for sft_steps steps")
+                                 "instead of oracle answers, for sft_steps steps (required "
+                                 "with it)")
     eval_every: int = Field(0, ge=0, description="evaluate on held-out tasks every k steps")
     eval_tasks: int = Field(16, ge=1, description="held-out tasks per evaluation")
     tasks: TaskSlice | None = Field(None, description="train on a slice of each env's tasks "

@@ -11,6 +11,8 @@ so the run is the same trajectory store as `corral collect`: a killed evaluation
 it, re-running only what was not stored. The plan goes to `RUN_DIR/eval_plan.json` (tasks as
 data, pass thresholds, families): statistics, `--reverify` and `--compare` read it back without
 the model. Results: `RUN_DIR/eval.json` (see `corral.runner.eval.stats`) and `eval.html`.
+`RUN_DIR/eval_time.json` keeps the wall time of every invocation that ran the evaluation, so a
+resumed one reports its total (`EvalResult.total_seconds`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import asyncio
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from corral.errors import CorralError
@@ -30,11 +33,13 @@ from corral.fileio import write_json_atomic
 from corral.runner.episode import EpisodeLimits
 from corral.runner.eval.stats import Sample, ks_for, summarize_samples, to_sample
 from corral.runner.policy import Policy
+from corral.runner.policy.models import is_adapter_dir, is_model_name, model_names
 from corral.runner.runner import Runner
 from corral.runner.store import load_run
 
 PLAN = "eval_plan.json"
 RESULT = "eval.json"
+TIMES = "eval_time.json"
 FAMILY_FIELDS = ("family", "category", "template")  # as the registry's dataset cards read them
 
 
@@ -46,15 +51,57 @@ class EvalResult:
     summary: dict[str, Any]
     report: Path | None = None
     trajectories: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0        # this invocation
+    total_seconds: float = 0.0  # every invocation that ran this evaluation (resumed ones too)
+    resumed: int = 0            # trajectories found in the run directory, not run again
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class EvalClock:
+    """The wall time of an evaluation over all its invocations: `RUN_DIR/eval_time.json` holds
+    `[start, last]` per invocation, `last` moved on as trajectories land (written at most every
+    `every` seconds), so a killed invocation still counts up to its last trajectory."""
+
+    def __init__(self, run_dir: Path, started: float | None = None, every: float = 2.0
+                 ) -> None:
+        """Add an invocation that began at `started` (`time.time()`; default now)."""
+        self.path, self.every = run_dir / TIMES, every
+        try:
+            sessions = json.loads(self.path.read_text(encoding="utf-8"))["sessions"]
+            self.sessions = [[float(a), float(b)] for a, b in sessions]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.sessions = []
+        now = time.time()
+        self.sessions.append([started or now, now])
+        self._written = 0.0
+        self.tick(force=True)
+
+    def tick(self, force: bool = False) -> None:
+        """The current invocation ran until now."""
+        now = time.time()
+        self.sessions[-1][1] = now
+        if force or now - self._written >= self.every:
+            write_json_atomic(self.path, {"sessions": self.sessions})
+            self._written = now
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of this invocation so far."""
+        return max(0.0, self.sessions[-1][1] - self.sessions[-1][0])
+
+    @property
+    def total(self) -> float:
+        """Seconds of every invocation so far."""
+        return sum(max(0.0, b - a) for a, b in self.sessions)
 
 
 def load_policy(model: str | Policy, *, tokenizer: str | None = None,
                 device: str | None = None) -> Policy:
-    """A policy for `model`: a `Policy` (a started engine, any router) as is; `tiny` or a local
-    model directory → `LocalPolicy`; `http(s)://` URLs (comma-separated replicas of any
-    OpenAI-compatible server) → `OpenAIPolicy`, which needs `tokenizer` to build prompts."""
+    """A policy for `model`: a `Policy` (a started engine, any router) as is; a model name
+    (`tiny`, `smollm2-135m-instruct`: `corral.runner.policy.models.model_names`), a local
+    model directory or a trainer checkpoint (a LoRA run's adapter merged onto its base) →
+    `LocalPolicy`; `http(s)://` URLs (comma-separated replicas of any OpenAI-compatible
+    server) → `OpenAIPolicy`, which needs `tokenizer` to build prompts."""
     if isinstance(model, Policy):
         return model
     if model.startswith(("http://", "https://")):
@@ -63,7 +110,8 @@ def load_policy(model: str | Policy, *, tokenizer: str | None = None,
         if not tokenizer:
             raise CorralError("a model URL needs a tokenizer (--tokenizer PATH: the served "
                               "model's directory, or 'tiny') to build prompts as token ids")
-        if isinstance(tokenizer, str) and tokenizer != "tiny" and not Path(tokenizer).exists():
+        if isinstance(tokenizer, str) and not is_model_name(tokenizer) and not Path(
+                tokenizer).exists():
             raise CorralError(f"--tokenizer {tokenizer}: no such directory (pass the served "
                               "model's directory, or 'tiny')")
         urls = [u.strip() for u in model.split(",") if u.strip()]
@@ -72,21 +120,19 @@ def load_policy(model: str | Policy, *, tokenizer: str | None = None,
             if problem:
                 raise CorralError(f"--model {url}: no server answers there ({problem})")
         return OpenAIPolicy(urls, tokenizer=tokenizer)
-    if model != "tiny" and not Path(model).exists():
-        raise CorralError(f"model {model!r} is neither 'tiny', a model directory, nor an "
-                          "http:// URL")
-    from corral.runner.policy import LocalPolicy
+    if not is_model_name(model) and not Path(model).exists():
+        names = ", ".join(map(repr, model_names()))
+        raise CorralError(f"model {model!r} is neither a model name ({names}), a model "
+                          "directory, nor an http:// URL")
+    from corral.runner.policy import LocalPolicy, load_model, load_tokenizer
 
-    parts = checkpoint_parts(Path(model)) if model != "tiny" else None
+    parts = None if is_model_name(model) else checkpoint_parts(Path(model))
     if parts is None:
         return LocalPolicy(model, device=device)
-    # a trainer checkpoint keeps its tokenizer beside the model, not in it
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    lm = AutoModelForCausalLM.from_pretrained(parts[0])
-    if device:
-        lm.to(device)
-    return LocalPolicy(lm, AutoTokenizer.from_pretrained(parts[1]), name=str(model))
+    # a trainer checkpoint keeps its tokenizer beside the model, not in it; a LoRA run's
+    # model/ is the adapter alone, merged here onto its base
+    lm, _ = load_model(parts[0], device=device)
+    return LocalPolicy(lm, load_tokenizer(parts[1]), name=str(model))
 
 
 def unreachable(url: str, timeout: float = 5.0) -> str | None:
@@ -102,9 +148,11 @@ def unreachable(url: str, timeout: float = 5.0) -> str | None:
 
 def checkpoint_parts(path: Path) -> tuple[Path, Path] | None:
     """(model dir, tokenizer dir) of a trainer checkpoint (`RUN_DIR/checkpoint`) or of its
-    `model/` folder; None for an ordinary model directory."""
+    `model/` folder (a whole model, or a LoRA run's adapter); None for an ordinary model
+    directory."""
     root = path.parent if path.name == "model" else path
-    if (root / "model" / "config.json").is_file() and (root / "tokenizer").is_dir():
+    held = (root / "model" / "config.json").is_file() or is_adapter_dir(root / "model")
+    if held and (root / "tokenizer").is_dir():
         return root / "model", root / "tokenizer"
     return None
 
@@ -113,7 +161,8 @@ def model_key(model: str) -> str:
     """What tells two `--model` values apart: a local model folder by its resolved path (so
     `m`, `./m` and `/abs/m` are one model, and a trainer checkpoint is its `model/` folder);
     any other name (`tiny`, URLs, a served model's name) as given."""
-    if model == "tiny" or model.startswith(("http://", "https://")) or not Path(model).exists():
+    if is_model_name(model) or model.startswith(("http://", "https://")) or not Path(
+            model).exists():
         return model
     parts = checkpoint_parts(Path(model))
     return str((parts[0] if parts else Path(model)).resolve())
@@ -191,15 +240,17 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
                     limits: EpisodeLimits | None = None, sandbox_capacity: int = 8,
                     inference_concurrency: int = 32, seed: int = 0,
                     family_field: str | None = None, where: Sequence[str] = (),
-                    report: bool = True,
-                    listener: Any = None, agent: Any = None) -> EvalResult:
+                    report: bool = True, listener: Any = None,
+                    on_phase: Callable[[str, int], None] | None = None,
+                    agent: Any = None) -> EvalResult:
     """Evaluate `model` on `envs` (module docstring); returns the summary and writes
     `eval_plan.json`, `eval.json` and (with `report`) `eval.html` into `run_dir`. `where`
     keeps tasks whose fields match (`NAME=VALUE`, `len(NAME)=N`; `corral.taskfilter`).
-    `agent`: an `ExternalAgent` plays the episodes with `model` behind the recording proxy
+    `listener(trajectory)` sees every trajectory (a resumed run's stored ones first);
+    `on_phase(what, episodes)` hears what runs now ("loading the model", "starting
+    sandboxes", "episodes") and how many episodes the evaluation has in all. `agent`: an
+    `ExternalAgent` plays the episodes with `model` behind the recording proxy
     (docs/agents.md); the plan records its name."""
-    import time
-
     from corral.registry import make
 
     if tasks < 1 or samples < 1:
@@ -212,8 +263,12 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
     plan = {"model": name, "model_key": key, "samples": samples, "seed": seed,
             "envs": env_plan, **({"agent": agent.label} if agent is not None else {})}
     _check_plan(root, plan)
+    total = samples * sum(len(e["tasks"]) for e in env_plan.values())
+    phase = on_phase or (lambda _what, _total: None)
+    began = time.time()
+    phase(f"loading {name}", total)
     # the model loads before the plan is written: a bad --model leaves the run dir as it was
-    policy = load_policy(model, tokenizer=tokenizer, device=device)
+    policy = await asyncio.to_thread(load_policy, model, tokenizer=tokenizer, device=device)
     owned = not isinstance(model, Policy)
     # One factory per env over its chosen tasks; group g runs task g mod (its env's tasks),
     # interleaving envs so a partial run covers every env.
@@ -225,19 +280,23 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
         for env_index, entry in enumerate(env_plan.values()):
             if task_index < len(entry["tasks"]):
                 order.append((env_index, task_index))
-    started = time.perf_counter()
     try:
         root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(root / PLAN, plan)
+        clock = EvalClock(root, started=began)
         if owned:
             await policy.__aenter__()
-        async with _PlannedRunner(factories, policy, order=order, run_dir=root, seed=seed,
-                                  limits=limits or EpisodeLimits(max_tokens=128),
-                                  sandbox_capacity=sandbox_capacity,
-                                  inference_concurrency=inference_concurrency,
-                                  agent=agent) as runner:
-            if listener is not None:
-                runner.add_listener(listener)
+        phase("starting sandboxes", total)
+        runner = _PlannedRunner(factories, policy, order=order, run_dir=root, seed=seed,
+                                limits=limits or EpisodeLimits(max_tokens=128),
+                                sandbox_capacity=sandbox_capacity,
+                                inference_concurrency=inference_concurrency,
+                                agent=agent)
+        runner.add_listener(lambda _traj: clock.tick())
+        if listener is not None:
+            runner.add_listener(listener)
+        async with runner:
+            phase("episodes", total)
             collected = await runner.collect(len(order) * samples, group=samples)
     finally:
         if owned:
@@ -248,7 +307,9 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
         from corral.runner.eval.report import write_eval_report
 
         page = await asyncio.to_thread(write_eval_report, root, summary)
-    return EvalResult(root, summary, page, len(collected), time.perf_counter() - started)
+    clock.tick(force=True)
+    return EvalResult(root, summary, page, len(collected), clock.seconds,
+                      total_seconds=clock.total, resumed=runner.counts["resumed"])
 
 
 def evaluate(envs: Sequence[str] | str, model: str | Policy = "tiny", **kwargs: Any

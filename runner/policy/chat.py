@@ -3,7 +3,16 @@
 The episode loop keeps one growing token sequence per trajectory. History is never
 re-tokenized: each new message is rendered by the tokenizer's own chat template (as the
 difference between the rendering with and without it) and only that difference is encoded.
-`ChatTranscript` does this bookkeeping for one conversation.
+`ChatTranscript` does this bookkeeping for one conversation. A template that renders history
+differently once more follows (Qwen3's drops the `<think>` blocks of earlier turns when a new
+user message arrives) keeps the tokens the model saw: the new messages are then rendered after
+a neutral opening instead (`_messages_text`).
+
+Tools always reach the model: a template that ignores the `tools` argument (SmolLM2's ChatML)
+gets them described in the system prompt, in the Hermes format the parser below reads
+(`tools_system_prompt`); one that does not render assistant `tool_calls` gets them as
+`<tool_call>` text in the message. What a template renders is found once per tokenizer and
+template by rendering a probe with and without them (`template_traits`).
 
 Tool calls come either as OpenAI `tool_calls` objects (from an API response) or as text in the
 Hermes/Qwen format `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; the parsing is
@@ -22,8 +31,8 @@ from typing import Any, Sequence
 
 from corral.errors import ModelError
 from .base import Tokenizer
-from corral.toolcalls import (ToolCallParseError, parse_openai_tool_calls, parse_tool_calls,
-                              strip_tool_calls)
+from corral.toolcalls import (ToolCallParseError, format_tool_call, parse_openai_tool_calls,
+                              parse_tool_calls, strip_tool_calls)
 from corral.types import ToolCall
 
 _SENTINEL = "\u2063corral-sentinel\u2063"
@@ -33,12 +42,113 @@ _DEFAULT_CONTEXT: list[dict[str, Any]] = [
     {"role": "assistant", "content": "x"}]
 
 
+# --- what a template renders --------------------------------------------------------------
+_PROBE = "corral_probe_tool"
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": _PROBE, "description": "A probe.", "parameters": {"type": "object",
+                                                               "properties": {}}}}
+_PROBE_CALL = {"id": "call_probe", "type": "function",
+               "function": {"name": _PROBE, "arguments": "{}"}}
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateTraits:
+    """What a tokenizer's chat template renders of the tool parts of a conversation."""
+
+    tools: bool       # the `tools` argument (the schemas): else `tools_system_prompt`
+    tool_calls: bool  # an assistant message's `tool_calls`: else they go into its content
+
+
+_traits: "weakref.WeakKeyDictionary[Any, dict[str | None, TemplateTraits]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _probe_renders(tokenizer: Tokenizer, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None) -> bool:
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that fails on the probe does not render it
+        return False
+    return _PROBE in str(text)
+
+
+def template_traits(tokenizer: Tokenizer) -> TemplateTraits:
+    """Whether `tokenizer`'s chat template renders `tools` and assistant `tool_calls`, found
+    by rendering a probe tool and a probe call; cached per tokenizer and template text."""
+    key = getattr(tokenizer, "chat_template", None)
+    key = key if isinstance(key, str) or key is None else json.dumps(key, sort_keys=True)
+    try:
+        known = _traits.setdefault(tokenizer, {})
+    except TypeError:  # not weak-referenceable: probe every time
+        known = {}
+    if key not in known:
+        user = {"role": "user", "content": "x"}
+        known[key] = TemplateTraits(
+            tools=_probe_renders(tokenizer, [user], [_PROBE_TOOL]),
+            tool_calls=_probe_renders(tokenizer, [user, {
+                "role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}], None))
+    return known[key]
+
+
+def tools_system_prompt(tools: Sequence[dict[str, Any]]) -> str:
+    """The tools described in the Hermes format (what Qwen's and the tiny model's templates
+    write, and what `parse_assistant_text` reads back), for a template that ignores `tools`."""
+    listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listing}\n</tools>\n\nFor each function call, return a json object "
+            "with function name and arguments within <tool_call></tool_call> XML tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+            "</tool_call>")
+
+
+def _with_tools_prompt(messages: list[dict[str, Any]],
+                       tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with the tools described in the system prompt (after the env's own)."""
+    listing = tools_system_prompt(tools)
+    if messages and messages[0].get("role") == "system":
+        own = _text(messages[0].get("content"))
+        return [{**messages[0], "content": f"{own}\n\n{listing}" if own else listing},
+                *messages[1:]]
+    return [{"role": "system", "content": listing}, *messages]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's `tool_calls` written into its content as `<tool_call>` text,
+    and content that is None as "" (for templates that render neither)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message if isinstance(message.get("content"), str) else {
+            **message, "content": _text(message.get("content"))}
+    parts = [_text(message.get("content"))] if message.get("content") else []
+    for call in parse_openai_tool_calls(list(calls)):
+        parts.append(call.text if isinstance(call, ToolCallParseError)
+                     else format_tool_call(call))
+    plain = {k: v for k, v in message.items() if k != "tool_calls"}
+    return {**plain, "content": "\n".join(parts)}
+
+
 # --- rendering ----------------------------------------------------------------------------
 def render(tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], *,
            tools: Sequence[dict[str, Any]] | None = None,
            add_generation_prompt: bool = False) -> str:
-    """The chat template's text for `messages` (no tokenization)."""
-    return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+    """The chat template's text for `messages` (no tokenization); the tools and tool calls
+    the template would drop are written as text (module docstring)."""
+    traits = template_traits(tokenizer)
+    conversation = list(messages)
+    if not traits.tool_calls:
+        conversation = [_calls_as_text(m) for m in conversation]
+    if tools and not traits.tools:
+        conversation, tools = _with_tools_prompt(conversation, tools), None
+    return tokenizer.apply_chat_template(conversation, tools=list(tools) if tools else None,
                                          add_generation_prompt=add_generation_prompt,
                                          tokenize=False)
 
@@ -68,8 +178,18 @@ def encode_turn(tokenizer: Tokenizer, message: dict[str, Any], *,
     `previous` defaults to a neutral system/user/assistant exchange, which is right for tool
     results and user follow-ups in templates that render each message on its own.
     """
+    return encode_turns(tokenizer, [message], previous=previous)
+
+
+def encode_turns(tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], *,
+                 previous: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of `messages` (tool results, a user follow-up) as the template renders them
+    together after `previous`: a template that merges consecutive tool results into one turn
+    (Qwen's) renders them merged. History the template would render differently now is left
+    as it was (module docstring)."""
     context = list(previous) if previous else _DEFAULT_CONTEXT
-    return tokenizer.encode(_message_text(tokenizer, context, message), add_special_tokens=False)
+    return tokenizer.encode(_messages_text(tokenizer, context, list(messages)),
+                            add_special_tokens=False)
 
 
 # Rendering the whole conversation twice for every new message costs O(turns) each time; a
@@ -82,24 +202,45 @@ _RECENT, _CHECKS = 2, 8
 _bounded_checks: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 
 
-def _message_text(tokenizer: Tokenizer, context: list[dict[str, Any]],
-                  message: dict[str, Any]) -> str:
+def _messages_text(tokenizer: Tokenizer, context: list[dict[str, Any]],
+                   messages: list[dict[str, Any]]) -> str:
+    """The text of `messages` after `context`: the difference of the two renderings, or, when
+    the template re-renders `context` once they follow it (Qwen3: an earlier assistant turn
+    loses its `<think>` block, a last one gains an empty one), the difference after a neutral
+    opening of the same system prompt (ending in an assistant turn, else in a user turn, as
+    the template's role rules allow). The history's tokens stay the ones the model saw."""
+    try:
+        return _context_text(tokenizer, context, messages)
+    except ModelError as exc:
+        rerendered = exc
+    first = [context[0]] if context and context[0].get("role") == "system" else []
+    user, assistant = {"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}
+    for opening in ([*first, user, assistant], [*first, user]):
+        try:
+            return _suffix(tokenizer, opening, [*opening, *messages])
+        except Exception:  # noqa: BLE001 - re-rendered too, or refused by role rules: next
+            continue
+    raise rerendered
+
+
+def _context_text(tokenizer: Tokenizer, context: list[dict[str, Any]],
+                  messages: list[dict[str, Any]]) -> str:
     if len(context) <= _RECENT + 1:
-        return _suffix(tokenizer, context, [*context, message])
+        return _suffix(tokenizer, context, [*context, *messages])
     recent = [context[0], *context[-_RECENT:]]
     try:
         checked = _bounded_checks.get(tokenizer, 0)
     except TypeError:  # not weak-referenceable: no record to keep, render in full
         checked = -1
     if checked < 0:
-        return _suffix(tokenizer, context, [*context, message])
+        return _suffix(tokenizer, context, [*context, *messages])
     try:
-        short: str | None = _suffix(tokenizer, recent, [*recent, message])
+        short: str | None = _suffix(tokenizer, recent, [*recent, *messages])
     except Exception:  # the template rejects the shortened conversation (role order rules)
         short = None
     if checked >= _CHECKS and short is not None:
         return short
-    full = _suffix(tokenizer, context, [*context, message])
+    full = _suffix(tokenizer, context, [*context, *messages])
     _bounded_checks[tokenizer] = checked + 1 if short == full else -1
     return full
 
@@ -226,11 +367,9 @@ class ChatTranscript:
         if self._last_generated is not None:
             new.extend(turn_end_ids(self.tokenizer, self._last_generated))
             self._last_generated = None
-        history = list(self.messages)
-        for message in messages:
-            new.extend(encode_turn(self.tokenizer, message, previous=history))
-            history.append(message)
+        if messages:
+            new.extend(encode_turns(self.tokenizer, messages, previous=self.messages))
         new.extend(generation_prompt_ids(self.tokenizer))
-        self.messages = history
+        self.messages = [*self.messages, *messages]
         self.ids.extend(new)
         return new

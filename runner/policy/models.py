@@ -3,18 +3,24 @@
 No hub access is assumed anywhere: `build_tiny_model` makes a small Llama-style causal LM with
 random weights and a byte-level BPE tokenizer trained here on a built-in text, and saves both
 with `save_pretrained`; `load_model` loads any causal LM from a local directory (or `"tiny"`,
-built once into a cache directory) on CUDA in bf16 when a GPU is present, else on CPU in fp32.
+built once into the models cache, or a named pretrained model such as
+`"smollm2-135m-instruct"`, converted once into it: `corral.runner.policy.pretrained`) on CUDA
+in bf16 when a GPU is present, else on CPU in fp32. `resolve_model_path` is the one place a
+`--model` value becomes a directory.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from corral.errors import ModelError
+from corral.fileio import build_dir_once
+
+from .pretrained import NAMED_MODELS, is_named_model, named_model_path, needs_conversion
 
 if TYPE_CHECKING:  # torch/transformers are the optional `train` extra: import them lazily
     import torch
@@ -177,40 +183,103 @@ def build_tiny_model(path: str | os.PathLike[str], *, vocab: int = 1024, hidden:
     return out
 
 
-def tiny_model_path(seed: int = 0) -> Path:
-    """Where `load_model("tiny")` keeps its build: `$CORRAL_CACHE_DIR` or `~/.cache/corral`."""
+def models_cache_dir() -> Path:
+    """Where built and converted models live: `$CORRAL_CACHE_DIR/models` (default
+    `~/.cache/corral/models`)."""
     root = Path(os.environ.get("CORRAL_CACHE_DIR", Path.home() / ".cache" / "corral"))
-    return root / "models" / f"tiny-v1-seed{seed}"
+    return root.expanduser() / "models"
+
+
+def tiny_model_path(seed: int = 0) -> Path:
+    """Where `load_model("tiny")` keeps its build, in `models_cache_dir()`."""
+    return models_cache_dir() / f"tiny-v1-seed{seed}"
+
+
+def model_names() -> list[str]:
+    """The names `--model` accepts besides a directory: `tiny` and the named models."""
+    return [TINY, *NAMED_MODELS]
+
+
+def is_model_name(model: object) -> bool:
+    """Whether `model` is one of `model_names()` (not a path)."""
+    return str(model) == TINY or is_named_model(str(model))
+
+
+def converts_on_first_use(model: object) -> bool:
+    """Whether resolving `model` would first convert a named model (minutes: say so)."""
+    return needs_conversion(str(model), models_cache_dir())
+
+
+def _what_to_pass() -> str:
+    return "pass a directory saved with save_pretrained, or one of " + ", ".join(
+        repr(name) for name in model_names())
 
 
 def resolve_model_path(model: str | os.PathLike[str]) -> Path:
-    """A local model directory for `model`; `"tiny"` is built on first use."""
+    """A local model directory for `model`: `"tiny"` is built and a named model (e.g.
+    `"smollm2-135m-instruct"`) converted on first use, both into `models_cache_dir()`."""
     if str(model) == TINY:
-        path = tiny_model_path()
-        if not (path / "config.json").is_file():
-            # Build aside and rename, so a concurrent process never sees half a model.
-            tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-            build_tiny_model(tmp)
-            try:
-                tmp.replace(path)
-            except OSError:  # another process finished first; its build is identical
-                shutil.rmtree(tmp, ignore_errors=True)
-        return path
+        # identical builds: concurrent processes may race, the first rename wins
+        return build_dir_once(tiny_model_path(), build_tiny_model)
+    if is_named_model(str(model)):
+        return named_model_path(str(model), models_cache_dir())
     path = Path(model).expanduser()
     if not path.exists():
-        raise ModelError(f"model path {str(path)!r} does not exist; pass a directory saved with "
-                         "save_pretrained, or 'tiny'")
+        raise ModelError(f"model path {str(path)!r} does not exist; {_what_to_pass()}")
+    if is_adapter_dir(path):
+        raise ModelError(f"{str(path)!r} holds a LoRA adapter, not a whole model; load it with "
+                         "load_model (merged onto its base) or pass its base model")
     if not (path / "config.json").is_file():
-        raise ModelError(f"{str(path)!r} has no config.json; pass a directory saved with "
-                         "save_pretrained (a causal LM), or 'tiny'")
+        raise ModelError(f"{str(path)!r} has no config.json; {_what_to_pass()} (a causal LM)")
     return path
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` holds a peft adapter (`adapter_config.json`), not a whole model."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(path: str | os.PathLike[str]) -> str:
+    """The base model of the peft adapter in `path`: its `base_model_name_or_path` when that
+    is a model name or an existing directory, else the `model` of the training run whose
+    checkpoint holds it (`RUN_DIR/train_config.json`, the adapter being
+    `RUN_DIR/checkpoint/model`); `ModelError` when neither is there."""
+    folder = Path(path)
+    try:
+        recorded = json.loads((folder / ADAPTER_CONFIG).read_text()).get(
+            "base_model_name_or_path")
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{str(folder / ADAPTER_CONFIG)!r} is unreadable: "
+                         f"{_first_line(exc)}") from exc
+    if recorded and (is_model_name(recorded) or Path(recorded).expanduser().is_dir()):
+        return str(recorded)
+    try:
+        trained = json.loads((folder.parent.parent / "train_config.json").read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        trained = None
+    if trained and (is_model_name(trained) or Path(trained).expanduser().is_dir()):
+        return str(trained)
+    raise ModelError(f"the LoRA adapter in {str(folder)!r} was trained on {recorded!r}, which "
+                     "is not here; pass the base model's directory")
+
+
 def load_tokenizer(model: str | os.PathLike[str]) -> "PreTrainedTokenizerBase":
-    """The tokenizer saved with a model directory (or the tiny one)."""
+    """The tokenizer saved with a model directory, a named model's, a tokenizer directory of
+    its own (a trainer checkpoint's `tokenizer/`) or a LoRA adapter's base model's."""
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(model)
+    given = Path(model).expanduser()
+    if is_model_name(model):
+        path = resolve_model_path(model)
+    elif is_adapter_dir(given):
+        return load_tokenizer(adapter_base(given))
+    elif (given / "tokenizer_config.json").is_file():
+        path = given
+    else:
+        path = resolve_model_path(model)
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
@@ -220,12 +289,16 @@ def load_tokenizer(model: str | os.PathLike[str]) -> "PreTrainedTokenizerBase":
 def load_model(model: str | os.PathLike[str], device: str | None = None,
                dtype: "torch.dtype | None" = None
                ) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
-    """Load `(model, tokenizer)` from a local directory or `"tiny"`, in eval mode.
+    """Load `(model, tokenizer)` from a local directory or a model name, in eval mode. A peft
+    LoRA adapter directory (a LoRA run's `checkpoint/model`) is merged onto its base model
+    (`adapter_base`); the tokenizer is then the base's.
 
     Raises `ModelError` when the path does not exist or does not hold a causal LM.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if not is_model_name(model) and is_adapter_dir(Path(model).expanduser()):
+        return _load_merged(Path(model).expanduser(), device, dtype)
     path = resolve_model_path(model)
     device = device or default_device()
     problem = device_problem(device)
@@ -246,6 +319,23 @@ def load_model(model: str | os.PathLike[str], device: str | None = None,
         raise ModelError(f"cannot load weights from {str(path)!r}: {_first_line(exc)}") from exc
     lm.to(device).eval()
     return lm, load_tokenizer(path)
+
+
+def _load_merged(adapter: Path, device: str | None, dtype: "torch.dtype | None"
+                 ) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+    """The base model with the adapter in `adapter` folded into its weights (W + scale·B·A)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ModelError(f"{str(adapter)!r} holds a LoRA adapter; loading it needs peft: "
+                         "pip install 'corral[train]'") from None
+    base, tokenizer = load_model(adapter_base(adapter), device=device, dtype=dtype)
+    try:
+        merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelError(f"cannot apply the LoRA adapter in {str(adapter)!r} to its base: "
+                         f"{_first_line(exc)}") from exc
+    return merged.eval(), tokenizer
 
 
 def _first_line(exc: BaseException) -> str:

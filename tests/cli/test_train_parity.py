@@ -35,6 +35,8 @@ WRITTEN = {
     # checked against the built-in agents and PATH
     "agent": (["--agent", "mini-swe-agent"], "mini-swe-agent"),
     "agent_command": (["--agent-command", "bash -c true"], "bash -c true"),
+    # --sft-from needs --sft-steps (alone it is a usage error)
+    "sft_from": (["--sft-from", "parity-value", "--sft-steps", "3"], "parity-value"),
 }
 
 

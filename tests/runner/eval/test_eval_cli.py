@@ -4,6 +4,7 @@ change, --compare, then `corral export` round trips and `corral train --sft-from
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import datasets
@@ -54,10 +55,15 @@ def test_eval_scores_the_eval_split_and_resumes(run: Path, env_file: Path) -> No
         assert summary["tasks"][key]["pass"]["1"] == float(n % 2 == 0)
     assert (run / "eval.html").read_text().count("<table>") >= 4
     lines = (run / "trajectories.jsonl").read_text().count("\n")
-    again = corral_json("-i", str(env_file), "eval", "mine/parity-v0", "-n", "8", "-k", "2",
-                        "--max-tokens", "4", "--run-dir", str(run))
+    again = corral("-i", str(env_file), "eval", "mine/parity-v0", "-n", "8", "-k", "2",
+                   "--max-tokens", "4", "--run-dir", str(run))
+    assert again.returncode == 0, again.stderr
     assert (run / "trajectories.jsonl").read_text().count("\n") == lines == 16  # nothing rerun
-    assert again["overall"] == summary["overall"]
+    assert json.loads((run / "eval.json").read_text())["overall"] == summary["overall"]
+    # the time reported is the evaluation's, over both invocations, not the last one's alone
+    resumed = re.search(r"16 trajectories \(16 stored by an earlier run\) in ([\d.]+) s; "
+                        r"the evaluation took ([\d.]+) s in all", again.stdout)
+    assert resumed and float(resumed.group(2)) > float(resumed.group(1)), again.stdout
     other = corral("-i", str(env_file), "eval", "mine/parity-v0", "-n", "8", "-k", "3",
                    "--run-dir", str(run))
     assert other.returncode == 1 and "another -k" in other.stderr
@@ -141,6 +147,10 @@ def test_export_round_trips_and_sft_from_it_learns(run: Path, env_file: Path, tm
     assert corral("export", str(run), "--chat", "-o", str(tmp_path / "c.jsonl")).returncode == 0
     row = json.loads((tmp_path / "c.jsonl").read_text().splitlines()[0])
     assert set(row) == {"messages", "tools"}
+    assert row["tools"] == "[]" and ds[0]["tools"] == "[]"  # JSON for a text env too, not ""
+    without_steps = corral("-i", str(env_file), "train", "--env", "mine/parity-v0",
+                           "--sft-from", str(tmp_path / "hf"), "--print-config")
+    assert without_steps.returncode == 2 and "--sft-steps" in without_steps.stderr  # was ignored
     train_dir = tmp_path / "train"
     out = corral("-i", str(env_file), "train", "--env", "mine/parity-v0", "--sft-from",
                  str(tmp_path / "hf"), "--sft-steps", "10", "--sft-batch", "8", "--steps", "1",

@@ -125,7 +125,8 @@ def test_a_bad_model_leaves_an_earlier_evaluation_as_it_was(tmp_path) -> None:
     assert not (tmp_path / "new").exists()
     from corral.errors import CorralError
 
-    with pytest.raises(CorralError, match="neither 'tiny', a model directory"):
+    with pytest.raises(CorralError,
+                       match=r"neither a model name \('tiny', .*\), a model directory"):
         cr.evaluate("corral/word-sort-v0", model=str(tmp_path / "runs/a/checkpoint"), tasks=2,
                     samples=2, run_dir=run, split="all")
     with pytest.raises(CorralError, match="holds an evaluation of model .*runs/a/checkpoint"):
