@@ -238,7 +238,7 @@ async def _external_episodes(env_id: str, agent: Any, model: str, n: int, seed: 
 
     from .runner import make_policy
 
-    async with make_policy(model) as policy:
+    async with make_policy(model, flag="--model") as policy:
         async with Runner([env_id], policy, agent=agent, seed=seed, sandbox_capacity=1,
                           sandbox_backend=backend or "auto") as runner:
             trajs = await runner.collect(n)

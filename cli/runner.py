@@ -21,42 +21,20 @@ if TYPE_CHECKING:
     from corral.runner.store import StoreMismatch
 
 
-def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None) -> Any:
-    """A model name (`tiny`, `smollm2-135m-instruct`) or a local model directory →
-    LocalPolicy; `http://...` (comma-separated replicas) → OpenAIPolicy, which needs
-    `tokenizer` (the served model's directory or name)."""
-    if spec.startswith(("http://", "https://")):
-        from corral.runner import OpenAIPolicy
+def make_policy(spec: str, *, tokenizer: str | None = None, device: str | None = None,
+                flag: str = "--model", check_servers: bool = False) -> Any:
+    """`load_policy` for a command line: a named model is converted first with a progress
+    line (`prepare_model`), and a flag of the wrong form is a usage error (exit 2)."""
+    from corral.runner.policy.loading import PolicySpecError, load_policy
 
-        from corral.runner.policy.models import load_tokenizer
-        from corral.runner.policy.openai import replica_urls
-
-        if not tokenizer:
-            raise FlagError("--policy URL needs --tokenizer PATH (the served model's directory, "
-                              "or 'tiny') to build prompts as token ids")
-        try:  # a malformed URL failed every request, retried, and the run "succeeded"
-            urls = replica_urls([u.strip() for u in spec.split(",") if u.strip()])
-        except ValueError as exc:
-            raise FlagError(f"--policy {spec}: {exc}") from None
-        try:
-            prepare_model(tokenizer, "--tokenizer")
-            loaded = load_tokenizer(tokenizer)
-        except CorralError as exc:
-            raise CorralError(f"--tokenizer {tokenizer}: {exc}") from None
-        return OpenAIPolicy(urls, tokenizer=loaded)
-    if "://" in spec:  # a URL of another scheme (ftp://, ws://): the flag's value is wrong
-        raise FlagError(f"--policy {spec}: {spec!r} is not an http:// or https:// URL with a "
-                        "host")
-    from corral.runner.policy.models import is_model_name, model_names
-
-    if not is_model_name(spec) and not Path(spec).exists():
-        names = ", ".join(map(repr, model_names()))
-        raise CorralError(f"--policy {spec!r} is neither a model name ({names}), a model "
-                          "directory, nor an http:// URL")
-    from corral.runner import LocalPolicy
-
-    prepare_model(spec, "--policy")
-    return LocalPolicy(spec, device=device)
+    prepare_model(tokenizer, "--tokenizer")
+    if not spec.startswith(("http://", "https://")):
+        prepare_model(spec, flag)
+    try:
+        return load_policy(spec, tokenizer=tokenizer, device=device, flag=flag,
+                           check_servers=check_servers)
+    except PolicySpecError as exc:
+        raise FlagError(str(exc)) from None
 
 
 async def _collect(env_ids: list[str], policy: Any, n: int, group: int, run_dir: Path,
@@ -122,9 +100,10 @@ def register(app: typer.Typer) -> None:
     @app.command("collect")
     def collect(
         env_ids: list[str] = typer.Argument(..., help="Environment ids to sample tasks from."),
-        policy: str = typer.Option("tiny", help=f"A model name ({model_names_help()}), a "
-                                                "local model directory, or "
-                                                "http://host:port[,http://...] replicas."),
+        policy: str = typer.Option("tiny", "--model", "-m", "--policy",
+                                   help=f"A model name ({model_names_help()}), a local model "
+                                   "directory, or http://host:port[,http://...] replicas "
+                                   "(--policy is its older name)."),
         tokenizer: str = typer.Option(None, help="Tokenizer directory for an http policy."),
         n: int = typer.Option(16, "--n", min=1, help="Trajectories to collect."),
         group: int = typer.Option(4, min=1, help="Samples per task (GRPO group size)."),

@@ -20,20 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
-from urllib.parse import urlsplit
 
 from corral.errors import CorralError
 from corral.fileio import write_json_atomic
 from corral.runner.episode import EpisodeLimits
 from corral.runner.eval.stats import Sample, ks_for, summarize_samples, to_sample
 from corral.runner.policy import Policy
-from corral.runner.policy.models import is_adapter_dir, is_model_name, model_names
+from corral.runner.policy.loading import checkpoint_parts, load_policy  # noqa: F401  (re-exported)
+from corral.runner.policy.models import is_model_name
 from corral.runner.runner import Runner
 from corral.runner.store import load_run
 
@@ -93,68 +92,6 @@ class EvalClock:
     def total(self) -> float:
         """Seconds of every invocation so far."""
         return sum(max(0.0, b - a) for a, b in self.sessions)
-
-
-def load_policy(model: str | Policy, *, tokenizer: str | None = None,
-                device: str | None = None) -> Policy:
-    """A policy for `model`: a `Policy` (a started engine, any router) as is; a model name
-    (`tiny`, `smollm2-135m-instruct`: `corral.runner.policy.models.model_names`), a local
-    model directory or a trainer checkpoint (a LoRA run's adapter merged onto its base) →
-    `LocalPolicy`; `http(s)://` URLs (comma-separated replicas of any OpenAI-compatible
-    server) → `OpenAIPolicy`, which needs `tokenizer` to build prompts."""
-    if isinstance(model, Policy):
-        return model
-    if model.startswith(("http://", "https://")):
-        from corral.runner.policy import OpenAIPolicy
-
-        if not tokenizer:
-            raise CorralError("a model URL needs a tokenizer (--tokenizer PATH: the served "
-                              "model's directory, or 'tiny') to build prompts as token ids")
-        if isinstance(tokenizer, str) and not is_model_name(tokenizer) and not Path(
-                tokenizer).exists():
-            raise CorralError(f"--tokenizer {tokenizer}: no such directory (pass the served "
-                              "model's directory, or 'tiny')")
-        urls = [u.strip() for u in model.split(",") if u.strip()]
-        for url in urls:  # a server that is not there fails here, not as N model failures
-            problem = unreachable(url)
-            if problem:
-                raise CorralError(f"--model {url}: no server answers there ({problem})")
-        return OpenAIPolicy(urls, tokenizer=tokenizer)
-    if not is_model_name(model) and not Path(model).exists():
-        names = ", ".join(map(repr, model_names()))
-        raise CorralError(f"model {model!r} is neither a model name ({names}), a model "
-                          "directory, nor an http:// URL")
-    from corral.runner.policy import LocalPolicy, load_model, load_tokenizer
-
-    parts = None if is_model_name(model) else checkpoint_parts(Path(model))
-    if parts is None:
-        return LocalPolicy(model, device=device)
-    # a trainer checkpoint keeps its tokenizer beside the model, not in it; a LoRA run's
-    # model/ is the adapter alone, merged here onto its base
-    lm, _ = load_model(parts[0], device=device)
-    return LocalPolicy(lm, load_tokenizer(parts[1]), name=str(model))
-
-
-def unreachable(url: str, timeout: float = 5.0) -> str | None:
-    """Why nothing accepts a TCP connection at `url`'s host and port (None: something does)."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=timeout).close()
-    except OSError as exc:
-        return exc.strerror or type(exc).__name__
-    return None
-
-
-def checkpoint_parts(path: Path) -> tuple[Path, Path] | None:
-    """(model dir, tokenizer dir) of a trainer checkpoint (`RUN_DIR/checkpoint`) or of its
-    `model/` folder (a whole model, or a LoRA run's adapter); None for an ordinary model
-    directory."""
-    root = path.parent if path.name == "model" else path
-    held = (root / "model" / "config.json").is_file() or is_adapter_dir(root / "model")
-    if held and (root / "tokenizer").is_dir():
-        return root / "model", root / "tokenizer"
-    return None
 
 
 def model_key(model: str) -> str:

@@ -194,7 +194,7 @@ def test_choices_and_flags_that_do_not_go_together_are_usage_errors(tmp_path: Pa
             (["export", str(tmp_path), "--format", "csv"], "error: --format 'csv': choose one of"),
             (["export", str(tmp_path), "--filter", "best"], "error: --filter 'best': choose one"),
             (["collect", "corral/arithmetic-v0", "--policy", "http://127.0.0.1:9",
-              "--run-dir", str(run_dir)], "error: --policy URL needs --tokenizer"),
+              "--run-dir", str(run_dir)], "error: --model URL needs a tokenizer (--tokenizer PATH"),
             (["profile", "corral/arithmetic-v0", "--agent", "oracle", "--model", "tiny"],
              "error: --agent and --model: profile under one of them"),
             (["sandbox", "hosts", "--hosts", ","], "error: --hosts names no host"),

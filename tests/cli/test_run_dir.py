@@ -55,8 +55,8 @@ def test_collect_policy_url_of_the_wrong_form_is_a_usage_error(tmp_path: Path, p
     `:x` of a URL also came out as an emoji."""
     line = one_line(corral("collect", "corral/arithmetic-v0", "--policy", policy,
                            "--tokenizer", "tiny", "--run-dir", str(tmp_path / "run")), 2)
-    assert line == f"error: --policy {policy}: {expected} (such as 'http://127.0.0.1:8000')" \
-        or line == f"error: --policy {policy}: {expected}", line
+    assert line == f"error: --model {policy}: {expected} (such as 'http://127.0.0.1:8000')" \
+        or line == f"error: --model {policy}: {expected}", line
     assert not (tmp_path / "run").exists()
 
 
@@ -64,7 +64,7 @@ def test_collect_tokenizer_that_is_no_model_names_tokenizer(tmp_path: Path) -> N
     line = one_line(corral("collect", "corral/arithmetic-v0", "--policy", "http://127.0.0.1:9",
                            "--tokenizer", str(tmp_path / "nope"), "--run-dir",
                            str(tmp_path / "run")), 1)
-    assert line.startswith(f"error: --tokenizer {tmp_path / 'nope'}: model path"), line
+    assert line.startswith(f"error: --tokenizer {tmp_path / 'nope'}: no such directory"), line
 
 
 def test_collect_into_a_run_dir_with_a_broken_manifest(tmp_path: Path) -> None:
