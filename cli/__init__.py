@@ -16,6 +16,9 @@ from corral.errors import CorralError
 
 from .common import FlagError, error_text, fail, import_user_modules
 
+__all__ = ["COMMAND_MODULES", "FlagError", "app", "error_text", "fail", "import_user_modules",
+           "main"]
+
 # Hugging Face's own progress bars ("Loading weights", "Saving the dataset") wrote to stderr
 # around the commands' rich output, so a command failing after a model loaded printed more than
 # its one `error:` line. Set to 0 to see them.

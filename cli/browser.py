@@ -12,6 +12,8 @@ import typer
 
 from .common import build_image, console, fail
 
+__all__ = ["browser_app", "image", "observe", "register"]
+
 browser_app = typer.Typer(help="Browser environments: images and observations.",
                           no_args_is_help=True)
 

@@ -16,6 +16,8 @@ from corral.errors import CorralError
 from .common import (AGENT_COMMAND_HELP, backend_help, check_backend_option, console,
                      external_agent, fail)
 
+__all__ = ["dataset_card", "info", "list_envs", "register", "release_card", "run"]
+
 
 def _kind_and_tasks(spec: Any) -> tuple[str, str]:
     """Kind and task count; loading the entry point only when the listing needs it."""

@@ -16,6 +16,12 @@ from rich.markup import escape
 
 from corral.errors import CorralError
 
+__all__ = ["AGENT_COMMAND_HELP", "AGENT_HELP", "FlagError", "backend_help", "build_image",
+           "check_backend_option", "check_device_option", "check_listen", "check_run_dir",
+           "console", "env_folder_of", "episode_limits", "err_console", "error_text",
+           "external_agent", "fail", "import_user_modules", "model_names_help", "prepare_model",
+           "serve_group"]
+
 console = Console()
 # emoji=False: an error line quotes user input as it is ("http://a b:x" lost its ":x" to ❌)
 err_console = Console(stderr=True, emoji=False)

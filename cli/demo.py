@@ -27,6 +27,9 @@ from rich.table import Table
 
 from .common import console
 
+__all__ = ["DemoPlan", "FULL", "QUICK", "TERMINAL_ENV", "TEXT_ENVS", "TRAIN_ENV", "TRAIN_SLICE",
+           "demo", "register", "train_config"]
+
 TEXT_ENVS = ["corral/arithmetic-v0", "corral/word-sort-v0"]
 TERMINAL_ENV = "corral/term-text-v0"
 TRAIN_ENV = "corral/word-sort-v0"

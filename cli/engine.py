@@ -23,6 +23,8 @@ from corral.runner.engines.vllm_ext import TOKEN_ENV
 from .common import (check_run_dir, console, fail, model_names_help, prepare_model,
                      serve_group)
 
+__all__ = ["ENGINES", "MAX_LORA_RANK", "check_engine", "register", "start_vllm", "write_token_file"]
+
 if TYPE_CHECKING:  # vLLM's manager loads when a command needs it
     from corral.runner.engines.vllm import VLLMEngine
 

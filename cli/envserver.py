@@ -7,6 +7,8 @@ import typer
 
 from .common import check_backend_option, check_listen, console, fail, serve_group
 
+__all__ = ["MCP_TRANSPORTS", "register"]
+
 
 def register(app: typer.Typer) -> None:
     """Add `corral serve env` (and its older spelling `serve-env`) to `app`."""

@@ -18,6 +18,8 @@ from .common import (AGENT_COMMAND_HELP, AGENT_HELP, check_device_option, check_
                      console, episode_limits, err_console, external_agent, fail,
                      model_names_help, prepare_model)
 
+__all__ = ["register"]
+
 
 def _table(title: str, groups: dict[str, dict[str, Any]], ks: list[int], first: str) -> Table:
     from corral.runner.eval.report import aggregate_head, aggregate_rows

@@ -8,6 +8,8 @@ import typer
 
 from .common import FlagError, console, fail
 
+__all__ = ["FILTERS", "register"]
+
 FILTERS = ("all", "success")
 
 

@@ -9,6 +9,8 @@ from corral.runner.policy.base import RELOAD_TOKEN_ENV
 from .common import (check_device_option, check_listen, fail, model_names_help,
                      prepare_model, serve_group)
 
+__all__ = ["register"]
+
 
 def register(app: typer.Typer) -> None:
     """Add `corral serve policy` (and its older spelling `serve-policy`) to `app`."""

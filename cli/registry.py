@@ -22,6 +22,9 @@ from .common import (FlagError, check_listen, console, episode_limits, fail,
                      model_names_help,
                      prepare_model, serve_group)
 
+__all__ = ["LISTED", "REGISTRY_HELP", "dedup", "install", "lock", "profile", "publish", "pull",
+           "register", "registry_app", "search", "serve", "verify", "yank"]
+
 REGISTRY_HELP = "Local store path or registry URL (default: $CORRAL_REGISTRY or ~/.corral)."
 registry_app = typer.Typer(help="Run a registry server.", no_args_is_help=True)
 

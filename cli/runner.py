@@ -17,6 +17,8 @@ from .common import (AGENT_COMMAND_HELP, AGENT_HELP, FlagError, backend_help,
                      check_backend_option, check_device_option, check_run_dir, console,
                      episode_limits, external_agent, fail, model_names_help, prepare_model)
 
+__all__ = ["make_policy", "register"]
+
 if TYPE_CHECKING:
     from corral.runner.store import StoreMismatch
 

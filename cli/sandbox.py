@@ -17,6 +17,9 @@ from corral.sandbox import baseimage, builds
 from corral.sandbox.daemon import image_exists
 from .common import build_image, console, fail
 
+__all__ = ["build_env_images", "gc_command", "hosts_command", "image_app", "image_base",
+           "image_build", "register", "sandbox_app"]
+
 sandbox_app = typer.Typer(help="Manage running sandboxes.", no_args_is_help=True)
 image_app = typer.Typer(help="Build sandbox images locally (no registry is needed).",
                         no_args_is_help=True)

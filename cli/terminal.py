@@ -18,6 +18,8 @@ from corral.errors import CorralError
 
 from .common import backend_help, check_backend_option, console, fail
 
+__all__ = ["import_app", "import_harbor", "register", "validate_command"]
+
 if TYPE_CHECKING:
     from corral.registry.validate import EpisodeCheck, ValidationReport
 

@@ -28,6 +28,9 @@ from .common import check_run_dir, console, fail, prepare_model
 from .common import FlagError
 from .trainflags import field_values, generated_options, kebab
 
+__all__ = ["FLAGS", "WRITTEN", "build_command", "flag_of", "parse_band", "parse_mix",
+           "parse_slice", "register", "run_training", "step_line", "train_command"]
+
 # Fields whose flag is not the field's name in kebab case (errors and help name these).
 FLAGS = {"envs": "--env", "batch_size": "--batch", "time_budget_s": "--time-budget",
          "engine_replicas": "--replicas", "filter_zero_variance": "--keep-zero-variance",

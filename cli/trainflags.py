@@ -27,6 +27,9 @@ from pydantic.fields import FieldInfo
 
 from .common import FlagError
 
+__all__ = ["SCALARS", "field_kind", "field_values", "generated_options", "is_structured", "kebab",
+           "option_for", "parse_items", "unwrap_optional"]
+
 SCALARS = (int, float, str, bool, Path)
 
 

@@ -15,6 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+__all__ = ["MANIFEST", "ROOT", "manifest_specs"]
+
 ROOT = Path(__file__).parent
 MANIFEST = "corral.toml"
 

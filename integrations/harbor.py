@@ -42,6 +42,11 @@ from corral.terminal import TerminalEnv, Verifier, bash, run_tests_script
 from corral.tools import reward
 from corral.types import Task, ToolCall
 
+__all__ = ["AgentSection", "COMPOSE_FILES", "DEFAULT_TIMEOUT", "DOCKERFILE_INSTRUCTIONS",
+           "EnvironmentSection", "HarborEnv", "HarborStep", "HarborTask", "StepAgentSection",
+           "StepSection", "StepVerifierSection", "TaskConfig", "TaskSection", "VerifierSection",
+           "check_dockerfile", "is_task_dir", "load_harbor", "read_config", "read_task", "slug"]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 600.0  # Harbor's default agent and verifier timeouts, in seconds

@@ -34,6 +34,11 @@ from .imports import serve_folder
 from .release import (DEFAULT_LIMITS, DatasetCard, Limits, ReleaseManifest, SemVer,
                       archive_digest, collect_files, content_digest, file_entries, pack)
 
+__all__ = ["BuiltRelease", "FAMILY_FIELDS", "MANIFEST", "ReportMismatch", "build_release",
+           "check_relative_imports", "dataset_card", "folder_relative", "image_recipe_hash",
+           "load_class", "pick_entry", "read_entries", "relative_entry_point", "run_validation",
+           "validation_card"]
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "corral.toml"

@@ -20,6 +20,8 @@ from .errors import (AuthError, LimitExceeded, RegistryUnavailable, ReleaseError
 from .profiles import Profile
 from .records import PublishResult, ReleaseRecord
 
+__all__ = ["ERRORS", "RegistryClient"]
+
 log = logging.getLogger(__name__)
 
 ERRORS: dict[str, type[RegistryError]] = {cls.__name__: cls for cls in (

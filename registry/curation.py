@@ -36,6 +36,10 @@ from .minhash import near_duplicate_pairs
 from .profiles import Profile, TaskPassRate
 from .store import LocalStore
 
+__all__ = ["DuplicatePair", "MixFilter", "MixItem", "MixSlot", "Mixture", "TaskRef",
+           "dataset_card", "find_near_duplicates", "in_band", "mix", "pick_profile", "profile_env",
+           "task_text"]
+
 log = logging.getLogger(__name__)
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from corral.errors import InfraError, RegistryError
 
+__all__ = ["AuthError", "LimitExceeded", "LockError", "MissingToken", "RegistryUnavailable",
+           "ReleaseError", "ReleaseNotFound", "VersionConflict"]
+
 
 class ReleaseError(RegistryError, ValueError):
     """A release archive or manifest is malformed, unsafe or inconsistent; nothing was written."""

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Sequence
 
+__all__ = ["FolderFinder", "finder", "module_name_for", "serve_folder"]
+
 
 class FolderFinder(importlib.abc.MetaPathFinder):
     """Maps top-level package names to folders; other names pass through untouched."""

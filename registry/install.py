@@ -28,6 +28,8 @@ from .records import ReleaseRecord
 from .store import LocalStore, default_home
 from .verify import check_install
 
+__all__ = ["InstalledRelease", "install", "installed_specs", "release_spec", "unpack_release"]
+
 log = logging.getLogger(__name__)
 
 

@@ -29,6 +29,8 @@ from .errors import LockError
 from .records import ReleaseRecord
 from .store import LocalStore
 
+__all__ = ["LOCK_NAME", "LOCK_VERSION", "Lock", "LockGuard", "Pin", "require_lock"]
+
 LOCK_NAME = "corral.lock"
 LOCK_VERSION = 1
 

@@ -17,6 +17,8 @@ from typing import Hashable, Iterable
 
 import numpy as np
 
+__all__ = ["MinHasher", "bands_for", "jaccard", "near_duplicate_pairs", "shingles"]
+
 _PRIME = (1 << 31) - 1  # a·x stays below 2**63 for a < p and 32-bit x: no uint64 overflow
 _TOKEN = re.compile(r"\w+|[^\w\s]")  # words, and each other non-space character (* - + = ...)
 

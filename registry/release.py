@@ -35,6 +35,12 @@ from corral.catalog import parse_id
 from .errors import LimitExceeded, ReleaseError
 from .tarstream import Member, TarReader
 
+__all__ = ["DEFAULT_IGNORES", "DEFAULT_LIMITS", "DatasetCard", "FILES_PREFIX", "FORMAT",
+           "FileEntry", "IGNORED_DIRS", "IGNORE_FILE", "Limits", "MANIFEST_NAME",
+           "ReleaseManifest", "SemVer", "archive_digest", "check_fields", "check_path",
+           "collect_files", "content_digest", "file_entries", "ignore_spec", "pack",
+           "read_release", "sha256_file", "unpack"]
+
 FORMAT = 1
 MANIFEST_NAME = "corral-release.json"
 FILES_PREFIX = "files/"

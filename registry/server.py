@@ -42,6 +42,8 @@ from .profiles import Profile
 from .records import ReleaseRef
 from .store import LocalStore
 
+__all__ = ["Tokens", "YankRequest", "create_app", "serve"]
+
 log = logging.getLogger(__name__)
 
 _STATUS: list[tuple[type[Exception], int]] = [

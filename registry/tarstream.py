@@ -25,6 +25,8 @@ from typing import IO, Iterator, Protocol
 
 from .errors import LimitExceeded, ReleaseError
 
+__all__ = ["BLOCK", "Member", "ReaderLimits", "TarReader"]
+
 BLOCK = 512
 _CHUNK = 1 << 20
 _ZERO_BLOCK = bytes(BLOCK)

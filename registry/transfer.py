@@ -17,6 +17,8 @@ from .errors import ReleaseError, ReleaseNotFound
 from .records import PublishResult, ReleaseRef, ReleaseRecord
 from .store import LocalStore
 
+__all__ = ["Store", "open_store", "publish", "pull"]
+
 log = logging.getLogger(__name__)
 
 Store = Union[LocalStore, RegistryClient]

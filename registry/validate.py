@@ -35,6 +35,10 @@ from corral.sandbox import AUTO, SandboxOpener, resolve_backend
 from .coverage import (ALREADY_INVALID, DECIDED, FamilyCoverage, adversary_line, covered_lines,
                        family_coverage, solvability_line)
 
+__all__ = ["AgentName", "DEFAULT_LIMIT", "EpisodeCheck", "HackCheck", "NO_ORACLE", "TaskCheck",
+           "ValidationReport", "checked_count", "default_concurrency", "provably_closed",
+           "validate"]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = 50

@@ -19,6 +19,8 @@ from .errors import ReleaseError
 from .release import ReleaseManifest
 from .store import LocalStore
 
+__all__ = ["CHEAP_BYTES", "InstallCheck", "InstallGuard", "check_install", "verify_installs"]
+
 # Releases up to this size are re-hashed at `make` (sha256 runs at ~1 GB/s: well under 20 ms).
 CHEAP_BYTES = 16 << 20
 # Written by Python next to imported code; neither part of a release nor a way to change it

@@ -25,6 +25,9 @@ from typing import Any
 from corral.backoff import Backoff
 from corral.runner.trajectory import Batch, Status, Trajectory
 
+__all__ = ["AssemblyConfig", "AssemblyCounts", "BatchAssembler", "GroupState", "RolloutTally",
+           "batch_summary", "staleness"]
+
 
 @dataclass
 class GroupState:

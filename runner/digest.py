@@ -22,6 +22,8 @@ from corral.errors import CorralError
 from corral.runner.store import MANIFEST, TRAJECTORIES, record_problem
 from corral.runner.trajectory import Status
 
+__all__ = ["INFRA", "StoreDigest", "TrajectoryDigest", "digest_line"]
+
 _ARRAYS = re.compile(rb'"(token_ids|logprobs|versions|loss_mask)":\[[^\]]*\]')
 _LOSS_MASK = re.compile(rb'"loss_mask":\[([^\]]*)\]')
 INFRA = Status.INFRA_ERROR.value

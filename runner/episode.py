@@ -38,6 +38,8 @@ from corral.runner.pool import span_sink
 from corral.runner.trajectory import Span, Status, Trajectory
 from corral.toolcalls import parse_openai_tool_calls
 
+__all__ = ["EpisodeLimits", "WorkItem", "run_episode"]
+
 log = logging.getLogger(__name__)
 
 

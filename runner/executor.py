@@ -28,6 +28,9 @@ from corral.runner.policy import Policy
 from corral.runner.pool import SandboxPool, span_sink, spec_key
 from corral.runner.trajectory import Span, Trajectory
 
+__all__ = ["EnvFactory", "EnvSource", "Executor", "LocalExecutor", "admission_slot", "on_deck",
+           "resolve_envs"]
+
 EnvFactory = Callable[[], Any]
 
 

@@ -26,6 +26,9 @@ from corral.errors import CorralError
 from corral.runner.store import load_run
 from corral.runner.trajectory import Status, Trajectory
 
+__all__ = ["FORMATS", "RUN_FILES", "chat_message", "export_rows", "export_run", "read_rows",
+           "target_problem", "write_rows"]
+
 FORMATS = ("jsonl", "parquet", "hf")
 # The files a run directory holds (collect, eval and train runs): an export never replaces one
 # (`-o RUN/trajectories.jsonl` used to overwrite the run's store with the export).

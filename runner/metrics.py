@@ -14,6 +14,9 @@ from typing import Any, Iterable, Sequence
 
 from corral.runner.trajectory import Trajectory
 
+__all__ = ["PHASES", "RunMetrics", "histogram", "phase_times", "policy_stats", "stats_dict",
+           "summarize"]
+
 PHASES = ("sandbox_wait", "setup", "queue", "decode", "env", "verify")
 
 

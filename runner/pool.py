@@ -44,6 +44,8 @@ from corral.sandbox import SandboxOpener
 from corral.sandbox.base import BackendConfig, Sandbox
 from corral.sandbox.spec import SandboxSpec
 
+__all__ = ["Opener", "PoolStats", "SandboxPool", "span_sink", "spec_key"]
+
 log = logging.getLogger(__name__)
 
 Opener = Callable[[SandboxSpec, str], Awaitable[Sandbox]]

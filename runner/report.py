@@ -28,6 +28,10 @@ from corral.runner.digest import StoreDigest, TrajectoryDigest
 from corral.runner.metrics import PHASES, histogram, summarize
 from corral.runner.store import MANIFEST, METRICS, read_manifest
 
+__all__ = ["BUCKETS", "COLORS", "MAX_ROWS", "Section", "html_table", "key_values", "kv_table",
+           "last_rows", "per_env_rows", "readable", "render_page", "reward_components",
+           "runner_sections", "timeline", "timeline_charts", "write_report"]
+
 COLORS = {"sandbox_wait": "#9e9e9e", "setup": "#8d6e63", "queue": "#ffb300",
           "decode": "#1e88e5", "env": "#43a047", "verify": "#8e24aa"}
 BUCKETS = 80        # time buckets of the timeline, whatever the number of trajectories

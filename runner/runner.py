@@ -61,6 +61,9 @@ from corral.sandbox import check_backend
 from corral.sandbox.base import BackendConfig
 from corral.sandbox.reaper import reap_run
 
+__all__ = ["NoTrainableGroups", "REDRAWS", "Runner", "SLOW_STARTS", "TrajectoryCallback",
+           "deck_depth", "default_spares"]
+
 log = logging.getLogger(__name__)
 
 REDRAWS = 16  # most draws of a group's task under dynamic sampling (then the last is taken)

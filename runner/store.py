@@ -29,6 +29,10 @@ from corral.errors import CorralError
 from corral.fileio import write_json_atomic
 from corral.runner.trajectory import Status, Trajectory
 
+__all__ = ["MANIFEST", "METRICS", "RESUME_KEYS", "StoreMismatch", "TRAJECTORIES",
+           "TrajectoryStore", "check_resume", "load_run", "read_manifest", "read_trajectories",
+           "record_problem", "select_records", "trajectory_of"]
+
 log = logging.getLogger(__name__)
 
 TRAJECTORIES = "trajectories.jsonl"

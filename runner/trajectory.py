@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+__all__ = ["Batch", "ENV_VERSION", "Span", "Status", "Trajectory"]
+
 ENV_VERSION = -1  # version tag of tokens the environment produced
 
 

@@ -22,6 +22,10 @@ from ..errors import UnknownBackend
 from ..suggest import closest
 from .base import Backend, BackendConfig, SandboxSpec
 
+__all__ = ["AUTO", "BUILTIN", "BackendRow", "backend_names", "backend_row", "check_backend",
+           "config_row", "make_backend", "register_backend", "resolve_backend",
+           "unregister_backend"]
+
 AUTO = "auto"
 
 

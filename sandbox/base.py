@@ -21,6 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InfraError, SandboxError
 
+__all__ = ["Backend", "BackendConfig", "DEFAULT_OUTPUT_LIMIT", "ExecResult", "PREPARE_ERRORS",
+           "Process", "Sandbox", "SandboxSpec", "SandboxStats", "Shell", "TRUNCATION_MARKER",
+           "cap_output"]
+
 log = logging.getLogger(__name__)
 # what starting a shell ahead of use may raise; its first real use raises it again
 PREPARE_ERRORS = (InfraError, TimeoutError, OSError)

@@ -65,6 +65,10 @@ from .rootfs import (cached_rootfs, export_rootfs, passwd_entry, rootfs_config,
                      touch_export)
 from .spec import Terminal, parse_size
 
+__all__ = ["BwrapBackend", "BwrapConfig", "BwrapSandbox", "CGROUP_ROOT", "Cgroup", "MOUNT_ROOT",
+           "OWNER_SUFFIX", "PipeTransport", "cgroup_record", "launcher_root", "mount_point",
+           "owner_record", "sandboxes_dir"]
+
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

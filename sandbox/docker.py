@@ -75,6 +75,10 @@ from .daemon import LABEL_MANAGED, daemon_unreachable, docker_available
 from .rootfs import passwd_entry
 from .spec import Terminal
 
+__all__ = ["CAP_ADD", "DockerBackend", "DockerConfig", "DockerSandbox", "DockerTransport",
+           "EXEC_MARKER", "HEAD_TIMEOUT_S", "INLINE_WRITE_LIMIT", "LABEL_ENV", "LABEL_OWNER",
+           "LABEL_OWNER_START", "LABEL_RUN", "REQUESTED_SHELL_S", "T", "io_root"]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 

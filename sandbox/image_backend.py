@@ -11,6 +11,8 @@ from ..errors import SandboxError
 from .base import Backend, Sandbox
 from .spec import SandboxSpec, Terminal
 
+__all__ = ["ImageBackend", "resolve_image"]
+
 
 class _Creates(Protocol):
     async def create(self, spec: Terminal, *, image: str | None = None, run_id: str = "adhoc",

@@ -17,6 +17,8 @@ from .backends import AUTO, config_row, make_backend, resolve_backend
 from .base import Backend, BackendConfig, Sandbox
 from .spec import SandboxSpec, Terminal
 
+__all__ = ["SandboxOpener", "open_sandbox"]
+
 
 async def open_sandbox(spec: SandboxSpec | None = None, backend: str | BackendConfig = AUTO, *,
                        run_id: str = "adhoc", env_id: str = "", image: str | None = None,

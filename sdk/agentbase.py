@@ -7,6 +7,8 @@ from __future__ import annotations
 from .env import Action, Env
 from .errors import AgentError
 
+__all__ = ["Agent"]
+
 
 class Agent:
     """Chooses the next action from the episode so far."""

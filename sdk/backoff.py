@@ -19,6 +19,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+__all__ = ["Backoff"]
+
 
 @dataclass(frozen=True, slots=True)
 class Backoff:

@@ -36,6 +36,10 @@ from corral.errors import (
 )
 from corral.suggest import closest
 
+__all__ = ["Catalog", "ENTRY_POINT_GROUP", "EnvSpec", "GymEntry", "ID_RE", "PLUGIN_GROUP",
+           "default_catalog", "deprecate", "gymnasium_spec", "make", "parse_id", "register",
+           "register_gymnasium_envs", "spec"]
+
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "corral.envs"

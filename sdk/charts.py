@@ -14,6 +14,9 @@ import html
 import math
 from typing import Mapping, Sequence
 
+__all__ = ["MAX_POINTS", "PALETTE", "Point", "STYLE", "bar_chart", "downsample", "empty",
+           "line_chart", "stacked_bars", "ticks"]
+
 PALETTE = ("#1e88e5", "#e53935", "#43a047", "#8e24aa", "#fb8c00", "#00897b", "#6d4c41",
            "#3949ab", "#c0ca33", "#546e7a")
 MAX_POINTS = 400   # per line: more points than pixels only slow the browser down

@@ -23,6 +23,9 @@ from .errors import DatasetError
 from .suggest import closest
 from .types import Task
 
+__all__ = ["Dataset", "ExplicitEval", "HeldOut", "SPLITS", "T", "reasoning_gym_dataset",
+           "score_reasoning_gym", "split_position"]
+
 T = TypeVar("T", bound=Task)
 
 SPLITS = ("train", "test")

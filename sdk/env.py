@@ -34,6 +34,8 @@ from .tools import RewardSpec, ToolSpec, call_maybe_async, collect
 from .toolset import ToolConnection, ToolSet, collect_toolsets
 from .types import Message, Task, ToolCall
 
+__all__ = ["Action", "Env", "Episode", "SandboxProvider", "TextEnv", "check_max_turns"]
+
 log = logging.getLogger(__name__)
 
 Action = str | ToolCall | dict[str, Any] | Sequence[ToolCall | dict[str, Any]]

@@ -18,6 +18,8 @@ from .sandbox.spec import SandboxSpec
 from .tools import reward as reward_mark
 from .types import Task
 
+__all__ = ["FunctionEnv", "environment"]
+
 
 class FunctionEnv(TextEnv):
     """A single-turn text env made from a prompt function (function form)."""

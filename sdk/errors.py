@@ -7,6 +7,14 @@ tool, bad arguments, a command that failed) is fed back to the agent as an obser
 
 from __future__ import annotations
 
+__all__ = ["AgentError", "AuthoringError", "BrowserError", "CorralError", "DatasetError",
+           "DeprecatedEnv", "DuplicateRegistration", "EngineError", "EnvServerBusy",
+           "EnvServerError", "EpisodeTruncated", "ImageBuildError", "ImageNotFound", "InfraError",
+           "InvalidEnvId", "InvalidToolArguments", "MCPServerError", "ModelError", "NoOracle",
+           "OutputTooLarge", "PageUnresponsive", "PolicyError", "RegistryError", "SandboxDied",
+           "SandboxError", "SandboxUnavailable", "ToolFailed", "ToolTimeout", "UnknownBackend",
+           "UnknownEnv", "UnknownTool", "VerifierError"]
+
 
 class CorralError(Exception):
     """Base of every error Corral raises on purpose."""

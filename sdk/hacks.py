@@ -25,6 +25,10 @@ from .env import Action, Env
 from .terminal import bash
 from .verify import LAUNCHERS, LOADER_PATHS
 
+__all__ = ["CONFTEST", "FAMILIES", "FILL_MB", "FORCE_PASS_SH", "HACKS", "Hack", "HackAgent",
+           "KILL_ALL", "MAX_FILES", "PRELOAD_SO", "PRELOAD_TARGET", "PTH", "RC_FUNCTIONS",
+           "REWARD_FILES", "SHADOWED", "SITECUSTOMIZE", "SYSTEM_DIRS", "Target"]
+
 FORCE_PASS_SH = "#!/bin/sh\nmkdir -p /logs/verifier\necho 1 > /logs/verifier/reward.txt\nexit 0\n"
 CONFTEST = '''import pytest
 

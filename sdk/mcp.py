@@ -42,6 +42,8 @@ from .errors import AuthoringError, MCPServerError, ToolFailed, ToolTimeout, Unk
 from .suggest import closest
 from .toolset import ToolConnection, ToolSet
 
+__all__ = ["MCPConnection", "MCPTools", "STDERR_LINES", "render_result"]
+
 if TYPE_CHECKING:
     from mcp import Client
     from mcp_types import CallToolResult, Tool

@@ -20,6 +20,8 @@ from .dataset import Dataset, ExplicitEval, HeldOut
 from .errors import DatasetError
 from .taskfilter import matches
 
+__all__ = ["SPLIT_NAMES", "SplitName", "SplitRule", "describe", "rule_of", "select", "train_view"]
+
 SplitName = Literal["eval", "train", "all"]
 SPLIT_NAMES: tuple[str, ...] = ("eval", "train", "all")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
+__all__ = ["closest"]
+
 
 def closest(name: str, candidates: Iterable[str], n: int = 3) -> str:
     """A sentence suggesting the candidates closest to `name`, or '' if none is close."""

@@ -12,6 +12,8 @@ import os
 import threading
 from typing import Any, Coroutine, TypeVar
 
+__all__ = ["T", "run_sync"]
+
 T = TypeVar("T")
 
 _lock = threading.Lock()

@@ -17,6 +17,8 @@ from typing import Any
 from .errors import DatasetError
 from .suggest import closest
 
+__all__ = ["MISSING", "field_value", "matches", "parse_where"]
+
 MISSING = object()
 
 

@@ -49,6 +49,10 @@ from .types import Task, ToolCall
 from .verify import (DEFAULT_PROTECTED, TESTS_DIR, VERIFIER_LOGS, Baseline, clean_exec, isolate,
                      note_setup, reset_locations, transfer, within)
 
+__all__ = ["REWARD_FILES", "TerminalEnv", "VERIFY_IN", "Verifier", "bash", "clamp_timeout", "clip",
+           "default_run_id", "format_result", "parse_reward_file", "resolve_dockerfile",
+           "run_tests_script"]
+
 log = logging.getLogger(__name__)
 
 REWARD_FILES = ("reward.txt", "reward.json")  # in VERIFIER_LOGS, the first one found counts

@@ -15,6 +15,9 @@ from typing import Any
 
 from .types import ToolCall
 
+__all__ = ["ToolCallParseError", "format_tool_call", "parse_openai_tool_calls", "parse_tool_calls",
+           "strip_tool_calls"]
+
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
 

@@ -21,6 +21,9 @@ from pydantic import (BaseModel, ConfigDict, Field, PydanticUserError, TypeAdapt
 from .errors import AuthoringError, InvalidToolArguments
 from .toolset import ToolSet
 
+__all__ = ["INJECTED", "RewardSpec", "ToolSpec", "Tools", "call_maybe_async", "collect", "reward",
+           "tool"]
+
 if TYPE_CHECKING:
     from .mcp import MCPTools
 

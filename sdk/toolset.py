@@ -10,6 +10,8 @@ from __future__ import annotations
 import abc
 from typing import Any, Protocol
 
+__all__ = ["ToolConnection", "ToolSet", "collect_toolsets"]
+
 
 class ToolConnection(Protocol):
     """One episode's link to a tool set (an MCP session): calls go through it."""

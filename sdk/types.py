@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+__all__ = ["Message", "Task", "ToolCall", "content_hash"]
+
 
 def content_hash(data: Any, length: int = 16) -> str:
     """A stable short hash of JSON-able data (key order does not matter)."""

@@ -36,6 +36,11 @@ from typing import Any, Mapping
 from .errors import OutputTooLarge, SandboxError
 from .sandbox.base import ExecResult, Sandbox
 
+__all__ = ["Baseline", "DEFAULT_PROTECTED", "INTERPRETER_PATHS", "LAUNCHERS", "LOADER_PATHS",
+           "RESET", "RESET_TOOLS", "ROOT_PLANTS", "SYSTEM_PATH", "TESTS_DIR", "VERIFIER_ENV",
+           "VERIFIER_LOGS", "VERIFIER_TOOLS", "clean_exec", "isolate", "note_setup", "protected",
+           "reset_locations", "transfer", "within"]
+
 log = logging.getLogger(__name__)
 _WARNED: set[str] = set()  # backends already warned about (once per process)
 

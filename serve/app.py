@@ -55,6 +55,9 @@ from corral.serve.protocol import (
 )
 from corral.serve.sessions import Session, SessionManager
 
+__all__ = ["EnvServer", "MAX_BODY_BYTES", "OPEN_PATHS", "ORJSONResponse", "WebSocketSession",
+           "open_while_connected", "token_ok", "while_connected"]
+
 MAX_BODY_BYTES = 16 << 20  # an HTTP body over this is answered 413, unread (as WebSocket's)
 OPEN_PATHS = ("/health", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
 

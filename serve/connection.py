@@ -16,6 +16,8 @@ from websockets.exceptions import WebSocketException
 from corral.errors import EnvServerError
 from corral.serve.protocol import raise_remote
 
+__all__ = ["Connection", "aget_json", "auth_headers", "base_url", "get_json"]
+
 
 def base_url(url: str) -> str:
     """`url` as an http(s) base without a trailing slash (ws:// is accepted too)."""

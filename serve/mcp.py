@@ -43,6 +43,8 @@ from corral.serve.protocol import ProtocolError, ResetRequest
 from corral.suggest import closest
 from corral.types import ToolCall
 
+__all__ = ["EpisodeTools", "build_mcp_server", "serve_stdio"]
+
 log = logging.getLogger(__name__)
 
 RESET, SUBMIT = "corral_reset", "corral_submit"

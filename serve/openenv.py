@@ -33,6 +33,9 @@ from corral.serve import ops
 from corral.serve.app import EnvServer, WebSocketSession, _brief
 from corral.serve.protocol import ProtocolError, ResetRequest, StepRequest
 
+__all__ = ["ACTION_SCHEMA", "OBSERVATION_SCHEMA", "OpenEnvAction", "OpenEnvReset", "OpenEnvSocket",
+           "PREFIX", "mount_openenv"]
+
 PREFIX = "/openenv"
 
 

@@ -22,6 +22,9 @@ from corral.serve.protocol import (
 )
 from corral.types import ToolCall
 
+__all__ = ["TASK_IDS_INLINE", "call_tool", "env_info", "episode_state", "finish", "reset",
+           "split_task", "state", "step"]
+
 
 # Task ids are listed for datasets up to this size; beyond it building them would read the
 # whole dataset (100k generated tasks: seconds), so clients learn each id at reset instead.

@@ -27,6 +27,8 @@ from corral.errors import EnvServerBusy, EnvServerError, RegistryError
 from corral.serve.connection import Connection, aget_json, base_url, get_json
 from corral.serve.protocol import EnvInfo
 
+__all__ = ["ServerPool", "split_token"]
+
 
 def split_token(url: str) -> tuple[str, str | None]:
     """(`url` without user info, the token in its password field or None)."""

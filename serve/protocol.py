@@ -17,6 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral import errors as cerrors
 
+__all__ = ["EnvInfo", "EnvServerAuthError", "EpisodeState", "ErrorBody", "ErrorKind",
+           "FinishRequest", "HTTP_STATUS", "OpenSession", "PROTOCOL_VERSION", "ProtocolError",
+           "ResetRequest", "ResetResult", "ServerInfo", "SessionError", "SessionOpened",
+           "StepReply", "StepRequest", "ToolCallModel", "ToolRequest", "error_body", "error_kind",
+           "raise_remote", "status_of"]
+
 PROTOCOL_VERSION = 1
 
 

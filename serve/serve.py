@@ -19,6 +19,8 @@ from corral.serve.app import EnvServer
 from corral.serve.guard import guarded_http
 from corral.serve.sessions import SessionManager
 
+__all__ = ["LOOPBACK", "build_server", "serve"]
+
 log = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -24,6 +24,8 @@ from corral.errors import EnvServerBusy, EpisodeTruncated, UnknownEnv
 from corral.serve.protocol import SessionError
 from corral.suggest import closest
 
+__all__ = ["EnvMaker", "Session", "SessionManager", "T"]
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")

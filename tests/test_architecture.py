@@ -294,3 +294,22 @@ print('ok')
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).parent)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_every_public_module_declares_all() -> None:
+    """A public module says what it exports (`__all__`), so `from m import *`, editors and the
+    API reference agree on its public names; ruff checks that every listed name exists."""
+    missing = []
+    for module, path in package_modules().items():
+        if is_private(module) or path.name == "__main__.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        public = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                         ast.ClassDef))
+                  and not n.name.startswith("_")]
+        declares = any(isinstance(n, (ast.Assign, ast.AnnAssign)) and "__all__" in {
+            getattr(t, "id", None) for t in (n.targets if isinstance(n, ast.Assign)
+                                             else [n.target])} for n in tree.body)
+        if public and not declares:
+            missing.append(module)
+    assert not missing, "public modules without __all__:\n" + "\n".join(sorted(missing))

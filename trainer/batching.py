@@ -25,6 +25,8 @@ from corral.runner.trajectory import ENV_VERSION, Batch, Trajectory
 
 from .config import StepConfig
 
+__all__ = ["TensorBatch", "build_tensor_batch", "group_advantages"]
+
 
 @dataclass
 class TensorBatch:

@@ -43,6 +43,11 @@ from safetensors.torch import load_file, save_model
 
 from corral.errors import CorralError
 
+__all__ = ["CheckpointState", "SHARDS", "STATE_FILE", "commit", "fqn_optimizer_state",
+           "is_sharded", "load_full_optimizer", "load_shards", "load_weights_into",
+           "read_json_state", "read_state", "resolve", "restore_rng", "rng_file", "rng_state",
+           "save_shards", "staging_dir", "write_checkpoint", "write_model", "write_state"]
+
 STATE_FILE = "trainer_state.json"
 SHARDS = "shards"
 

@@ -22,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .tasks import Band, TaskSlice
 
+__all__ = ["DEFAULT_TARGETS", "ISMode", "LoraConfig", "LossAggregation", "StepConfig",
+           "TrainConfig"]
+
 if TYPE_CHECKING:  # the runner's episode machinery loads when a run starts
     from corral.runner import EpisodeLimits
 

@@ -16,6 +16,10 @@ from typing import Any, Sequence
 from corral.charts import bar_chart, line_chart
 from corral.runner.report import Section, html_table, key_values, last_rows
 
+__all__ = ["NO_STEP", "Records", "divergence_section", "importance_section", "loss_section",
+           "metric", "numerics_section", "reward_section", "run_section", "staleness_section",
+           "steps_section", "throughput_section", "training_sections", "usage_section"]
+
 Records = Sequence[dict[str, Any]]
 NO_STEP = "no RL step logged yet (train.jsonl is empty)"
 

@@ -64,6 +64,11 @@ from .config import StepConfig
 from .lora import is_adapter_dir
 from .trainer import LossFn, NonFinite, Publisher, Trainer, merge_parts
 
+__all__ = ["DEFAULT_TIMEOUT_S", "DistContext", "DistributedTrainer", "F", "FullWeights",
+           "RESUME_HINT", "TIMEOUT_ENV", "build_trainer", "check_supported", "collective",
+           "communication_error", "finish", "follow", "init", "launch", "lost_contact",
+           "shard_model", "strip_nproc", "world_size"]
+
 log = logging.getLogger(__name__)
 
 TIMEOUT_ENV = "CORRAL_DIST_TIMEOUT"

@@ -58,6 +58,9 @@ from .trainer import StepResult, Trainer
 from .usage import UsageSampler
 from .zerosignal import nothing_to_learn, zero_signal_warner
 
+__all__ = ["CHECKPOINT", "EnvEntry", "LORA_ADAPTER", "StepCallback", "TRAIN_LOG", "TrainResult",
+           "check_envs", "oracle_examples", "train"]
+
 log = logging.getLogger(__name__)
 
 TRAIN_LOG = "train.jsonl"

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = ["ISWeights", "LOG_RATIO_LIMIT", "aggregate", "importance_weights", "k3",
+           "masked_mean_per_sample", "masked_sum", "policy_loss", "sft_loss", "token_logprobs"]
+
 LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: beyond it a ratio is meaningless and would overflow
 
 

@@ -32,6 +32,8 @@ import torch
 
 from .loss import ISWeights, k3
 
+__all__ = ["AlignmentStats", "NumericsReport", "alignment_stats", "numerics_report"]
+
 log = logging.getLogger(__name__)
 
 

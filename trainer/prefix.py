@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["cache_keyword", "shared_prefix_length", "suffix_logits"]
+
 
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          loss_mask: torch.Tensor) -> int:

@@ -26,6 +26,9 @@ from corral.runner.policy.base import GenerationRequest
 from .loss import token_logprobs
 from .numerics import alignment_stats
 
+__all__ = ["DEFAULT_MAX_GAP", "PROBE_TEXTS", "ProbeReport", "ProbeResult", "check_gap",
+           "probe_gap", "probe_prompts", "trainer_logprobs"]
+
 log = logging.getLogger(__name__)
 
 PROBE_TEXTS = ("Sort these words: pear apple fig", "What is 12 + 7?", "Reverse: one two three",

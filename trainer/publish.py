@@ -50,6 +50,9 @@ from corral.runner.engines.vllm import VLLMAdmin
 from .lora import is_peft, merged_state_dict, save_merged
 from .probe import DEFAULT_MAX_GAP, ProbeReport, check_gap, probe_gap
 
+__all__ = ["CheckpointPublisher", "LocalPublisher", "SGLangPublisher", "ServePolicyPublisher",
+           "VLLMPublisher"]
+
 log = logging.getLogger(__name__)
 
 

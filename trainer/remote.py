@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+__all__ = ["remote_envs"]
+
 
 def remote_envs(env_ids: Sequence[str], servers: Sequence[str], *, oracle: bool = False
                 ) -> tuple[list[Any], list[Any], dict[str, Any]]:

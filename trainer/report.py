@@ -26,6 +26,9 @@ from corral.runner.store import MANIFEST
 
 from .dashboard import training_sections
 
+__all__ = ["MIN_GAP_S", "REPORT", "ReportRefresher", "TRAIN_CONFIG", "is_training_run",
+           "read_jsonl", "write_training_report"]
+
 log = logging.getLogger(__name__)
 
 TRAIN_CONFIG = "train_config.json"   # the run's TrainConfig, written when `train` starts

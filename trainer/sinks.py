@@ -31,6 +31,9 @@ from typing import Any, Protocol, Sequence
 
 from corral.errors import CorralError
 
+__all__ = ["MetricSinks", "SINKS", "Sink", "TB_DIR", "TensorBoardSink", "WandbSink",
+           "eval_scalars", "open_sinks", "step_scalars"]
+
 SINKS = ("tensorboard", "wandb")
 TB_DIR = "tb"
 

@@ -28,6 +28,9 @@ import torch
 from .config import StepConfig
 from .loss import k3, masked_mean_per_sample
 
+__all__ = ["DIVERGENCE_EDGES", "StalenessReport", "ThrottleController", "ThrottleSignal",
+           "assess_staleness", "sample_age", "sample_divergence"]
+
 # Fixed histogram edges so histograms of different steps can be compared and stacked.
 DIVERGENCE_EDGES = np.array([0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, np.inf])
 

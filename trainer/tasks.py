@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.errors import CorralError
 
+__all__ = ["Band", "TaskSlice", "split_envs"]
+
 
 class TaskSlice(BaseModel):
     """Which tasks of each env a run trains on, and which it holds out for evaluation."""

@@ -45,6 +45,9 @@ from .prefix import cache_keyword, shared_prefix_length, suffix_logits
 from .sft import SFTExample, encode_example
 from .staleness import StalenessReport, ThrottleController, ThrottleSignal, assess_staleness
 
+__all__ = ["LossFn", "NonFinite", "Publisher", "StepResult", "Trainer", "merge_parts",
+           "resolve_dtype"]
+
 log = logging.getLogger(__name__)
 
 Publisher = Callable[[torch.nn.Module, int], Any]

@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+__all__ = ["Probe", "USAGE_LOG", "UsageSampler", "gpu_absent_reason", "gpu_sample",
+           "sandbox_sample"]
+
 log = logging.getLogger(__name__)
 
 USAGE_LOG = "usage.jsonl"

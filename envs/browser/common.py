@@ -9,6 +9,9 @@ from typing import Any, Sequence
 import corral as cr
 from corral.browser import SiteSession
 
+__all__ = ["CITIES", "FIRST", "LAST", "MARK_JS", "PRODUCTS", "SIZE", "WORDS", "WebTask", "form",
+           "mark_of", "person", "sample", "submitted", "text_field"]
+
 WORDS = ("apple", "banana", "cherry", "delta", "echo", "falcon", "garnet", "harbor", "indigo",
          "jasper", "kettle", "lemon", "mango", "nectar", "orbit", "pepper", "quartz", "raven",
          "saffron", "tundra", "umber", "violet", "walnut", "xenon", "yarrow", "zephyr", "amber",

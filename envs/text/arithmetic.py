@@ -8,6 +8,8 @@ import corral as cr
 
 from .answers import CONTENT_WEIGHT, FORMAT_WEIGHT, final_number, is_exactly
 
+__all__ = ["Arithmetic", "ArithmeticTask", "OPS", "make_task"]
+
 OPS = ("+", "-", "*")
 
 

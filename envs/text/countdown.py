@@ -13,6 +13,9 @@ import corral as cr
 
 from .answers import CONTENT_WEIGHT, FORMAT_WEIGHT, answer_region, is_exactly
 
+__all__ = ["Countdown", "CountdownTask", "EXPRESSION_ONLY", "answer_expression", "check",
+           "evaluate", "make_task"]
+
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.Div: operator.truediv}
 # how models write the operators: LaTeX and Unicode spellings of * / -

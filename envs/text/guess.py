@@ -11,6 +11,8 @@ import corral as cr
 
 from .answers import plain
 
+__all__ = ["GuessNumber", "GuessTask", "NOT_A_GUESS", "make_task", "read_guess"]
+
 # A guess is a reply that is an integer alone (`37`, `**37**.`) or names it as the guess
 # (`Guess: 37`, `My guess is 37`); any other integer in prose is not taken as a guess.
 _ALONE = re.compile(r"[-−]?\d+\.?")

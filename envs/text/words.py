@@ -8,6 +8,8 @@ import corral as cr
 
 from .answers import CONTENT_WEIGHT, FORMAT_WEIGHT, words_in
 
+__all__ = ["VOCABULARY", "WordSort", "WordTask", "answer_words", "expected", "make_task"]
+
 VOCABULARY = (
     "apple river stone cloud maple tiger lemon candle orbit piano garden silver window "
     "rocket forest pepper castle violet mirror bridge coffee dragon island jacket kettle "

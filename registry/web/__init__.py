@@ -21,6 +21,8 @@ from ..errors import ReleaseNotFound
 from ..curation import dataset_card
 from ..store import LocalStore
 
+__all__ = ["HERE", "LocalStore", "ReleaseNotFound", "dataset_card", "env_page", "mount", "render"]
+
 HERE = Path(__file__).parent
 
 

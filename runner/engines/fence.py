@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+__all__ = ["ReplicaFence"]
+
 
 @dataclass
 class _Replica:

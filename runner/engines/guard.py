@@ -31,6 +31,8 @@ import sys
 import time
 from typing import NoReturn, Sequence
 
+__all__ = ["GRACE_S", "main"]
+
 GRACE_S = 10.0  # from SIGTERM to SIGKILL when the parent is gone (vLLM shuts down in seconds)
 _POLL_S = 0.2  # how often to look at the server where there are no pidfds
 

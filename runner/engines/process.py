@@ -30,6 +30,9 @@ from typing import Mapping, Sequence
 
 from corral.errors import EngineError
 
+__all__ = ["GUARD", "GUARD_START_S", "ServerProcess", "free_port", "is_loopback", "log_cause",
+           "log_tail", "port_problem", "stop_all", "stop_on_signals", "wait_ready"]
+
 log = logging.getLogger(__name__)
 _LIVE: set["ServerProcess"] = set()
 _LIVE_LOCK = threading.Lock()

@@ -36,6 +36,9 @@ from corral.runner.policy.models import is_model_name
 from corral.runner.runner import Runner
 from corral.runner.store import load_run
 
+__all__ = ["EvalClock", "EvalResult", "FAMILY_FIELDS", "PLAN", "RESULT", "TIMES", "aevaluate",
+           "evaluate", "model_key", "plan_eval", "plan_samples", "read_plan", "summarize_run"]
+
 PLAN = "eval_plan.json"
 RESULT = "eval.json"
 TIMES = "eval_time.json"

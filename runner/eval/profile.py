@@ -26,6 +26,8 @@ from corral.registry.profiles import Profile, TaskPassRate
 from corral.runner.eval.evaluation import EvalResult, aevaluate
 from corral.runner.policy import Policy
 
+__all__ = ["aprofile_model", "default_run_dir", "model_name", "task_indices", "to_profile"]
+
 log = logging.getLogger(__name__)
 
 

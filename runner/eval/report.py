@@ -15,6 +15,9 @@ from corral.charts import STYLE as CHART_STYLE
 from corral.charts import bar_chart, line_chart
 from corral.runner.report import html_table
 
+__all__ = ["AGGREGATE_HEAD", "STYLE", "aggregate_head", "aggregate_rows", "components", "fmt",
+           "write_compare_report", "write_eval_report"]
+
 STYLE = """<style>body{font-family:sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;
 padding:3px 8px;text-align:left}img{max-width:100%}.why{color:#666;font-style:italic}

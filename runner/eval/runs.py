@@ -25,6 +25,8 @@ from corral.runner.eval.evaluation import plan_samples, read_plan, summarize_run
 from corral.runner.store import load_run
 from corral.runner.trajectory import Status, Trajectory
 
+__all__ = ["REVERIFY", "compare", "replay_actions", "rescore", "reverify"]
+
 REVERIFY = "reverify.json"
 
 

@@ -28,6 +28,9 @@ from typing import Any, Iterable, Sequence
 
 from corral.runner.trajectory import Status, Trajectory
 
+__all__ = ["CATEGORIES", "Sample", "failure_category", "ks_for", "pass_at_k", "summarize_samples",
+           "to_sample"]
+
 CATEGORIES = ("agent", "model", "sandbox", "timeout", "verifier")
 
 

@@ -11,6 +11,9 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+__all__ = ["Generation", "GenerationRequest", "Policy", "RELOAD_TOKEN_ENV", "Tokenizer",
+           "checked_generation"]
+
 # Where `corral serve-policy` and its weight publisher read the `/reload` token from.
 RELOAD_TOKEN_ENV = "CORRAL_RELOAD_TOKEN"
 

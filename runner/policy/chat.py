@@ -35,6 +35,11 @@ from corral.toolcalls import (ToolCallParseError, format_tool_call, parse_openai
                               parse_tool_calls, strip_tool_calls)
 from corral.types import ToolCall
 
+__all__ = ["ChatTranscript", "ParsedMessage", "TemplateTraits", "encode_prompt", "encode_turn",
+           "encode_turns", "generation_prompt_ids", "parse_assistant_message",
+           "parse_assistant_text", "render", "template_traits", "tools_system_prompt",
+           "turn_end_ids"]
+
 _SENTINEL = "\u2063corral-sentinel\u2063"
 # A neutral conversation for rendering one message "in context" when the caller gives none.
 _DEFAULT_CONTEXT: list[dict[str, Any]] = [

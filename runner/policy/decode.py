@@ -25,6 +25,8 @@ import torch
 
 from .base import GenerationRequest
 
+__all__ = ["DecodeBatch", "Row"]
+
 
 @dataclass(slots=True)
 class Row:

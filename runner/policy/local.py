@@ -34,6 +34,8 @@ from .decode import DecodeBatch, Row
 from .models import load_model, stop_token_ids
 from .sampling import check_sampling
 
+__all__ = ["LocalPolicy", "LocalPolicyStats", "SMALL_MODEL_PARAMS"]
+
 if TYPE_CHECKING:
     import torch
 

@@ -22,6 +22,12 @@ from corral.fileio import build_dir_once
 
 from .pretrained import NAMED_MODELS, is_named_model, named_model_path, needs_conversion
 
+__all__ = ["ADAPTER_CONFIG", "CHAT_TEMPLATE", "NOT_A_DEVICE", "SPECIAL_TOKENS", "TINY",
+           "TOOL_TOKENS", "adapter_base", "build_tiny_model", "build_tokenizer",
+           "converts_on_first_use", "default_device", "default_dtype", "device_problem",
+           "is_adapter_dir", "is_model_name", "load_model", "load_tokenizer", "model_names",
+           "models_cache_dir", "resolve_model_path", "stop_token_ids", "tiny_model_path"]
+
 if TYPE_CHECKING:  # torch/transformers are the optional `train` extra: import them lazily
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -41,6 +41,8 @@ from .base import Generation, GenerationRequest, Policy, Tokenizer
 from corral.runner.engines.fence import ReplicaFence
 from .router import Router
 
+__all__ = ["OpenAIPolicy", "SESSION_HEADER", "VERSION_HEADER", "check_base_url", "replica_urls"]
+
 log = logging.getLogger(__name__)
 VERSION_HEADER = "X-Policy-Version"
 SESSION_HEADER = "X-Session-Id"

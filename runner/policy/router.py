@@ -23,6 +23,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+__all__ = ["Router", "RouterStats"]
+
 
 @dataclass(slots=True)
 class RouterStats:

@@ -13,6 +13,10 @@ from typing import Any
 
 from .base import GenerationRequest
 
+__all__ = ["MAX_SEED", "MAX_STOP_CHARS", "MAX_STOP_STRINGS", "MAX_TEMPERATURE", "MAX_TOKENS",
+           "MIN_TEMPERATURE", "check_max_tokens", "check_sampling", "check_seed", "check_stop",
+           "check_temperature", "check_top_p", "seed_for_sample"]
+
 # 0 means greedy. Between 0 and this, `logits / temperature` overflows fp32 for ordinary
 # logits (1e-300 gives inf, then NaN log-probabilities); vLLM clamps at the same value.
 MIN_TEMPERATURE = 1e-2

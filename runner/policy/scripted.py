@@ -25,6 +25,9 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from .base import Generation, GenerationRequest, Policy, Tokenizer
 
+__all__ = ["ByteTokenizer", "Responder", "ScriptedCall", "ScriptedPolicy", "ScriptedPolicyStats",
+           "render_chatml", "synthetic_logprobs"]
+
 IM_START, IM_END, EOS, PAD = "<|im_start|>", "<|im_end|>", "</s>", "<pad>"
 _SPECIALS = [IM_START, IM_END, EOS, PAD]
 _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in _SPECIALS) + ")")

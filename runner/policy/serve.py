@@ -48,6 +48,9 @@ from .wire import (ApiError, ChatRequest, CompletionRequest, ReloadRequest,
                    api_error_handler, body_too_large, error_response, stops,
                    validation_error_handler)
 
+__all__ = ["AppServer", "DEFAULT_CHAT_MAX_TOKENS", "PolicyServer", "SHUTDOWN_GRACE_S",
+           "ServeConfig", "VERSION_HEADER", "create_app", "max_token_bytes", "serve"]
+
 log = logging.getLogger(__name__)
 VERSION_HEADER = "X-Policy-Version"
 DEFAULT_CHAT_MAX_TOKENS = 512

@@ -23,6 +23,8 @@ from corral.errors import PolicyError
 from .base import Generation, GenerationRequest
 from .openai import OpenAIPolicy, _Answer
 
+__all__ = ["SGLangPolicy"]
+
 
 class SGLangPolicy(OpenAIPolicy):
     """A policy served by SGLang replicas over `/generate`."""

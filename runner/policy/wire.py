@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .sampling import check_max_tokens, check_seed, check_stop, check_temperature, check_top_p
 
+__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "MAX_N", "ReloadRequest",
+           "SamplingFields", "api_error_handler", "body_too_large", "error_response", "stops",
+           "validation_error_handler"]
+
 MAX_N = 64  # samples per prompt; prompts × n is capped separately (ServeConfig.max_generations)
 
 

@@ -17,6 +17,8 @@ from corral.runner.ray_backend.proxy import RayEnvProxy
 from corral.runner.ray_backend.worker import RayEpisodeWorker
 from corral.runner.trajectory import Trajectory
 
+__all__ = ["RayExecutor", "deal", "make_executor", "sandbox_nodes"]
+
 log = logging.getLogger(__name__)
 
 class RayExecutor:

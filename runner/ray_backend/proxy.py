@@ -9,6 +9,8 @@ from typing import Any
 from corral.errors import SandboxDied
 from corral.runner.pool import span_sink
 
+__all__ = ["RayEnvProxy"]
+
 log = logging.getLogger(__name__)
 
 

@@ -11,6 +11,8 @@ from typing import Any, Callable, Sequence
 from corral.runner.pool import SandboxPool, span_sink
 from corral.runner.trajectory import Span
 
+__all__ = ["RayEpisodeWorker"]
+
 log = logging.getLogger(__name__)
 
 

@@ -19,6 +19,8 @@ from .container import ContainerLauncher
 from .pool import BrowserPool, HostLauncher
 from .sandbox import BrowserSandbox
 
+__all__ = ["BrowserBackend", "BrowserConfig"]
+
 
 class BrowserConfig(BackendConfig):
     """Options of the browser backend: how many browsers serve the contexts and how many

@@ -14,6 +14,9 @@ import tempfile
 
 from ..cache import cache_dir
 
+__all__ = ["CHROMIUM", "DROP_WRAPPER", "FULL_CHROMIUM", "HEADLESS_SHELL", "LAUNCH_ARGS",
+           "PLAYWRIGHT_DISABLED", "UNPRIVILEGED", "chromium_sandbox_available", "sandboxed_launch"]
+
 log = logging.getLogger(__name__)
 
 FULL_CHROMIUM = "/usr/bin/chromium"

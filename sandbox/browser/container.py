@@ -24,6 +24,9 @@ from ..daemon import LABEL_MANAGED, docker_client, image_exists
 from .chromium import LAUNCH_ARGS
 from .image import CHROMIUM_IMAGE
 
+__all__ = ["CDP_PORT", "CdpRelay", "ContainerLauncher", "LABEL_ENV", "LABEL_RUN", "PROFILE",
+           "PUMP", "WAIT_ENDPOINT"]
+
 log = logging.getLogger(__name__)
 
 CDP_PORT = 9222

@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 from playwright.async_api import ProxySettings
 
+__all__ = ["nowhere_proxy"]
+
 
 @functools.cache
 def _nowhere() -> socket.socket:

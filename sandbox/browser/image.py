@@ -18,6 +18,8 @@ from ...errors import ImageBuildError
 from ..baseimage import ensure_base_image
 from ..daemon import LABEL_MANAGED, docker_client, image_exists
 
+__all__ = ["CHROMIUM_IMAGE", "INSTALL", "PACKAGES", "ensure_chromium_image"]
+
 log = logging.getLogger(__name__)
 
 CHROMIUM_IMAGE = "corral/chromium:bookworm"

@@ -22,6 +22,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["ACT_JS", "BID_ATTR", "BID_PATTERN", "Node", "Observation", "POPUP_JS", "SETTLE_JS",
+           "WALK_JS", "parse_nodes"]
+
 BID_ATTR = "data-corral-bid"
 BID_PATTERN = re.compile(r"^a\d+$")
 

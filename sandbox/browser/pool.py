@@ -36,6 +36,9 @@ from .egress import nowhere_proxy
 from .observe import POPUP_JS
 from .site import SITE_HEADER, task_server
 
+__all__ = ["BrowserPool", "BrowserSlot", "ContextLease", "HostLauncher", "KILL_TIMEOUT",
+           "Launcher", "Prepared", "RouteHook", "Viewport"]
+
 log = logging.getLogger(__name__)
 
 Viewport = tuple[int, int]

@@ -44,6 +44,8 @@ from .pool import BrowserPool, ContextLease
 from .site import Page as SitePage
 from .site import SiteSession, task_server
 
+__all__ = ["BrowserSandbox", "MAX_TEXT", "PASS_SCHEMES", "PING_TIMEOUT", "T", "origin_of"]
+
 log = logging.getLogger(__name__)
 
 PASS_SCHEMES = ("about", "data", "blob")

@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
+__all__ = ["BLANK_PATH", "HOST", "Page", "Request", "Response", "SITE_HEADER", "SUBMITTED",
+           "SiteSession", "StaticFiles", "TaskServer", "content_type", "html_page", "task_server"]
+
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"

@@ -28,6 +28,10 @@ from ..sandbox.browser.observe import ACT_JS, BID_PATTERN
 from ..sandbox.browser.sandbox import BrowserSandbox, origin_of
 from ..sandbox.browser.site import BLANK_PATH
 
+__all__ = ["ALIASES", "ActionError", "CAN_GO_BACK_JS", "check", "click", "fill", "go_back", "goto",
+           "hover", "looks_like_actions", "parse_actions", "press", "require_browser", "scroll",
+           "select", "tab_focus"]
+
 
 class ActionError(AgentError):
     """A browser action could not be done; the message names the element and the reason."""

@@ -8,6 +8,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WORDS, WebTask, form, sample, submitted
 
+__all__ = ["Checkboxes", "CheckboxesTask", "make_task"]
+
 
 class CheckboxesTask(WebTask):
     items: list[str]

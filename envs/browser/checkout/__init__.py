@@ -10,6 +10,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import CITIES, PRODUCTS, SIZE, WebTask, person, sample, submitted
 
+__all__ = ["CART_JS", "Checkout", "CheckoutTask", "make_task"]
+
 CART_JS = """
 const cart = () => JSON.parse(localStorage.getItem('cart') || '[]');
 function add(name) { localStorage.setItem('cart', JSON.stringify([...cart(), name]));

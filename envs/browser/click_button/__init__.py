@@ -9,6 +9,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import MARK_JS, SIZE, WORDS, WebTask, mark_of, sample
 
+__all__ = ["ClickButton", "ClickButtonTask", "make_task"]
+
 
 class ClickButtonTask(WebTask):
     labels: list[str]

@@ -10,6 +10,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WORDS, WebTask, sample
 
+__all__ = ["ClickLink", "ClickLinkTask", "make_task"]
+
 
 class ClickLinkTask(WebTask):
     links: list[str]

@@ -9,6 +9,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WORDS, WebTask, form, submitted, text_field
 
+__all__ = ["CopyText", "CopyTextTask", "make_task"]
+
 
 class CopyTextTask(WebTask):
     text: str

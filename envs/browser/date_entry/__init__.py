@@ -9,6 +9,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WebTask, form, submitted, text_field
 
+__all__ = ["DateEntry", "DateEntryTask", "EVENTS", "make_task"]
+
 EVENTS = ("Arrival", "Departure", "Birthday", "Meeting", "Deadline", "Appointment")
 
 

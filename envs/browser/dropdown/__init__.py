@@ -9,6 +9,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import CITIES, SIZE, WebTask, form, sample, submitted
 
+__all__ = ["Dropdown", "DropdownTask", "make_task"]
+
 
 class DropdownTask(WebTask):
     options: list[str]

@@ -9,6 +9,8 @@ from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import (CITIES, FIRST, LAST, SIZE, WebTask, form, submitted,
                                         text_field)
 
+__all__ = ["FIELDS", "FillForm", "FillFormTask", "make_task"]
+
 FIELDS = (("First name", "first"), ("Last name", "last"), ("Email", "email"), ("City", "city"))
 
 

@@ -9,6 +9,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import MARK_JS, SIZE, WORDS, WebTask, mark_of, sample
 
+__all__ = ["HoverReveal", "HoverRevealTask", "STYLE", "make_task"]
+
 STYLE = (".menu{display:inline-block;position:relative;margin-right:24px}"
          ".menu .items{display:none;position:absolute;background:#eee;padding:4px}"
          ".menu:hover .items{display:block}")

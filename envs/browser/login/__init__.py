@@ -8,6 +8,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, Request, html_page
 from corral.envs.browser.common import FIRST, SIZE, WORDS, WebTask, form, submitted, text_field
 
+__all__ = ["Login", "LoginTask", "make_task"]
+
 
 class LoginTask(WebTask):
     username: str

@@ -24,6 +24,9 @@ from corral.errors import AuthoringError, NoOracle
 from .oracles import ORACLES
 from .pages import html_root
 
+__all__ = ["MINIWOB_MAX_TIME_MS", "MiniWoB", "MiniWoBTask", "SIZE", "START_JS", "TIMER_OFF_MS",
+           "make_task"]
+
 SIZE = 10_000
 MINIWOB_MAX_TIME_MS = 10_000  # MiniWoB's own episode time, used only for `time_scaled`
 TIMER_OFF_MS = 2 ** 31 - 1  # the longest setTimeout: the page's timer never fires

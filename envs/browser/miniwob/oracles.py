@@ -14,6 +14,10 @@ from typing import Callable
 import corral as cr
 from corral.browser import Ref
 
+__all__ = ["ORACLES", "Oracle", "choose_list", "click", "click_button", "click_checkboxes",
+           "click_dialog_2", "click_link", "click_option", "click_tab", "enter_password",
+           "enter_text", "fill", "focus_text_2", "login_user"]
+
 Oracle = Callable[[str], list[cr.ToolCall]]
 
 

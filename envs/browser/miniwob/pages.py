@@ -15,6 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+__all__ = ["ENTRY_POINT", "TAGS", "descriptions", "html_root", "manifest_entries", "task_names"]
+
 ENTRY_POINT = "corral.envs.browser.miniwob.env:MiniWoB"
 TAGS = ["browser", "web", "miniwob"]
 

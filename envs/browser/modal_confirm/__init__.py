@@ -8,6 +8,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import MARK_JS, SIZE, WORDS, WebTask, mark_of, sample
 
+__all__ = ["DIALOG_JS", "ModalConfirm", "ModalConfirmTask", "make_task"]
+
 DIALOG_JS = MARK_JS + """
 let pending = null;
 function ask(name) {

@@ -8,6 +8,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WebTask, form, submitted, text_field
 
+__all__ = ["NewTab", "NewTabTask", "make_task"]
+
 
 class NewTabTask(WebTask):
     code: str

@@ -8,6 +8,8 @@ import corral as cr
 from corral.browser import BrowserEnv, html_page
 from corral.envs.browser.common import MARK_JS, SIZE, WebTask, mark_of
 
+__all__ = ["COMBOS", "KEYS_JS", "PressKey", "PressKeyTask", "make_task"]
+
 COMBOS = ("Escape", "Enter", "F2", "ArrowDown", "Control+k", "Alt+s", "Shift+p",
           "Control+Shift+f", "Control+Enter", "Alt+ArrowLeft")
 KEYS_JS = MARK_JS + """

@@ -8,6 +8,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import SIZE, WORDS, WebTask, form, sample, submitted
 
+__all__ = ["Radio", "RadioTask", "make_task"]
+
 
 class RadioTask(WebTask):
     choices: list[str]

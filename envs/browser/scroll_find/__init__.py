@@ -9,6 +9,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import MARK_JS, SIZE, WORDS, WebTask, mark_of
 
+__all__ = ["BATCH", "FEED_JS", "ScrollFind", "ScrollFindTask", "make_task"]
+
 BATCH = 20
 FEED_JS = MARK_JS + """
 let shown = 0;

@@ -11,6 +11,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, Request, html_page
 from corral.envs.browser.common import PRODUCTS, SIZE, WORDS, WebTask
 
+__all__ = ["SEARCH_FORM", "Search", "SearchTask", "make_task", "slug"]
+
 SEARCH_FORM = ("<form method='get' action='/search' role='search'><input type='search' name='q' "
                "aria-label='Search'> <button type='submit'>Search</button></form>")
 

@@ -9,6 +9,8 @@ import corral as cr
 from corral.browser import BrowserEnv, Ref, html_page
 from corral.envs.browser.common import CITIES, FIRST, SIZE, WebTask, form, submitted, text_field
 
+__all__ = ["COLUMNS", "TableAnswer", "TableAnswerTask", "make_task"]
+
 COLUMNS = ("Name", "City", "Age")
 
 

@@ -12,6 +12,9 @@ import corral as cr
 from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put, q,
                                           same_number, same_text, word)
 
+__all__ = ["BEST", "CITIES", "CONVERT", "CONVERT_SRC", "DataWrangling", "FILTER", "GROUP",
+           "GROUP_SRC", "STATUSES", "TEMPLATES", "TOTAL", "TOTAL_SRC"]
+
 CITIES = ["Lyon", "Oslo", "Quito", "Perth", "Accra", "Osaka"]
 STATUSES = ["paid", "pending", "shipped", "refunded"]
 

@@ -9,6 +9,8 @@ import corral as cr
 from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put, q,
                                           same_text, word)
 
+__all__ = ["CHMOD", "CHOWN", "CLEAN", "Files", "LARGEST", "LINK", "TEMPLATES"]
+
 
 # chmod -----------------------------------------------------------------------------------------
 def _chmod_params(rng: random.Random) -> Params:

@@ -9,6 +9,8 @@ import corral as cr
 from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put, q,
                                           same_text, word)
 
+__all__ = ["BRANCH", "COMMIT", "FIND", "GIT_ID", "Git", "REPO", "RESTORE", "TAG", "TEMPLATES"]
+
 REPO = "/root/repo"
 GIT_ID = ("git config --global user.email agent@example.com && git config --global user.name "
           "Agent && git config --global init.defaultBranch main")

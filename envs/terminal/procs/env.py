@@ -9,6 +9,8 @@ import corral as cr
 
 from corral.envs.terminal._family import Params, Template, TemplateFamily, family_dataset, put, word
 
+__all__ = ["HTTP", "NICE", "PID", "PROBE", "Processes", "SIGNAL", "STOP", "TEMPLATES", "WORKER"]
+
 # Waits on a private fifo instead of running `sleep`, so it never forks: `pgrep -x NAME` sees
 # exactly one process per copy, never a short-lived child still named NAME.
 WORKER = """#!/bin/bash

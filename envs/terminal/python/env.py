@@ -10,6 +10,9 @@ import corral as cr
 from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put, q,
                                           same_text, word)
 
+__all__ = ["APP", "BUG", "BUGS", "FIZZ", "FIZZ_SRC", "GREET", "IMPORT", "PythonScripting",
+           "SLUG_BUGGY", "SLUG_FIXED", "SLUG_TEST", "STATS", "SYNTAX", "TEMPLATES", "UNIT"]
+
 APP = "/root/app"
 
 

@@ -9,6 +9,8 @@ import corral as cr
 from corral.envs.terminal._family import (Params, Template, TemplateFamily, family_dataset, put,
                                           same_number, same_text, word)
 
+__all__ = ["COUNT", "LEVELS", "REPLACE", "SLICE", "SUM", "TEMPLATES", "TextProcessing", "UNIQ"]
+
 LEVELS = ["INFO", "WARN", "ERROR", "DEBUG"]
 
 
