@@ -205,3 +205,49 @@ def test_serve_env_closes_a_connection_that_never_finishes_its_headers() -> None
             assert time.monotonic() - started < 5
     finally:
         server.kill()
+
+
+def test_connections_waiting_for_their_headers_are_capped() -> None:
+    """At most `max_pending` connections may wait for their first request's headers (before any
+    token is checked); one more is closed at once, and a slot frees when a waiting client
+    finishes its headers. Without the cap a client could hold every file descriptor."""
+    import threading
+
+    import uvicorn
+
+    from corral.serve.guard import guarded_http
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+            await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                           http=guarded_http(header_timeout=30, max_pending=3),
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+        for sock in slow:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            assert extra.recv(1024) == b""  # over the cap: closed before it could send a thing
+        slow[0].sendall(b"\r\n")  # one waiting client finishes its headers: served, slot freed
+        assert slow[0].recv(1024).startswith(b"HTTP/1.1 200")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as admitted:
+            admitted.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert admitted.recv(1024).startswith(b"HTTP/1.1 200")
+        for sock in slow:
+            sock.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
