@@ -26,18 +26,19 @@ import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # run as a script: `benchmarks` is then a package too
 
-from faultkit import census  # noqa: E402
-from faultkit.dockerd import restart_dockerd, start_dockerd  # noqa: E402
+from benchmarks.faultkit import census  # noqa: E402
+from benchmarks.faultkit.dockerd import restart_dockerd, start_dockerd  # noqa: E402
 
 
 def _spawn(run_dir: Path, args: argparse.Namespace, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, census.MARKER: run_dir.name,
-           "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+           "PYTHONPATH": f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "faultkit.collector", str(run_dir), "--n", str(args.round_n),
+            [sys.executable, "-m", "benchmarks.faultkit.collector", str(run_dir),
+             "--n", str(args.round_n),
              "--group", str(args.group), "--backend", args.backend,
              "--capacity", str(args.capacity), "--hold", str(args.hold)],
             env=env, stdout=out, stderr=subprocess.STDOUT)

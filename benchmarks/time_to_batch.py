@@ -48,17 +48,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # run as a script: `benchmarks` is then a package too
 
 import httpx  # noqa: E402
 
-from workload.baseline import Baseline, TrialResult  # noqa: E402
-from workload.bounds import Bound, lower_bound, sandbox_floor  # noqa: E402
-from workload.env import ENV_ID, define_env  # noqa: E402
-from workload.inference import CostModel  # noqa: E402
-from workload.plans import Plan, WorkloadConfig, plan  # noqa: E402
-from workload.script import PLAN_MARKER, Scripter  # noqa: E402
-from window_noise import Caps, Replay  # noqa: E402
+from benchmarks.workload.baseline import Baseline, TrialResult  # noqa: E402
+from benchmarks.workload.bounds import Bound, lower_bound, sandbox_floor  # noqa: E402
+from benchmarks.workload.env import ENV_ID, define_env  # noqa: E402
+from benchmarks.workload.inference import CostModel  # noqa: E402
+from benchmarks.workload.plans import Plan, WorkloadConfig, plan  # noqa: E402
+from benchmarks.workload.script import PLAN_MARKER, Scripter  # noqa: E402
+from benchmarks.window_noise import Caps, Replay  # noqa: E402
 
 log = logging.getLogger("time_to_batch")
 

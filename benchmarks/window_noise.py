@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # run as a script: `benchmarks` is then a package too
 
-from workload.inference import CostModel  # noqa: E402
-from workload.plans import WorkloadConfig, plan  # noqa: E402
-from workload.script import Scripter  # noqa: E402
+from benchmarks.workload.inference import CostModel  # noqa: E402
+from benchmarks.workload.plans import WorkloadConfig, plan  # noqa: E402
+from benchmarks.workload.script import Scripter  # noqa: E402
 
 
 @dataclass(frozen=True)

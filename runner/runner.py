@@ -503,7 +503,7 @@ class Runner:
         if self._infra_since is None:
             self._infra_since = now
         streak, spent = self._infra_streak, now - self._infra_since
-        if streak & (streak - 1) == 0:  # 1, 2, 4, 8 ...: heard, not flooded
+        if streak >= 4 and streak & (streak - 1) == 0:  # 4, 8, 16 ...: heard, not flooded
             log.warning("%d episode(s) in a row failed on infrastructure after their retries; "
                         "last: %s", streak, traj.error)
         if spent > self.assembly.retry_budget and streak >= 2 and self._stalled is None:

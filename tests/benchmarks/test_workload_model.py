@@ -62,9 +62,9 @@ def test_lower_bound_terms() -> None:
 def test_zero_overhead_replay_meets_the_bound_over_a_long_window() -> None:
     """The replay of `window_noise.py`: a runner with no overhead converges on the occupancy
     bound (no slot idles, no work is lost), while a two-interval window strays from it."""
-    from window_noise import Caps, Replay
-    from workload.plans import WorkloadConfig
-    from workload.script import Scripter
+    from benchmarks.window_noise import Caps, Replay
+    from benchmarks.workload.plans import WorkloadConfig
+    from benchmarks.workload.script import Scripter
 
     from corral.runner.policy.models import load_tokenizer
 
@@ -78,9 +78,9 @@ def test_replay_models_the_on_deck_gate() -> None:
     """Only capacity + `on_deck` episodes decode their first turn ahead of a slot in the
     replay, as in `LocalExecutor`: with one on deck, slots wait for first turns (the long-run
     ratio rises above 1); with the runner's default (capacity // 4) they do not."""
-    from window_noise import Caps, Replay
-    from workload.plans import WorkloadConfig
-    from workload.script import Scripter
+    from benchmarks.window_noise import Caps, Replay
+    from benchmarks.workload.plans import WorkloadConfig
+    from benchmarks.workload.script import Scripter
 
     from corral.runner.policy.models import load_tokenizer
 
@@ -93,7 +93,7 @@ def test_replay_models_the_on_deck_gate() -> None:
 def test_hold_and_pool_wait_split_a_trajectory_at_the_sandbox_hand_over() -> None:
     """The benchmark's per-trajectory figures: waits on deck and for a slot precede the
     pool's wait (the last `sandbox_wait`), the hold runs from the hand-over to the end."""
-    from time_to_batch import pool_wait, sandbox_hold
+    from benchmarks.time_to_batch import pool_wait, sandbox_hold
 
     from corral.runner.trajectory import Span, Trajectory
 
