@@ -78,7 +78,14 @@ def load_policy(model: str | Policy, *, tokenizer: str | None = None,
         return LocalPolicy(model, device=device)
     # a trainer checkpoint keeps its tokenizer beside the model, not in it; a LoRA run's
     # model/ is the adapter alone, merged here onto its base
-    lm, _ = load_model(parts[0], device=device)
+    if is_adapter_dir(parts[0]):
+        lm, _ = load_model(parts[0], device=device)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        lm = AutoModelForCausalLM.from_pretrained(parts[0])
+        if device:
+            lm.to(device)
     return LocalPolicy(lm, load_tokenizer(parts[1]), name=str(model))
 
 
