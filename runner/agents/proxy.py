@@ -46,8 +46,8 @@ from corral.runner.agents.record import EpisodeRecord, Prompt
 from corral.runner.episode import EpisodeLimits
 from corral.runner.policy.base import Generation, GenerationRequest, Policy, checked_generation
 from corral.runner.policy.wire import (ApiError, ChatRequest, CompletionRequest,
-                                       api_error_handler, error_response, stops,
-                                       validation_error_handler)
+                                       api_error_handler, body_too_large, error_response,
+                                       stops, validation_error_handler)
 from corral.runner.trajectory import Span
 from corral.serve.limits import BodyLimit
 
@@ -235,7 +235,7 @@ class AgentProxy:
     def _build_app(self, max_body_bytes: int) -> FastAPI:
         app = FastAPI(title="corral agent proxy", docs_url=None, redoc_url=None,
                       openapi_url=None)
-        app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+        app.add_middleware(BodyLimit, max_bytes=max_body_bytes, refusal=body_too_large)
         app.add_exception_handler(ApiError, api_error_handler)
         app.add_exception_handler(RequestValidationError, validation_error_handler)
 
