@@ -131,7 +131,7 @@ async def test_mini_swe_agent_from_pypi_solves_and_trains(policy, tiny_path, tmp
     an imported Harbor task (the verifier's reward on the trajectory); with the tiny model's
     random replies on a built-in terminal env its episodes end, every recorded id is the
     engine's, and a training step runs on them."""
-    from terminal.harbor_tasks import answer_task
+    from harbor_tasks import answer_task
 
     (harbor,) = cr.load_harbor(answer_task(tmp_path / "answer"), register=False).values()
     scripted = Recorded(ScriptedPolicy(solver))

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import corral as cr
 from corral.cli import app
 
-from .harbor_tasks import answer_task
+from harbor_tasks import answer_task
 
 
 @cr.environment("tests/lax-verifier-v0", tasks=[{"prompt": "Say anything."}])
@@ -69,7 +69,7 @@ def test_import_harbor_and_build_its_image(cli: CliRunner, tmp_path: Path) -> No
 
 
 def test_image_build_for_a_dockerfile_env(cli: CliRunner, tmp_path: Path) -> None:
-    from .harbor_tasks import count_words_task
+    from harbor_tasks import count_words_task
 
     count_words_task(tmp_path / "wc-task")
     cr.load_harbor(tmp_path / "wc-task", namespace="clitest")

@@ -11,7 +11,7 @@ import corral as cr
 from corral.errors import DatasetError, ImageBuildError, ImageNotFound
 from corral.registry.validate import validate
 
-from .harbor_tasks import answer_task, count_words_task
+from harbor_tasks import answer_task, count_words_task
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ async def test_harbor_task_validates_on_bwrap(harbor_dir: Path, sandboxes: str) 
 
 # --- bad input ------------------------------------------------------------------------------------
 def test_task_toml_with_a_wrong_type(tmp_path: Path) -> None:
-    from .harbor_tasks import COUNT_TOML
+    from harbor_tasks import COUNT_TOML
 
     task = count_words_task(tmp_path / "t", **{
         "task.toml": COUNT_TOML.replace("timeout_sec = 45.0", 'timeout_sec = "fast"')})

@@ -12,7 +12,7 @@ from corral.errors import DatasetError
 from corral.registry.validate import validate
 from corral.terminal import bash
 
-from .harbor_tasks import two_step_task, write
+from harbor_tasks import two_step_task, write
 
 
 def test_a_multi_step_task_is_read_with_its_steps(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from corral.registry.validate import validate
 from corral.terminal import bash, parse_reward_file
 from corral.verify import clean_exec
 
-from .harbor_tasks import answer_task, count_words_task
+from harbor_tasks import answer_task, count_words_task
 
 BUILTIN = ["corral/term-files-v0", "corral/term-text-v0", "corral/term-git-v0",
            "corral/term-python-v0", "corral/term-procs-v0", "corral/term-data-v0"]
