@@ -16,7 +16,7 @@ from corral.errors import CorralError
 from .common import (AGENT_COMMAND_HELP, backend_help, check_backend_option, console,
                      external_agent, fail)
 
-__all__ = ["dataset_card", "info", "list_envs", "register", "release_card", "run"]
+__all__ = ["dataset_summary", "info", "list_envs", "register", "release_card", "run"]
 
 
 def _kind_and_tasks(spec: Any) -> tuple[str, str]:
@@ -64,7 +64,7 @@ def info(env_id: str = typer.Argument(..., help="Environment id."),
     spec = registry.spec(env_id)
     env = registry.make(spec.id)
     try:
-        card = dataset_card(env)
+        card = dataset_summary(env)
         data = {"id": spec.id, "kind": env.kind, "entry_point": spec.entry_point_path,
                 "source": spec.source, "tags": spec.tags, "description": spec.description,
                 "max_turns": env.max_turns,
@@ -94,8 +94,9 @@ def info(env_id: str = typer.Argument(..., help="Environment id."),
             console.print_json(json.dumps(schema))
 
 
-def dataset_card(env: Any) -> dict[str, Any]:
-    """A short description of an env's dataset: size, type, fields, one example."""
+def dataset_summary(env: Any) -> dict[str, Any]:
+    """A short description of a made env's dataset (`corral info`): size, type, fields, one
+    example instruction. A release's packed card is `corral.registry.dataset_card`."""
     tasks = env.tasks
     example_task = tasks[0] if len(tasks) else None
     return {"tasks": len(tasks), "source": tasks.source, "task_type": tasks.task_type.__name__,
@@ -110,14 +111,14 @@ def release_card(spec: Any) -> dict[str, Any] | None:
     release = (spec.metadata or {}).get("release")
     if not release:
         return None
-    from corral.registry.curation import dataset_card as stored_card
+    from corral.registry.curation import dataset_card
     from corral.registry.store import LocalStore
     from corral.registry.validate import ValidationReport
 
     manifest = release["manifest"]
     store = LocalStore()
     try:
-        card = stored_card(store, f"sha256:{release['sha256']}")
+        card = dataset_card(store, f"sha256:{release['sha256']}")
     finally:
         store.close()
     report = manifest.validation

@@ -34,8 +34,8 @@ from .imports import serve_folder
 from .release import (DEFAULT_LIMITS, DatasetCard, Limits, ReleaseManifest, SemVer,
                       archive_digest, collect_files, content_digest, file_entries, pack)
 
-__all__ = ["BuiltRelease", "FAMILY_FIELDS", "MANIFEST", "ReportMismatch", "build_release",
-           "check_relative_imports", "dataset_card", "folder_relative", "image_recipe_hash",
+__all__ = ["BuiltRelease", "FAMILY_FIELDS", "MANIFEST", "ReportMismatch", "build_dataset_card",
+           "build_release", "check_relative_imports", "folder_relative", "image_recipe_hash",
            "load_class", "pick_entry", "read_entries", "relative_entry_point", "run_validation",
            "validation_card"]
 
@@ -198,10 +198,11 @@ def image_recipe_hash(sandbox: dict[str, Any] | None, files: dict[str, Path],
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def dataset_card(cls: Any, folder: Path, license: str,
-                 provenance: dict[str, str]) -> tuple[DatasetCard, str]:
-    """The card of the env's dataset and its hash (equal to `Dataset.fingerprint()`), computed
-    in one pass: a procedural dataset builds every task on access, so the pass is the cost.
+def build_dataset_card(cls: Any, folder: Path, license: str,
+                       provenance: dict[str, str]) -> tuple[DatasetCard, str]:
+    """The card of the env's dataset packed in a release (`DatasetCard`) and the dataset's
+    hash (equal to `Dataset.fingerprint()`), computed in one pass: a procedural dataset builds
+    every task on access, so the pass is the cost.
 
     Splits are the dataset's declared ones (`corral.splits`): "train" and "eval", the name
     `corral eval` reads; a dataset that declares no eval split has "train" only. Fields are every
@@ -403,7 +404,7 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
         provenance["git_commit"] = commit
     licence = license or entry.get("license") or top.get("license") or _default_license(folder)
     tools, _ = collect(cls)
-    card, dataset_hash = dataset_card(cls, folder, licence, provenance)
+    card, dataset_hash = build_dataset_card(cls, folder, licence, provenance)
     card.validation = checked_card
     manifest = ReleaseManifest(
         id=entry["id"], version=str(version), kind=entry.get("kind") or cls.kind,
