@@ -102,16 +102,21 @@ def import_user_modules(names: list[str]) -> None:
 
 def _import_file(path: Path) -> None:
     """Import a .py file: as a module of its env folder when it is in one (so `from .helpers
-    import ...` works), else as a plain script named after the file. The folder's package name
-    is its own (`corral_imp_<hash>`): packing the folder in this process (`corral_src_...`,
-    whose registrations are undone) cannot leave this import's envs unregistered."""
+    import ...` works; the envs its `corral.toml` lists are registered first), else as a plain
+    script named after the file. The folder's package name is its own (`corral_imp_<hash>`):
+    packing the folder in this process (`corral_src_...`, whose registrations are undone)
+    cannot leave this import's envs unregistered."""
     folder = env_folder_of(path)
     if folder is not None:
+        from corral.registry.build import MANIFEST, register_folder
         from corral.registry.imports import serve_folder
 
+        package = serve_folder(folder, "corral_imp_")
+        if (folder / MANIFEST).is_file():  # its envs' ids, tags and descriptions are written there
+            register_folder(folder, package)
         parts = path.relative_to(folder).with_suffix("").parts
         parts = parts[:-1] if parts[-1] == "__init__" else parts
-        importlib.import_module(".".join([serve_folder(folder, "corral_imp_"), *parts]))
+        importlib.import_module(".".join([package, *parts]))
         return
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader

@@ -36,8 +36,8 @@ from .release import (DEFAULT_LIMITS, DatasetCard, Limits, ReleaseManifest, SemV
 
 __all__ = ["BuiltRelease", "FAMILY_FIELDS", "MANIFEST", "ReportMismatch", "build_dataset_card",
            "build_release", "check_relative_imports", "folder_relative", "image_recipe_hash",
-           "load_class", "pick_entry", "read_entries", "relative_entry_point", "run_validation",
-           "validation_card"]
+           "load_class", "pick_entry", "read_entries", "register_folder", "relative_entry_point",
+           "run_validation", "validation_card"]
 
 log = logging.getLogger(__name__)
 
@@ -307,13 +307,39 @@ def _validation_dict(validation: Any) -> dict[str, Any] | None:
                        f"{type(validation).__name__}")
 
 
-def run_validation(cls: Any, limit: int, adversarial: bool = False) -> Any:
+def run_validation(cls: Any, limit: int, adversarial: bool = False,
+                   env_id: str | None = None) -> Any:
     """Validate the env class (oracle must pass, no-op must fail, with `adversarial` no hack
-    may beat the no-op) on its first `limit` tasks."""
+    may beat the no-op) on its first `limit` tasks; `env_id`: its manifest's id (a class listed
+    in a manifest need not name its id in code), which its instances then carry."""
     from corral.sync import run_sync
     from corral.registry.validate import validate
 
-    return run_sync(validate(cls, limit=limit, adversarial=adversarial))
+    env = EnvSpec(env_id, cls).make if env_id is not None else cls
+    return run_sync(validate(env, limit=limit, adversarial=adversarial))
+
+
+def register_folder(folder: Path, package: str) -> list[str]:
+    """Add the `[[env]]` entries of an env folder's `corral.toml` to the default catalog, the
+    folder's own modules imported as `package` (`serve_folder`): `corral -i FOLDER/env.py` lists
+    the folder's envs with the ids, tags and descriptions its manifest gives them. Entry points
+    outside the folder (an installed package's import name) are kept as written. Returns the
+    ids."""
+    from corral.catalog import default_catalog
+
+    _, entries = read_entries(folder)
+    for entry in entries:
+        module, _, attr = entry["entry_point"].partition(":")
+        local = (folder / Path(*module.split("."))) if module else folder
+        if local.with_suffix(".py").is_file() or (local / "__init__.py").is_file():
+            entry_point = f"{package}.{module}:{attr}" if module else f"{package}:{attr}"
+        else:
+            entry_point = entry["entry_point"]
+        default_catalog.register(entry["id"], entry_point, kind=entry.get("kind"),
+                                 tags=list(entry.get("tags", [])),
+                                 description=entry.get("description", ""),
+                                 source=f"manifest:{folder / MANIFEST}")
+    return [entry["id"] for entry in entries]
 
 
 def validation_card(validation: dict[str, Any] | None, force: bool) -> dict[str, str]:
@@ -393,7 +419,7 @@ def build_release(folder: str | Path, *, env_id: str | None = None, version: str
     cls = load_class(folder, rel_ep, entry["entry_point"])
     _check_dockerfile(entry["id"], cls)
     if validation is None and validate_limit is not None:
-        validation = run_validation(cls, validate_limit, adversarial)
+        validation = run_validation(cls, validate_limit, adversarial, entry["id"])
     validation = _validation_dict(validation)
     checked_card = validation_card(validation, force)
     sandbox = cls.sandbox_spec.model_dump(mode="json") if cls.sandbox_spec is not None else None

@@ -130,10 +130,11 @@ class EnvSpec:
 
     def make(self, **overrides: Any) -> Any:
         """An instance of the entry point with the spec's kwargs (`overrides` replace them). An
-        env class registered by id alone (no `@cr.environment`) learns its id here: errors and
-        logs name it. An entry point that is not an `Env` class, or a factory that returns
-        something other than an `Env`, is a `RegistryError` naming the id, the entry point and
-        what it resolved to (it used to be an AttributeError deep inside `info` or `run`)."""
+        env class registered by id alone (a manifest's entry, no id in `@cr.environment`) learns
+        its id and the spec's tags here: errors and logs name it. An entry point that is not an
+        `Env` class, or a factory that returns something other than an `Env`, is a
+        `RegistryError` naming the id, the entry point and what it resolved to (it used to be
+        an AttributeError deep inside `info` or `run`)."""
         from .env import Env  # here, not at import: listing the catalog needs no env machinery
 
         where = self.entry_point_path  # before `load` replaces the string with its target
@@ -151,6 +152,8 @@ class EnvSpec:
                                 "not an Env")
         if env.env_id is None:
             env.env_id = self.id
+        if self.tags:  # a manifest's tags (an env listed there need not repeat them in code)
+            env.tags = tuple(self.tags)
         return env
 
 
@@ -200,9 +203,12 @@ class Catalog:
                     raise DuplicateRegistration(_shadow_message(spec, existing))
                 existing = None
             if existing is not None:  # a lazy manifest entry being filled in by its module
+                # a manifest's (or a release's) id, tags and description are the env's, not code's
+                listed = existing.source.startswith(("manifest:", "release:"))
+                first, second = (existing, spec) if listed else (spec, existing)
                 spec = replace(existing, entry_point=entry_point,
-                               kind=kind or existing.kind, tags=spec.tags or existing.tags,
-                               description=description or existing.description,
+                               kind=kind or existing.kind, tags=first.tags or second.tags,
+                               description=first.description or second.description,
                                metadata={**existing.metadata, **metadata})
             self._specs[id] = spec
         self._notify(id, spec)

@@ -3,7 +3,9 @@
 Class form decorates a subclass of `cr.TextEnv`/`cr.TerminalEnv`/`cr.BrowserEnv`. Function form
 decorates a function `task -> prompt` and makes a single-turn `TextEnv`; its rewards are added
 with `@fn.reward` on functions of `(task, completion)`, its oracle with `@fn.solution`.
-Either way the class is registered in the default catalog under `id` (unless `register=False`).
+Either way the class is registered in the default catalog under `id` (unless `register=False`);
+an env listed in a `corral.toml` leaves the id out and takes its id, tags and description
+from the manifest.
 """
 
 from __future__ import annotations
@@ -54,21 +56,35 @@ class FunctionEnv(TextEnv):
         return fn
 
 
-def environment(id: str, *, tasks: Any = None, sandbox: SandboxSpec | None = None,
-                max_turns: int | None = None, tags: list[str] | tuple[str, ...] = (),
-                task_type: type[Task] | None = None, description: str | None = None,
-                register: bool = True, override: bool = False,
-                **metadata: Any) -> Callable[[Any], Any]:
-    """Declare an environment and register it under `id` (`namespace/name-vN`).
+def environment(id: str | type | Callable[..., Any] | None = None, *, tasks: Any = None,
+                sandbox: SandboxSpec | None = None, max_turns: int | None = None,
+                tags: list[str] | tuple[str, ...] = (), task_type: type[Task] | None = None,
+                description: str | None = None, register: bool = True, override: bool = False,
+                **metadata: Any) -> Any:
+    """Declare an environment and, given an `id` (`namespace/name-vN`), register it under it.
+
+    An env listed in a `corral.toml` (`[[env]]` with `id`, `tags`, `description`) takes them
+    from there: write `@cr.environment(tasks=...)` (or a bare `@cr.environment`) and the catalog's
+    spec gives each instance its id and tags when it is made. A single-file env with no manifest
+    names its `id` (and `tags`, `description`) here.
 
     An id already taken by another env (from code, a built-in or an installed release) raises
     `DuplicateRegistration`; `override=True` replaces that env on purpose.
     """
+    if id is not None and not isinstance(id, str):  # bare `@cr.environment` on the class
+        return environment()(id)
     from .catalog import default_catalog, parse_id
 
-    parse_id(id, require_version=True)
+    if id is None:
+        given = [name for name, value in (("description", description), ("override", override),
+                                          *metadata.items()) if value]
+        if given:
+            raise AuthoringError(f"@environment: {', '.join(given)} describe a registration and "
+                                 "need an id; an env listed in a corral.toml writes them there")
+    else:
+        parse_id(id, require_version=True)
     if max_turns is not None:
-        check_max_turns(max_turns, id)
+        check_max_turns(max_turns, id or "@environment")
     if isinstance(tags, str):  # tags="math" is one tag, not the letters m, a, t, h
         tags = (tags,)
 
@@ -87,14 +103,15 @@ def environment(id: str, *, tasks: Any = None, sandbox: SandboxSpec | None = Non
             raise AuthoringError(f"@environment decorates a class or a function, not {obj!r}")
         ttype = task_type or getattr(cls, "task_type", None) or cls.tasks.task_type
         cls.tasks = Dataset.coerce(tasks if tasks is not None else cls.tasks, ttype)
-        cls.env_id = id
+        if id is not None:
+            cls.env_id = id
         if max_turns is not None:
             cls.max_turns = max_turns
         if tags:
             cls.tags = tuple(tags)
         if sandbox is not None:
             cls.sandbox_spec = sandbox
-        if register:
+        if register and id is not None:
             default_catalog.register(id, entry_point=cls, kind=cls.kind, tags=list(cls.tags),
                                      description=description or _first_line(cls.__doc__),
                                      override=override, **metadata)

@@ -47,10 +47,8 @@ def _evaluate(numbers: list[int], ops: list[str]) -> int:
     return total
 
 
-@cr.environment("corral/arithmetic-v0",
-                tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
-                task_type=ArithmeticTask, max_turns=1, tags=["text", "math", "single-turn"],
-                register=True)
+@cr.environment(tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
+                task_type=ArithmeticTask, max_turns=1)
 class Arithmetic(cr.TextEnv):
     """Integer arithmetic with exact answers.
 

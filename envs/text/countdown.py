@@ -116,10 +116,8 @@ def check(task: CountdownTask, expression: str) -> bool:
     return value == task.target
 
 
-@cr.environment("corral/countdown-v0",
-                tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
-                task_type=CountdownTask, max_turns=1,
-                tags=["text", "math", "search", "single-turn"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
+                task_type=CountdownTask, max_turns=1)
 class Countdown(cr.TextEnv):
     """Reach a target number with the given numbers and + - * /.
 

@@ -39,9 +39,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"secret": rng.randint(1, high), "high": high}
 
 
-@cr.environment("corral/guess-number-v0",
-                tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
-                task_type=GuessTask, max_turns=8, tags=["text", "game", "multi-turn"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
+                task_type=GuessTask, max_turns=8)
 class GuessNumber(cr.TextEnv):
     """Find a secret number with higher/lower feedback.
 

@@ -40,9 +40,8 @@ def answer_words(task: WordTask, completion: str) -> list[str]:
     return found[-len(task.words):]
 
 
-@cr.environment("corral/word-sort-v0",
-                tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
-                task_type=WordTask, max_turns=1, tags=["text", "strings", "single-turn"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, size=100_000).held_out(0.1),
+                task_type=WordTask, max_turns=1)
 class WordSort(cr.TextEnv):
     """Sort or reverse a list of words.
 

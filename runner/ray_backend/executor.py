@@ -3,10 +3,11 @@ sandbox capacity is dealt out over the cluster's sandbox nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
-import functools
 import itertools
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from corral.errors import CorralError, SandboxDied
@@ -17,7 +18,7 @@ from corral.runner.ray_backend.proxy import RayEnvProxy
 from corral.runner.ray_backend.worker import RayEpisodeWorker
 from corral.runner.trajectory import Trajectory
 
-__all__ = ["RayExecutor", "deal", "make_executor", "sandbox_nodes"]
+__all__ = ["RayExecutor", "SpecFactory", "deal", "make_executor", "sandbox_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +271,24 @@ def _shippable(entry: Any, source: EnvSource) -> Callable[[], Any]:
     from corral.registry import spec
 
     env_spec = spec(entry)
-    return functools.partial(env_spec.load(), **env_spec.kwargs)
+    return SpecFactory(env_spec.load(), env_spec.id, dict(env_spec.kwargs), tuple(env_spec.tags))
+
+
+@dataclass(frozen=True)
+class SpecFactory:
+    """`spec.make()` as a picklable factory for workers: the instance carries the spec's id and
+    tags (a class listed in a manifest does not name them in code); `func` is the entry point,
+    whose module is shipped by value when workers cannot import it."""
+
+    func: Callable[..., Any]
+    env_id: str
+    kwargs: dict[str, Any]
+    tags: tuple[str, ...] = ()
+
+    def __call__(self) -> Any:
+        from corral.catalog import EnvSpec
+
+        return EnvSpec(self.env_id, self.func, dict(self.kwargs), tags=list(self.tags)).make()
 
 
 def _pickle_by_value(module: str | None, cloudpickle: Any) -> None:
@@ -280,10 +298,8 @@ def _pickle_by_value(module: str | None, cloudpickle: Any) -> None:
         return
     mod = sys.modules.get(module)
     if mod is not None:
-        try:
+        with contextlib.suppress(ValueError):  # built-in or already registered
             cloudpickle.register_pickle_by_value(mod)
-        except ValueError:  # built-in or already registered
-            pass
 
 
 def make_executor(runner: Any, probes: list[Any]) -> RayExecutor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -129,7 +130,7 @@ def test_import_file_of_an_env_folder_keeps_its_relative_imports(tmp_path: Path)
     for marker in ("corral.toml", "__init__.py"):
         folder = tmp_path / marker.replace(".", "_")
         folder.mkdir()
-        (folder / marker).write_text('[[env]]\nid = "mine/rel-v0"\nentry_point = "env:Rel"\n'
+        (folder / marker).write_text('[[env]]\nid = "mine/rel-v0"\nentry_point = "env:echo"\n'
                                      if marker == "corral.toml" else "")
         (folder / "helpers.py").write_text('WORDS = [{"word": "hi"}, {"word": "yo"}]\n')
         (folder / "env.py").write_text(ECHO_ENV.replace("mine/echo-v0", "mine/rel-v0").replace(
@@ -139,6 +140,25 @@ def test_import_file_of_an_env_folder_keeps_its_relative_imports(tmp_path: Path)
                      cwd=tmp_path)
         assert ran.returncode == 0, (marker, ran.stderr)
         assert "mean reward 1.000 over 2 episodes" in ran.stdout
+
+
+def test_import_file_of_a_folder_registers_what_its_manifest_lists(tmp_path: Path) -> None:
+    """The manifest names the env once: env.py's decorator has no id, `-i folder/env.py` lists
+    the folder's envs with the manifest's id, tags and description, and runs them."""
+    folder = tmp_path / "listed"
+    folder.mkdir()
+    (folder / "corral.toml").write_text(
+        '[[env]]\nid = "mine/listed-v1"\nentry_point = "env:echo"\nkind = "text"\n'
+        'tags = ["demo", "manifest"]\ndescription = "Repeat a word, as listed."\n')
+    (folder / "env.py").write_text(ECHO_ENV.replace('"mine/echo-v0", ', "").replace(
+        ', tags=["demo"]', ""))
+    shown = corral("-i", "listed/env.py", "info", "mine/listed-v1", "--json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    info = json.loads(shown.stdout)
+    assert info["tags"] == ["demo", "manifest"]
+    assert info["description"] == "Repeat a word, as listed."
+    ran = corral("-i", "listed/env.py", "run", "mine/listed-v1", "-n", "2", cwd=tmp_path)
+    assert ran.returncode == 0 and "mean reward 1.000 over 2 episodes" in ran.stdout, ran.stderr
 
 
 def test_help_paragraphs_are_reflowed() -> None:

@@ -32,8 +32,8 @@ import corral as cr
 from .helpers import normalise
 
 
-@cr.environment("{env_id}", tasks=cr.Dataset.from_jsonl(Path(__file__).with_name("tasks.jsonl")),
-                max_turns=2, tags=["text", "echo"])
+# the id, tags and description are the folder's corral.toml's: written once, there
+@cr.environment(tasks=cr.Dataset.from_jsonl(Path(__file__).with_name("tasks.jsonl")), max_turns=2)
 class Echo(cr.TextEnv):
     """Repeat the word you are given."""
 

@@ -22,9 +22,8 @@ def make_task(rng: random.Random, index: int) -> dict:
             "targets": sorted(rng.sample(items, rng.randint(1, len(items) - 1)))}
 
 
-@cr.environment("corral/web-checkboxes-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=CheckboxesTask, sandbox=cr.Browser(), max_turns=10,
-                tags=["browser", "web", "form", "checkbox"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=CheckboxesTask,
+                sandbox=cr.Browser(), max_turns=10)
 class Checkboxes(BrowserEnv):
     """Tick exactly the listed checkboxes and submit."""
 

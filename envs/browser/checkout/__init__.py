@@ -42,9 +42,8 @@ def make_task(rng: random.Random, index: int) -> dict:
             "name": person(rng), "address": address}
 
 
-@cr.environment("corral/web-checkout-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=CheckoutTask, sandbox=cr.Browser(), max_turns=10,
-                tags=["browser", "web", "shopping", "multi-page", "form"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=CheckoutTask,
+                sandbox=cr.Browser(), max_turns=10)
 class Checkout(BrowserEnv):
     """Add a product to the cart, go through the cart and checkout pages, and order it."""
 

@@ -22,9 +22,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "labels": labels, "target": rng.choice(labels)}
 
 
-@cr.environment("corral/web-click-button-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=ClickButtonTask, sandbox=cr.Browser(), max_turns=4,
-                tags=["browser", "web", "click"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=ClickButtonTask,
+                sandbox=cr.Browser(), max_turns=4)
 class ClickButton(BrowserEnv):
     """Click the button with the given label among distractors."""
 

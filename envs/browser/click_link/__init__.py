@@ -23,9 +23,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "links": links, "target": rng.choice(links)}
 
 
-@cr.environment("corral/web-click-link-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=ClickLinkTask, sandbox=cr.Browser(), max_turns=4,
-                tags=["browser", "web", "click", "navigation"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=ClickLinkTask,
+                sandbox=cr.Browser(), max_turns=4)
 class ClickLink(BrowserEnv):
     """Follow the link with the given text to its page."""
 

@@ -35,9 +35,8 @@ def make_task(rng: random.Random, index: int) -> dict:
             "target": rng.choice(links[tab])}
 
 
-@cr.environment("corral/web-click-tab-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=ClickTabTask, sandbox=cr.Browser(), max_turns=5,
-                tags=["browser", "web", "tabs", "click"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=ClickTabTask,
+                sandbox=cr.Browser(), max_turns=5)
 class ClickTab(BrowserEnv):
     """Switch to an in-page tab, then click a link shown on it."""
 

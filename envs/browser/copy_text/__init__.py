@@ -20,9 +20,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5)))}
 
 
-@cr.environment("corral/web-copy-text-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=CopyTextTask, sandbox=cr.Browser(), max_turns=5,
-                tags=["browser", "web", "form", "text"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=CopyTextTask,
+                sandbox=cr.Browser(), max_turns=5)
 class CopyText(BrowserEnv):
     """Copy the text of one field into another and submit."""
 

@@ -24,9 +24,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "event": rng.choice(EVENTS), "date": day.isoformat()}
 
 
-@cr.environment("corral/web-date-entry-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=DateEntryTask, sandbox=cr.Browser(), max_turns=5,
-                tags=["browser", "web", "form", "date"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=DateEntryTask,
+                sandbox=cr.Browser(), max_turns=5)
 class DateEntry(BrowserEnv):
     """Enter a date given in words into a date field and submit."""
 

@@ -22,9 +22,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "options": options, "target": rng.choice(options)}
 
 
-@cr.environment("corral/web-dropdown-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=DropdownTask, sandbox=cr.Browser(), max_turns=5,
-                tags=["browser", "web", "form", "select"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=DropdownTask,
+                sandbox=cr.Browser(), max_turns=5)
 class Dropdown(BrowserEnv):
     """Choose the given option from a dropdown and submit."""
 

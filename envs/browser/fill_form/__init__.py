@@ -26,9 +26,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "values": values, "order": rng.sample(range(len(FIELDS)), len(FIELDS))}
 
 
-@cr.environment("corral/web-fill-form-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=FillFormTask, sandbox=cr.Browser(), max_turns=8,
-                tags=["browser", "web", "form"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=FillFormTask,
+                sandbox=cr.Browser(), max_turns=8)
 class FillForm(BrowserEnv):
     """Fill in a contact form with the given values and submit it."""
 

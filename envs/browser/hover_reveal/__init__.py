@@ -31,9 +31,8 @@ def make_task(rng: random.Random, index: int) -> dict:
             "menu": menu, "target": rng.choice(entries[menu])}
 
 
-@cr.environment("corral/web-hover-reveal-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=HoverRevealTask, sandbox=cr.Browser(), max_turns=5,
-                tags=["browser", "web", "hover", "click"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=HoverRevealTask,
+                sandbox=cr.Browser(), max_turns=5)
 class HoverReveal(BrowserEnv):
     """Hover over a menu to reveal its entries, then click one."""
 

@@ -22,9 +22,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "username": user, "password": password}
 
 
-@cr.environment("corral/web-login-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=LoginTask, sandbox=cr.Browser(), max_turns=6,
-                tags=["browser", "web", "form", "login"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=LoginTask,
+                sandbox=cr.Browser(), max_turns=6)
 class Login(BrowserEnv):
     """Log in with the given username and password."""
 

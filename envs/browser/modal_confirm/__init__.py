@@ -33,9 +33,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "entries": entries, "target": rng.choice(entries)}
 
 
-@cr.environment("corral/web-modal-confirm-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=ModalConfirmTask, sandbox=cr.Browser(), max_turns=5,
-                tags=["browser", "web", "dialog", "click"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=ModalConfirmTask,
+                sandbox=cr.Browser(), max_turns=5)
 class ModalConfirm(BrowserEnv):
     """Delete an entry: click its Delete button, then confirm in the dialog."""
 

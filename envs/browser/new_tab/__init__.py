@@ -19,9 +19,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "code": str(rng.randint(1000, 99999))}
 
 
-@cr.environment("corral/web-new-tab-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=NewTabTask, sandbox=cr.Browser(), max_turns=7,
-                tags=["browser", "web", "tabs", "form"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=NewTabTask,
+                sandbox=cr.Browser(), max_turns=7)
 class NewTab(BrowserEnv):
     """Open a page in a new tab, read a code there, switch back and enter it."""
 

@@ -32,9 +32,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "combo": rng.choice(COMBOS)}
 
 
-@cr.environment("corral/web-press-key-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=PressKeyTask, sandbox=cr.Browser(), max_turns=4,
-                tags=["browser", "web", "keyboard"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=PressKeyTask,
+                sandbox=cr.Browser(), max_turns=4)
 class PressKey(BrowserEnv):
     """Press a given key or key combination (the first one pressed counts)."""
 

@@ -21,9 +21,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "choices": choices, "target": rng.choice(choices)}
 
 
-@cr.environment("corral/web-radio-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=RadioTask, sandbox=cr.Browser(), max_turns=5,
-                tags=["browser", "web", "form", "radio"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=RadioTask,
+                sandbox=cr.Browser(), max_turns=5)
 class Radio(BrowserEnv):
     """Choose the given radio button and submit."""
 

@@ -40,9 +40,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "entries": entries, "target": rng.randrange(BATCH * 2, 110)}
 
 
-@cr.environment("corral/web-scroll-find-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=ScrollFindTask, sandbox=cr.Browser(), max_turns=10,
-                tags=["browser", "web", "scroll"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=ScrollFindTask,
+                sandbox=cr.Browser(), max_turns=10)
 class ScrollFind(BrowserEnv):
     """Scroll a list that loads more entries as it is scrolled, until an entry appears."""
 

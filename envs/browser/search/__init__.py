@@ -31,9 +31,8 @@ def make_task(rng: random.Random, index: int) -> dict:
     return {"seed": index, "items": items, "target": rng.choice(items)}
 
 
-@cr.environment("corral/web-search-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=SearchTask, sandbox=cr.Browser(), max_turns=6,
-                tags=["browser", "web", "search", "navigation"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=SearchTask,
+                sandbox=cr.Browser(), max_turns=6)
 class Search(BrowserEnv):
     """Search a catalogue for an item, then open the item's page from the results."""
 

@@ -31,9 +31,8 @@ def make_task(rng: random.Random, index: int) -> dict:
             "column": rng.choice([1, 2])}
 
 
-@cr.environment("corral/web-table-answer-v0", tasks=cr.Dataset.procedural(make_task, SIZE),
-                task_type=TableAnswerTask, sandbox=cr.Browser(), max_turns=5,
-                tags=["browser", "web", "reading", "form"])
+@cr.environment(tasks=cr.Dataset.procedural(make_task, SIZE), task_type=TableAnswerTask,
+                sandbox=cr.Browser(), max_turns=5)
 class TableAnswer(BrowserEnv):
     """Read a value from a table and type it as the answer."""
 

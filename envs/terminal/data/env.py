@@ -143,8 +143,7 @@ BEST = Template(
 TEMPLATES = (FILTER, CONVERT, TOTAL, GROUP, BEST)
 
 
-@cr.environment("corral/term-data-v0", tasks=family_dataset(TEMPLATES, seed=606),
-                tags=["terminal", "data", "csv", "json"])
+@cr.environment(tasks=family_dataset(TEMPLATES, seed=606))
 class DataWrangling(TemplateFamily):
     """Data wrangling: filter CSV, convert CSV to JSON, aggregate JSON and JSON Lines."""
 

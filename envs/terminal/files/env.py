@@ -108,8 +108,7 @@ LARGEST = Template(
 TEMPLATES = (CHMOD, CLEAN, CHOWN, LINK, LARGEST)
 
 
-@cr.environment("corral/term-files-v0", tasks=family_dataset(TEMPLATES, seed=101),
-                tags=["terminal", "files", "permissions"])
+@cr.environment(tasks=family_dataset(TEMPLATES, seed=101))
 class Files(TemplateFamily):
     """Files and permissions: chmod, chown, find/delete, symlinks, sizes."""
 

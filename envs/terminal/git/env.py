@@ -132,8 +132,7 @@ TAG = Template(
 TEMPLATES = (COMMIT, BRANCH, RESTORE, FIND, TAG)
 
 
-@cr.environment("corral/term-git-v0", tasks=family_dataset(TEMPLATES, seed=303),
-                tags=["terminal", "git"])
+@cr.environment(tasks=family_dataset(TEMPLATES, seed=303))
 class Git(TemplateFamily):
     """Git: commit, branch, restore files, search history, tag releases."""
 

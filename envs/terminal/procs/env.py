@@ -120,8 +120,7 @@ HTTP = Template(
 TEMPLATES = (STOP, SIGNAL, NICE, PID, HTTP)
 
 
-@cr.environment("corral/term-procs-v0", tasks=family_dataset(TEMPLATES, seed=505),
-                tags=["terminal", "processes", "services"])
+@cr.environment(tasks=family_dataset(TEMPLATES, seed=505))
 class Processes(TemplateFamily):
     """Processes and services: stop, signal, renice, find PIDs, start an HTTP service."""
 

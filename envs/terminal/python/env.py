@@ -186,8 +186,7 @@ IMPORT = Template(
 TEMPLATES = (BUG, SYNTAX, UNIT, FIZZ, IMPORT)
 
 
-@cr.environment("corral/term-python-v0", tasks=family_dataset(TEMPLATES, seed=404),
-                tags=["terminal", "python", "debugging"])
+@cr.environment(tasks=family_dataset(TEMPLATES, seed=404))
 class PythonScripting(TemplateFamily):
     """Python scripting and debugging: fix bugs, make tests pass, write small scripts."""
 

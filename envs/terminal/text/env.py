@@ -110,8 +110,7 @@ SLICE = Template(
 TEMPLATES = (COUNT, REPLACE, UNIQ, SUM, SLICE)
 
 
-@cr.environment("corral/term-text-v0", tasks=family_dataset(TEMPLATES, seed=202).held_out(0.1),
-                tags=["terminal", "text"])
+@cr.environment(tasks=family_dataset(TEMPLATES, seed=202).held_out(0.1))
 class TextProcessing(TemplateFamily):
     """Text processing: counting, replacing, sorting, summing columns, slicing lines."""
 
