@@ -25,6 +25,7 @@ COMMANDS = {
     "corral_help_s": [CORRAL, "--help"],
     "corral_info_s": [CORRAL, "info", "corral/arithmetic"],
     "corral_import_s": [sys.executable, "-c", "import corral.cli"],
+    "sdk_import_s": [sys.executable, "-c", "import corral"],
     "trainer_loop_import_s": [sys.executable, "-c", "import corral.trainer.loop"],
 }
 

@@ -10,10 +10,11 @@ Releases and stores (loaded on first use): `publish`, `pull`, `install`, `open_s
 from __future__ import annotations
 
 import os as _os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from corral.catalog import (ENTRY_POINT_GROUP, Catalog, EnvSpec, default_catalog, deprecate,
                             make, parse_id, register, spec)
+from corral.lazy import lazy_exports
 
 if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
     from corral.registry.build import build_release
@@ -76,13 +77,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'corral.registry' has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = ["Catalog", "EnvSpec", "ENTRY_POINT_GROUP", "builtin_specs", "default_catalog",
            "deprecate", "extend_catalog", "list",

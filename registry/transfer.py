@@ -6,6 +6,7 @@ so every function here takes either, named by `registry=` as on the command line
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -67,10 +68,8 @@ def pull(ref: str, *, source: str | Path | Store | None,
         record = store.resolve(ref)
         if isinstance(store, LocalStore) and store.home.resolve() == dest.home.resolve():
             return record
-        try:
+        with contextlib.suppress(ReleaseNotFound):
             return dest.get(record.sha256)
-        except ReleaseNotFound:
-            pass
         with dest.temp_file() as (tmp, _):  # locked: a `recover` meanwhile leaves it alone
             store.download(record.sha256, tmp, max_bytes=dest.limits.max_total_bytes)
             result = dest.add_temp(tmp, expect_sha=record.sha256, label=record.ref)

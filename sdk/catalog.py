@@ -446,34 +446,113 @@ def gymnasium_spec(env_id: str, kwargs: dict[str, Any] | None = None,
 
 def _mirror(env_id: str, spec: EnvSpec | None) -> None:
     """Keep Gymnasium's registry in step with one id of the default catalog. An id Gymnasium
-    already holds for another package's env is left alone."""
-    current = gymnasium.registry.get(env_id)
+    already holds for another package's env is left alone. Read as a plain dict: a code
+    registration does not fill a `_LazyRegistry` (that reads every catalog source)."""
+    registry = gymnasium.envs.registration.registry
+    current = dict.get(registry, env_id)
     ours = current is not None and isinstance(current.entry_point, GymEntry)
     if spec is None:
         if ours:
-            del gymnasium.registry[env_id]
+            del registry[env_id]
     elif current is None:
         # written straight into the registry (Gymnasium's public dict): `gymnasium.register`
         # scans the whole registry for every id, which for hundreds of ids costs more than
         # the rest of `import corral`
-        gymnasium.registry[env_id] = gymnasium_spec(env_id)
+        registry[env_id] = gymnasium_spec(env_id)
 
 
 _registered = False
 
 
+class _LazyRegistry(dict):  # type: ignore[type-arg]
+    """Gymnasium's registry, filled with the Corral ids the first time anything reads it: so
+    `import corral` reads no catalog source (built-in manifests, installed releases) and
+    `gymnasium.make(id)` still finds every Corral env. Writes go straight in."""
+
+    _filled = False
+
+    def _fill(self) -> None:
+        if not self._filled:
+            self._filled = True
+            _mirror_catalog()
+
+    def __getitem__(self, key: Any) -> Any:
+        self._fill()
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._fill()
+        return dict.get(self, key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._fill()
+        return dict.__contains__(self, key)
+
+    def __iter__(self) -> Any:
+        self._fill()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._fill()
+        return dict.__len__(self)
+
+    def __repr__(self) -> str:
+        self._fill()
+        return dict.__repr__(self)
+
+    def keys(self) -> Any:
+        self._fill()
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._fill()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._fill()
+        return dict.items(self)
+
+    def copy(self) -> dict[Any, Any]:
+        self._fill()
+        return dict(dict.items(self))
+
+
+def _install_lazy_registry() -> bool:
+    """Put a `_LazyRegistry` where Gymnasium keeps its registry (the module global its
+    functions read, the names `gymnasium` and `gymnasium.envs` export, `pprint_registry`'s
+    default), holding what was there. False, and nothing changed, if Gymnasium keeps it
+    elsewhere than this version does."""
+    from gymnasium.envs import registration
+
+    current = registration.registry
+    defaults = registration.pprint_registry.__defaults__ or ()
+    if (type(current) is not dict or gymnasium.registry is not current
+            or gymnasium.envs.registry is not current or current not in defaults):
+        return False
+    lazy = _LazyRegistry(current)
+    registration.registry = gymnasium.registry = gymnasium.envs.registry = lazy
+    registration.pprint_registry.__defaults__ = tuple(lazy if d is current else d
+                                                      for d in defaults)
+    return True
+
+
 def register_gymnasium_envs() -> None:
-    """Mirror the default catalog into Gymnasium's registry, now and for every later
-    registration (idempotent). Reads the catalog's sources (built-in manifests, installed
-    releases) once."""
+    """Mirror the default catalog into Gymnasium's registry, for every registration from now
+    on and, at the registry's first read, for the catalog's sources (built-in manifests,
+    installed releases: read then, not at `import corral`). Idempotent."""
     global _registered
     if _registered:
         return
     _registered = True
     default_catalog.add_listener(_mirror)
+    if not _install_lazy_registry():
+        _mirror_catalog()
+
+
+def _mirror_catalog() -> None:
     try:
         specs = default_catalog.list()
-    except Exception as exc:  # a broken plugin or store must not break `import corral`
+    except Exception as exc:  # a broken plugin or store must not break Gymnasium
         log.warning("Corral envs not registered with Gymnasium: %s", exc)
         return
     for spec in specs:

@@ -378,7 +378,8 @@ async def _process_transport(process: Process) -> AsyncIterator[Any]:
 
     async def pump_out() -> None:  # the server's stdout -> the session
         buffer = b""
-        try:
+        # the session is gone
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             async with to_session:
                 while chunk := await process.read():
                     *lines, buffer = (buffer + chunk).split(b"\n")
@@ -392,8 +393,6 @@ async def _process_transport(process: Process) -> AsyncIterator[Any]:
                         except ValueError as exc:  # a stray print: the session logs it
                             message = exc
                         await to_session.send(message)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # the session is gone
 
     async def pump_in() -> None:  # the session -> the server's stdin
         try:

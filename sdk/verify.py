@@ -24,6 +24,7 @@ agent's declared outputs (`transfer`).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
 import posixpath
@@ -191,11 +192,9 @@ async def transfer(source: Sandbox, target: Sandbox, paths: list[str]) -> list[s
     for path in paths:
         quoted = shlex.quote(path)
         try:
-            try:
+            with contextlib.suppress(IsADirectoryError):  # a folder: packed with tar below
                 await target.write_file(path, await source.read_file(path))
                 continue
-            except IsADirectoryError:
-                pass  # a folder: packed with tar below
             await _checked(source, f"tar -C {quoted} -czf {archive} .")
             await target.write_file(archive, await source.read_file(archive))
         except (FileNotFoundError, NotADirectoryError, PermissionError):

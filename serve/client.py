@@ -18,6 +18,7 @@ server's dataset, so a trainer's rollouts never get a task of the env's eval spl
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 from corral.dataset import Dataset
@@ -154,10 +155,8 @@ class RemoteEnv(Env):
         """Close the server session (its env and sandbox) and the connection."""
         conn = self._conn
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # a dead server has nothing left to close
                 await conn.request("close")
-            except Exception:  # a dead server has nothing left to close
-                pass
             await self._drop()
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:

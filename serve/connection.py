@@ -5,6 +5,7 @@ look-ups. Transport failures (refused, dropped, timed out) become `EnvServerErro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -109,7 +110,5 @@ class Connection:
     async def close(self) -> None:
         ws, self._ws = self._ws, None
         if ws is not None:
-            try:
+            with contextlib.suppress(Exception):  # the peer is gone already: nothing more to close
                 await asyncio.wait_for(ws.close(), 2.0)
-            except Exception:  # the peer is gone already: nothing more to close
-                pass

@@ -17,8 +17,9 @@ torch, so the CLI can build `corral train`'s flags without paying torch's import
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from corral.lazy import lazy_exports
 
 if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
     from corral.trainer.batching import TensorBatch, build_tensor_batch, group_advantages
@@ -58,15 +59,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    home = _EXPORTS.get(name)
-    if home is None:
-        raise AttributeError(f"module 'corral.trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

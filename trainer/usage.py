@@ -12,6 +12,7 @@ why (no CUDA device, no NVML).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -37,10 +38,8 @@ def gpu_sample() -> dict[str, float]:
         return {}
     out = {"gpu_mem_mb": torch.cuda.memory_allocated() / 2**20,
            "gpu_reserved_mb": torch.cuda.memory_reserved() / 2**20}
-    try:
+    with contextlib.suppress(Exception):  # noqa: BLE001  (pynvml missing or NVML unusable: memory only)
         out["gpu_util_pct"] = float(torch.cuda.utilization())
-    except Exception:  # noqa: BLE001  (pynvml missing or NVML unusable: memory only)
-        pass
     return out
 
 

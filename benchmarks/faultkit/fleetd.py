@@ -17,6 +17,7 @@ dockerd is never touched.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -116,10 +117,8 @@ class ExtraDaemon:
         """The host dies: SIGKILL everything of it, containers included."""
         ids = self.containers()
         for pid in self.pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):  # gone already: what this kill wanted
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # gone already: what this kill wanted
         for cid in ids:
             _procs.kill_container(cid)
         if self.proc is not None:

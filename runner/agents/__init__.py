@@ -11,8 +11,9 @@ FastAPI and uvicorn load with the proxy, on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from corral.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .external import AGENT_NAMES, AgentContext, ExternalAgent, kill_tree, run_agent_episode
@@ -27,11 +28,4 @@ __all__ = ["AGENT_NAMES", "AgentContext", "AgentProxy", "AgentSession", "Episode
            "ExternalAgent", "kill_tree", "run_agent_episode"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

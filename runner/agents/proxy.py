@@ -36,20 +36,16 @@ from typing import Any, AsyncIterator
 
 import orjson
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import FastAPI
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 
 from corral.errors import PolicyError
 from corral.runner.agents.record import EpisodeRecord, Prompt
 from corral.runner.episode import EpisodeLimits
 from corral.runner.policy.base import Generation, GenerationRequest, Policy, checked_generation
-from corral.runner.policy.wire import (ApiError, ChatRequest, CompletionRequest,
-                                       api_error_handler, body_too_large, error_response,
-                                       stops, validation_error_handler)
+from corral.runner.policy.wire import ApiError, ChatRequest, CompletionRequest, openai_app, stops
 from corral.runner.trajectory import Span
-from corral.serve.limits import BodyLimit
 
 __all__ = ["AgentProxy", "AgentSession", "MODEL_NAME"]
 
@@ -233,19 +229,8 @@ class AgentProxy:
 
     # --- the app -------------------------------------------------------------------------------
     def _build_app(self, max_body_bytes: int) -> FastAPI:
-        app = FastAPI(title="corral agent proxy", docs_url=None, redoc_url=None,
-                      openapi_url=None)
-        app.add_middleware(BodyLimit, max_bytes=max_body_bytes, refusal=body_too_large)
-        app.add_exception_handler(ApiError, api_error_handler)
-        app.add_exception_handler(RequestValidationError, validation_error_handler)
-
-        @app.exception_handler(ValueError)
-        async def bad_request(_: Request, exc: ValueError) -> JSONResponse:
-            return error_response(400, str(exc))
-
-        @app.exception_handler(PolicyError)
-        async def unavailable(_: Request, exc: PolicyError) -> JSONResponse:
-            return error_response(503, str(exc), kind="server_error")
+        app = openai_app("corral agent proxy", max_body_bytes, docs_url=None, redoc_url=None,
+                         openapi_url=None)
 
         @app.get("/e/{key}/v1/models")
         async def models(key: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ first message that differs and why. `/v1/completions` prompts are treated the sa
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -42,10 +43,8 @@ def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
         fn = call.get("function", call) if isinstance(call, dict) else {}
         args = fn.get("arguments", {})
         if isinstance(args, str):
-            try:
+            with contextlib.suppress(ValueError):
                 args = json.loads(args)
-            except ValueError:
-                pass
         calls.append((fn.get("name"), args))
     return calls
 

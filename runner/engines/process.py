@@ -13,6 +13,7 @@ none of that runs (this process SIGKILLed), the guard each server is started thr
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import logging
 import os
@@ -269,10 +270,8 @@ def _forget_lifelines() -> None:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stop_all() -> None:

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from corral.lazy import lazy_exports
 
 if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
     from corral.runner.eval.evaluation import EvalResult, aevaluate, evaluate
@@ -26,11 +27,4 @@ _LAZY = {"evaluate": "evaluation", "aevaluate": "evaluation", "EvalResult": "eva
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

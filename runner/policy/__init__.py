@@ -22,9 +22,9 @@ transformers, FastAPI or aiohttp.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from corral.lazy import lazy_exports
 from .base import Generation, GenerationRequest, Policy, Tokenizer
 from .chat import ChatTranscript
 
@@ -47,11 +47,4 @@ __all__ = ["ChatTranscript", "Generation", "GenerationRequest", "Policy", "Token
 __all__ += sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

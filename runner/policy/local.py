@@ -76,10 +76,8 @@ def _resolve(future: asyncio.Future, result: Any) -> None:
 def _answer(pending: _Pending, result: Any) -> None:
     """Hand `result` (a `Generation` or an exception) to the coroutine awaiting `pending`,
     from the decode thread; a loop that already ended has nobody left to answer."""
-    try:
+    with contextlib.suppress(RuntimeError):  # the loop closed between the check and the call
         pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
-    except RuntimeError:  # the loop closed between the check and the call
-        pass
 
 
 def _request_failure(exc: Exception) -> Exception:
@@ -409,10 +407,8 @@ class LocalPolicy(Policy):
         if worker is not None and not worker.done():
             if self._loop is asyncio.get_running_loop():
                 worker.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError, RuntimeError):
                     await worker
-                except (asyncio.CancelledError, RuntimeError):
-                    pass
             elif self._loop is not None:
                 # Serving another loop (a server thread closing a policy a test loop used):
                 # tasks are cancelled on their own loop's thread; a closed loop has none left.

@@ -34,19 +34,14 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 from corral.errors import PolicyError
 from corral.runner.engines.process import is_loopback
-from corral.serve.limits import BodyLimit
 from .base import RELOAD_TOKEN_ENV, Generation, GenerationRequest
 from .chat import encode_prompt, parse_assistant_text
 from .local import LocalPolicy
 from .sampling import seed_for_sample
-from .wire import (ApiError, ChatRequest, CompletionRequest, ReloadRequest,
-                   api_error_handler, body_too_large, error_response, stops,
-                   validation_error_handler)
+from .wire import ApiError, ChatRequest, CompletionRequest, ReloadRequest, openai_app, stops
 
 __all__ = ["AppServer", "DEFAULT_CHAT_MAX_TOKENS", "PolicyServer", "SHUTDOWN_GRACE_S",
            "ServeConfig", "VERSION_HEADER", "create_app", "max_token_bytes", "serve"]
@@ -195,19 +190,8 @@ def create_app(policy: LocalPolicy, config: ServeConfig | None = None) -> FastAP
         await policy.close()  # for ASGI servers other than ours (see _Server)
 
     per_token = max_token_bytes(policy.tokenizer)  # bounds prompt lengths before tokenizing
-    app = FastAPI(title="corral serve-policy", lifespan=lifespan)
+    app = openai_app("corral serve-policy", config.max_body_bytes, lifespan=lifespan)
     app.state.policy, app.state.config = policy, config
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, refusal=body_too_large)
-    app.add_exception_handler(ApiError, api_error_handler)
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
-
-    @app.exception_handler(ValueError)
-    async def bad_request(_: Request, exc: ValueError) -> JSONResponse:
-        return error_response(400, str(exc))
-
-    @app.exception_handler(PolicyError)
-    async def unavailable(_: Request, exc: PolicyError) -> JSONResponse:
-        return error_response(503, str(exc), kind="server_error")
 
     @app.middleware("http")
     async def version_header(request: Request, call_next: Any) -> Any:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from corral.errors import PolicyError
+from corral.serve.limits import BodyLimit
+
 from .sampling import check_max_tokens, check_seed, check_stop, check_temperature, check_top_p
 
 __all__ = ["ApiError", "ChatRequest", "CompletionRequest", "MAX_N", "ReloadRequest",
-           "SamplingFields", "api_error_handler", "body_too_large", "error_response", "stops",
-           "validation_error_handler"]
+           "SamplingFields", "api_error_handler", "body_too_large", "error_response", "openai_app",
+           "stops", "validation_error_handler"]
 
 MAX_N = 64  # samples per prompt; prompts × n is capped separately (ServeConfig.max_generations)
 
@@ -136,3 +139,24 @@ def body_too_large(max_bytes: int) -> JSONResponse:
     """serve-policy's answer to a body over its limit (`corral.serve.limits.BodyLimit`)."""
     return error_response(413, f"the request body is over the {max_bytes:,}-byte limit",
                           code="request_too_large")
+
+
+def openai_app(title: str, max_body_bytes: int, **fastapi_kwargs: Any) -> FastAPI:
+    """A FastAPI app that answers like an OpenAI server: bodies over `max_body_bytes` get a
+    413, an `ApiError` its status, a body that does not parse, a `ValueError` a 400 and a
+    `PolicyError` (the engine cannot answer) a 503, each in OpenAI's error shape. serve-policy
+    and the agent proxy add their routes to it."""
+    app = FastAPI(title=title, **fastapi_kwargs)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, refusal=body_too_large)
+    app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+
+    @app.exception_handler(ValueError)
+    async def bad_request(_: Request, exc: ValueError) -> JSONResponse:
+        return error_response(400, str(exc))
+
+    @app.exception_handler(PolicyError)
+    async def unavailable(_: Request, exc: PolicyError) -> JSONResponse:
+        return error_response(503, str(exc), kind="server_error")
+
+    return app
