@@ -476,45 +476,24 @@ class _LazyRegistry(dict):  # type: ignore[type-arg]
             self._filled = True
             _mirror_catalog()
 
-    def __getitem__(self, key: Any) -> Any:
-        self._fill()
-        return dict.__getitem__(self, key)
 
-    def get(self, key: Any, default: Any = None) -> Any:
-        self._fill()
-        return dict.get(self, key, default)
+def _filling(name: str) -> Callable[..., Any]:
+    """`dict.<name>`, after the registry's fill."""
+    method = getattr(dict, name)
 
-    def __contains__(self, key: object) -> bool:
+    def fill_then(self: _LazyRegistry, *args: Any) -> Any:
         self._fill()
-        return dict.__contains__(self, key)
+        return method(self, *args)
 
-    def __iter__(self) -> Any:
-        self._fill()
-        return dict.__iter__(self)
+    fill_then.__name__ = name
+    return fill_then
 
-    def __len__(self) -> int:
-        self._fill()
-        return dict.__len__(self)
 
-    def __repr__(self) -> str:
-        self._fill()
-        return dict.__repr__(self)
-
-    def keys(self) -> Any:
-        self._fill()
-        return dict.keys(self)
-
-    def values(self) -> Any:
-        self._fill()
-        return dict.values(self)
-
-    def items(self) -> Any:
-        self._fill()
-        return dict.items(self)
-
-    def copy(self) -> dict[Any, Any]:
-        self._fill()
-        return dict(dict.items(self))
+# every way to read it fills it first (writes need not: `__setitem__`, `__delitem__`)
+for _name in ("__getitem__", "get", "__contains__", "__iter__", "__len__", "__repr__", "keys",
+              "values", "items", "copy"):
+    setattr(_LazyRegistry, _name, _filling(_name))
+del _name
 
 
 def _install_lazy_registry() -> bool:
@@ -527,7 +506,8 @@ def _install_lazy_registry() -> bool:
     current = registration.registry
     defaults = registration.pprint_registry.__defaults__ or ()
     if (type(current) is not dict or gymnasium.registry is not current
-            or gymnasium.envs.registry is not current or current not in defaults):
+            or gymnasium.envs.registry is not current
+            or not any(d is current for d in defaults)):
         return False
     lazy = _LazyRegistry(current)
     registration.registry = gymnasium.registry = gymnasium.envs.registry = lazy
