@@ -469,12 +469,19 @@ class _LazyRegistry(dict):  # type: ignore[type-arg]
     `import corral` reads no catalog source (built-in manifests, installed releases) and
     `gymnasium.make(id)` still finds every Corral env. Writes go straight in."""
 
-    _filled = False
+    _filled = False  # the Corral ids are in
+    _busy = False  # being put in (a read from inside the fill sees what is there)
+    _lock = threading.RLock()  # a second thread's first read waits for the fill
 
     def _fill(self) -> None:
-        if not self._filled:
-            self._filled = True
+        if self._filled:
+            return
+        with self._lock:
+            if self._busy:
+                return
+            self._busy = True
             _mirror_catalog()
+            self._filled = True
 
 
 def _filling(name: str) -> Callable[..., Any]:
