@@ -10,6 +10,10 @@ The stack stays short: past `MAX_DEPTH` layers a new layer is the whole stack sq
 one (`squash`: files hardlinked from the old layers, whiteouts and opaque dirs applied, so the
 result over the rootfs shows what the stack showed).
 
+A layer also keeps, beside it (`.<name>.ctimes`), when each of its paths last changed in the
+sandbox it came from (copying resets ctime): `changed_since` of a sandbox on a stack reads
+them, so the verify phase of a fork still sees what the agent changed before the fork.
+
 Each layer has an owner record beside it (`.<name>.owner`: pid, start, run, created, durable),
 written before the layer is made and removed after it is gone; every sandbox's own owner record
 lists the layers it runs on. In this process a layer is removed when the last sandbox on it
@@ -32,11 +36,12 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import SandboxError
-from . import _procs
+from . import _changes, _procs
 from .cache import cache_dir
 
-__all__ = ["MAX_DEPTH", "RECORD_SUFFIX", "acquire", "adopt_upper", "copy_upper", "hold",
-           "layer_record", "layers_dir", "new_layer_path", "read_record", "release",
+__all__ = ["MAX_DEPTH", "RECORD_SUFFIX", "acquire", "adopt_upper", "changed_since",
+           "copy_upper", "hold", "layer_record", "layers_dir", "manifest", "note_ctimes",
+           "read_ctimes", "new_layer_path", "read_record", "release",
            "remove_layer", "squash", "stack_for", "unhold", "write_record"]
 
 log = logging.getLogger(__name__)
@@ -82,9 +87,32 @@ def write_record(layer: Path, run: str, *, durable: bool, below: Sequence[Path] 
         "durable": durable, "below": [p.name for p in below]}))
 
 
+def manifest(layer: Path) -> Path:
+    """The file of `layer`'s change times (JSON: sandbox path -> ctime)."""
+    return layer.with_name(f".{layer.name}.ctimes")
+
+
+def note_ctimes(upper: Path, layer: Path) -> None:
+    """Remember the change times of the upper dir `upper` as `layer`'s (before it is copied
+    or moved into `layer`)."""
+    manifest(layer).write_text(json.dumps(_changes.ctimes(upper)))
+
+
+def read_ctimes(layer: Path) -> dict[str, float]:
+    """`layer`'s change times ({} when it has none)."""
+    return _json(manifest(layer)) or {}
+
+
+def changed_since(stack: Sequence[Path], since: float) -> list[str]:
+    """The paths the layers of `stack` hold that changed after `since`."""
+    return sorted({path for layer in stack for path, ctime in read_ctimes(layer).items()
+                   if ctime > since})
+
+
 def copy_upper(upper: Path, layer: Path) -> None:
     """Make `layer` a copy of a sandbox's upper dir (owners, modes, xattrs, whiteouts kept;
     reflinked where the filesystem can)."""
+    note_ctimes(upper, layer)
     done = subprocess.run(["cp", "-a", "--reflink=auto", "--", str(upper), str(layer)],
                           capture_output=True, text=True)
     if done.returncode:
@@ -95,6 +123,7 @@ def copy_upper(upper: Path, layer: Path) -> None:
 
 def adopt_upper(upper: Path, layer: Path) -> None:
     """Make a stopped sandbox's upper dir `layer` itself (a rename: no data is copied)."""
+    note_ctimes(upper, layer)
     os.rename(upper, layer)
 
 
@@ -123,8 +152,12 @@ def squash(stack: Sequence[Path], into: Path) -> None:
     opaque dir replaces the whole dir below it."""
     into.mkdir()
     _copy_meta(stack[-1], into)
+    times: dict[str, float] = {}
     for layer in reversed(stack):
         _apply(layer, into)
+        for path, ctime in read_ctimes(layer).items():
+            times[path] = max(ctime, times.get(path, ctime))
+    manifest(into).write_text(json.dumps(times))
 
 
 def _apply(src: Path, dst: Path) -> None:
@@ -245,4 +278,5 @@ def remove_layer(layer: Path) -> None:
     the reaper)."""
     shutil.rmtree(layer, ignore_errors=True)
     if not layer.exists():
+        manifest(layer).unlink(missing_ok=True)
         layer_record(layer).unlink(missing_ok=True)

@@ -519,10 +519,16 @@ class BwrapSandbox(Sandbox):
         return True
 
     async def changed_since(self, since: float) -> list[str] | None:
-        """See `Sandbox.changed_since` (the sandbox's upper dir)."""
+        """See `Sandbox.changed_since` (the sandbox's upper dir, and for a fork the change
+        times its layers remember)."""
         upper = _changes.exists(str(self.dir / "upper"))
-        return None if upper is None else await asyncio.to_thread(
-            _changes.changed_since, upper, since)
+        if upper is None:
+            return None
+        found = await asyncio.to_thread(_changes.changed_since, upper, since)
+        if self.stack:
+            inherited = await asyncio.to_thread(_layers.changed_since, self.stack, since)
+            found = sorted({*found, *inherited})
+        return found
 
     @property
     def alive(self) -> bool:

@@ -13,6 +13,10 @@ Both also prune the bwrap backend's rootfs cache: the exports of images the loca
 longer holds (`rootfs.prune_exports`), but those a live sandbox runs on or used in the last
 `EXPORT_GRACE_S`, so a cache that every rebuilt image adds to does not fill the disk.
 
+Forked and snapshot layers of the bwrap backend (`_layers`) go with their owner too, once no
+live sandbox runs on them: `gc_layers`. A durable snapshot's layer (and the layers under it)
+outlives its owner, for a resume; only `gc(run=RUN)` removes it.
+
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
 sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
 dirs by their owner record, and their cgroups), sparing those of a live process that shares the
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import SandboxError
+from . import _layers
 from ._procs import owner_alive
 from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
                     sandboxes_dir)
@@ -64,6 +69,7 @@ class GcReport:
 
     containers: int = 0
     bwrap_dirs: int = 0
+    bwrap_layers: int = 0
     cgroups: int = 0
     rootfs_exports: int = 0
 
@@ -206,6 +212,45 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
     return dirs, cgroups
 
 
+def gc_layers(run: str | None = None, orphans_only: bool = False, mine: bool = False) -> int:
+    """Remove the bwrap layers (`_layers`) no live sandbox runs on whose owner died (or of
+    `run`; with `orphans_only` those of `run` whose owner died), sparing durable snapshots'
+    but with `run` and not `orphans_only`. Returns how many were removed."""
+    root = _layers.layers_dir()
+    if not root.is_dir():
+        return 0
+    names = {e.name[1:-len(_layers.RECORD_SUFFIX)] if e.name.startswith(".") else e.name
+             for e in root.iterdir() if e.is_dir() or e.name.endswith(_layers.RECORD_SUFFIX)}
+    in_use: set[str] = set()
+    for sandbox_dir in _sandbox_dirs(sandboxes_dir()):
+        try:
+            owner = json.loads(owner_record(sandbox_dir).read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(owner) and not (mine and owner.get("pid") == os.getpid()):
+            in_use.update(owner.get("layers", ()))
+    doomed = {name for name in names if _layer_doomed(root / name, run, orphans_only, mine)}
+    for name in names - doomed:  # a kept durable snapshot keeps the layers under it
+        record = _layers.read_record(root / name) or {}
+        in_use.update(record.get("below", ()) if record.get("durable") else ())
+    removed = 0
+    for name in sorted(doomed - in_use):
+        existed = (root / name).exists()
+        _layers.remove_layer(root / name)
+        removed += existed
+    return removed
+
+
+def _layer_doomed(layer: Path, run: str | None, orphans_only: bool, mine: bool) -> bool:
+    record = _layers.layer_record(layer)
+    if not record.exists():  # made by a process killed before its record (never: written first)
+        return _age(layer) > OWNERLESS_GRACE_S
+    if not _stale_record(record, run, orphans_only, mine):
+        return False
+    durable = bool((_layers.read_record(layer) or {}).get("durable"))
+    return not durable or (run is not None and not orphans_only)
+
+
 def _gc_cgroup_records(parents: list[Path], prefix: str | None, run: str | None,
                        orphans_only: bool, mine: bool) -> None:
     """Remove the MOUNT_ROOT records of dead owners whose cgroups are gone."""
@@ -314,6 +359,7 @@ def gc(run: str | None = None, everything: bool = False, docker: bool = True,
         except SandboxError as exc:  # no daemon: nothing of docker's to collect
             log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run)
+    report.bwrap_layers = gc_layers(run)
     report.rootfs_exports = prune_rootfs()
     return report
 
@@ -332,6 +378,7 @@ def reap_run(run: str, *, mine: bool = False,
     except SandboxError as exc:
         log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run, orphans_only=True, mine=mine)
+    report.bwrap_layers = gc_layers(run, orphans_only=True, mine=mine)
     report.rootfs_exports = prune_rootfs()
     if report.containers or report.bwrap_dirs or report.cgroups:
         log.warning("run %s: reaped %d containers, %d bwrap dirs and %d cgroups left by a "
@@ -340,5 +387,5 @@ def reap_run(run: str, *, mine: bool = False,
     return report
 
 
-__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "prune_rootfs",
-           "reap_run"]
+__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "gc_layers",
+           "prune_rootfs", "reap_run"]

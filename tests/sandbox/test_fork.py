@@ -1,0 +1,168 @@
+"""`Sandbox.fork(n)`, `snapshot()` and `restore` on the real backends (issue 32, item 1):
+children see the parent's filesystem as it was at the call and nothing of each other's or the
+parent's later changes; closing the parent leaves them working; the reaper removes the layers a
+SIGKILLed process left. The containment suite runs on forked sandboxes too
+(tests/faults/test_containment.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from corral.errors import SandboxError
+from corral.sandbox import SandboxSnapshot, make_backend, restore_sandbox
+from corral.sandbox import _layers
+from corral.sandbox.reaper import gc, reap_run
+
+backends = pytest.mark.parametrize("backend", ["docker", "bwrap"])
+
+VIEW = "{ cat /w/shared.txt; stat -c %a /w/shared.txt; ls /w; cat /w/dir/f; ls /etc/issue; } 2>&1"
+
+
+async def out(sb, command: str) -> str:
+    return (await sb.exec(command, timeout=30)).output
+
+
+@backends
+async def test_a_childs_writes_deletes_and_chmods_stay_its_own(make_sandbox, backend) -> None:
+    parent = await make_sandbox(backend, files={"/w/shared.txt": "base\n", "/w/gone.txt": "x"})
+    await out(parent, "mkdir -p /w/dir && echo deep > /w/dir/f && rm /etc/issue")
+    a, b = await parent.fork(2)
+    try:
+        assert a.spec == b.spec == parent.spec and a.can_fork
+        await out(a, "echo a >> /w/shared.txt && chmod 600 /w/shared.txt && rm /w/gone.txt && "
+                     "rm -r /w/dir && touch /w/a-only && echo back > /etc/issue")
+        await out(parent, "touch /w/parent-only && chmod 640 /w/shared.txt")
+        assert await out(a, VIEW) == ("base\na\n600\na-only\nshared.txt\ncat: /w/dir/f: No such "
+                                      "file or directory\n/etc/issue\n")
+        # b: the parent's files at the call, none of a's or the parent's changes since
+        assert await out(b, VIEW) == ("base\n644\ndir\ngone.txt\nshared.txt\ndeep\nls: cannot "
+                                      "access '/etc/issue': No such file or directory\n")
+        assert await out(parent, VIEW) == ("base\n640\ndir\ngone.txt\nparent-only\nshared.txt\n"
+                                           "deep\nls: cannot access '/etc/issue': No such file "
+                                           "or directory\n")
+        await b.write_file("/w/from-host", b"b")  # the host-side file API works on a child
+        assert await b.read_file("/w/from-host") == b"b"
+        with pytest.raises(FileNotFoundError):
+            await a.read_file("/w/from-host")
+    finally:
+        await asyncio.gather(a.close(), b.close())
+
+
+@backends
+async def test_closing_the_parent_leaves_the_children_working(make_sandbox, backend) -> None:
+    parent = await make_sandbox(backend, files={"/w/f": "1\n"})
+    (child,) = await parent.fork(1)
+    await parent.close()
+    try:
+        assert await out(child, "cat /w/f; echo 2 > /w/g; cat /w/g") == "1\n2\n"
+        grand = await child.fork(2, keep_parent=False)  # the child closes with this fork
+        assert not child.alive
+        try:
+            assert [await out(g, "cat /w/f /w/g") for g in grand] == ["1\n2\n"] * 2
+        finally:
+            await asyncio.gather(*(g.close() for g in grand))
+    finally:
+        await child.close()
+
+
+@backends
+async def test_a_snapshot_restores_in_another_backend_object(make_sandbox, backend,
+                                                             run_id) -> None:
+    parent = await make_sandbox(backend, files={"/w/f": "snap"})
+    snap = await parent.snapshot()
+    await out(parent, "echo later > /w/f")
+    restored = None
+    try:
+        again = SandboxSnapshot.from_json(snap.to_json())
+        assert again == snap and again.backend == backend
+        restored = await restore_sandbox(again, run_id=run_id)
+        assert await out(restored, "cat /w/f") == "snap"
+        with pytest.raises(SandboxError, match="cannot be restored on the"):
+            other = "bwrap" if backend == "docker" else "docker"
+            await make_backend(other, run_id=run_id).restore(snap)
+    finally:
+        if restored is not None:
+            await restored.close()
+        await snap.discard()
+        await snap.discard()  # idempotent
+
+
+async def test_bwrap_layers_stay_few_and_show_the_right_files(make_sandbox) -> None:
+    sb = await make_sandbox("bwrap", files={"/w/keep": "k"})
+    await out(sb, "mkdir -p /w/d && touch /w/d/old")
+    for i in range(_layers.MAX_DEPTH + 3):
+        # a new file, the previous one deleted (a whiteout), /w/d replaced (an opaque dir)
+        await out(sb, f"touch /w/f{i} && rm -f /w/f{i - 1} && rm -r /w/d && mkdir /w/d && "
+                      f"touch /w/d/n{i} && chmod 70{i % 8} /w/d")
+        (sb,) = await sb.fork(1, keep_parent=False)
+        assert 1 <= len(sb.stack) <= _layers.MAX_DEPTH
+    try:
+        assert await out(sb, "ls /w /w/d; stat -c %a /w/d") == \
+            f"/w:\nd\nf{i}\nkeep\n\n/w/d:\nn{i}\n70{i % 8}\n"
+    finally:
+        await sb.close()
+    left = {p.name for p in _layers.layers_dir().iterdir()} if _layers.layers_dir().is_dir() \
+        else set()
+    assert not {p.name for p in sb.stack} & left  # the last child's layers went with it
+
+
+async def test_a_fork_remembers_what_changed_before_it(make_sandbox) -> None:
+    import time
+
+    sb = await make_sandbox("bwrap", files={"/w/setup": "s"})
+    since = time.time()
+    await out(sb, "echo agent > /w/agent && rm /etc/issue")
+    (child,) = await sb.fork(1)
+    try:
+        await out(child, "touch /w/after")
+        changed = await child.changed_since(since)
+        assert {"/w/agent", "/etc/issue", "/w/after"} <= set(changed)
+        assert "/w/setup" not in changed
+    finally:
+        await child.close()
+
+
+REAPED = textwrap.dedent("""
+    import asyncio, json, sys
+    from corral.sandbox import open_sandbox
+    from corral.sandbox.spec import Terminal
+
+    async def main():
+        sb = await open_sandbox(Terminal(image=sys.argv[1]), "bwrap", run_id=sys.argv[2])
+        await sb.exec("echo x > /root/x")
+        kids = await sb.fork(2)
+        durable = await sb.snapshot(durable=True)
+        print(json.dumps({"kids": [str(p) for k in kids for p in k.stack],
+                          "durable": durable.ref}), flush=True)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+""")
+
+
+async def test_the_reaper_removes_forked_layers_after_a_sigkill(base_image, run_id) -> None:
+    run = f"{run_id}-forkreap"
+    proc = subprocess.Popen([sys.executable, "-c", REAPED, base_image, run],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        made = json.loads(await asyncio.to_thread(proc.stdout.readline))
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    kids, durable = {Path(p) for p in made["kids"]}, Path(made["durable"])
+    assert all(p.is_dir() for p in {*kids, durable})
+    report = reap_run(run)  # what a resumed run does first: durable snapshots stay
+    assert report.bwrap_dirs == 3 and report.bwrap_layers == len(kids)
+    assert not any(p.exists() or _layers.layer_record(p).exists() for p in kids)
+    assert durable.is_dir()
+    assert gc(run=run, docker=False).bwrap_layers == 1  # only `gc --run` removes it
+    assert not durable.exists() and not _layers.layer_record(durable).exists()
