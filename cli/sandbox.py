@@ -39,8 +39,8 @@ def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sand
     except CorralError as exc:
         fail(str(exc))
     console.print(f"removed {report.containers} containers, {report.bwrap_dirs} bwrap "
-                  f"sandboxes, {report.bwrap_layers} bwrap fork layers, {report.cgroups} "
-                  f"cgroups, {report.rootfs_exports} rootfs exports")
+                  f"sandboxes, {report.cgroups} cgroups, {report.rootfs_exports} rootfs exports, "
+                  f"{report.fork_images} fork images, {report.bwrap_layers} bwrap fork layers")
 
 
 @sandbox_app.command("hosts")

@@ -52,15 +52,15 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..errors import SandboxDied, SandboxError
 from . import _changes, _layers, _procs
 from ._confine import proc_args, shifted_rootfs, uid_base, write_id_maps
 from ._proto import ShellSession, StreamProcess, Transport, run_command
-from .base import BackendConfig, ExecResult, Process, Sandbox, Shell
+from .base import BackendConfig, ExecResult, Process, Sandbox, Shell, start_all
 from .snapshot import SandboxSnapshot
-from .docker import CAP_ADD
+from .containers import CAP_ADD
 from .image_backend import ImageBackend
 from ._rootio import RootDir
 from ._rootio import supported as openat2_supported
@@ -576,7 +576,7 @@ class BwrapSandbox(Sandbox):
             snap = await self._snapshot_on(layer, False)
             await self.close()
         try:
-            return await _start_all([self._boot(self.spec, self.image, self.run_id,
+            return await start_all([self._boot(self.spec, self.image, self.run_id,
                                                 self.env_id, snapshot_stack(snap))
                                      for _ in range(n)])
         finally:
@@ -628,16 +628,6 @@ def snapshot_stack(snapshot: SandboxSnapshot) -> list[Path]:
             raise SandboxError(f"the bwrap snapshot's layer {layer} is gone (discarded, or "
                                "reaped after the process that made it died)")
     return stack
-
-
-async def _start_all(starts: list[Any]) -> list[Sandbox]:
-    """Await sandbox starts together; if one fails, close those that started and raise it."""
-    results = await asyncio.gather(*starts, return_exceptions=True)
-    failed = [r for r in results if isinstance(r, BaseException)]
-    if failed:
-        await asyncio.gather(*(r.close() for r in results if isinstance(r, Sandbox)))
-        raise failed[0]
-    return list(results)
 
 
 async def _reap(proc: asyncio.subprocess.Process, limit: float) -> bool:

@@ -14,8 +14,10 @@ longer holds (`rootfs.prune_exports`), but those a live sandbox runs on or used 
 `EXPORT_GRACE_S`, so a cache that every rebuilt image adds to does not fill the disk.
 
 Forked and snapshot layers of the bwrap backend (`_layers`) go with their owner too, once no
-live sandbox runs on them: `gc_layers`. A durable snapshot's layer (and the layers under it)
-outlives its owner, for a resume; only `gc(run=RUN)` removes it.
+live sandbox runs on them: `gc_layers`; so do the docker backend's committed fork images
+(`gc_images`, after the containers, which may run on them). A durable snapshot (its layer and
+the layers under it, or its image) outlives its owner, for a resume; only `gc(run=RUN)` removes
+it.
 
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
 sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
@@ -48,7 +50,9 @@ from ._procs import owner_alive
 from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
                     sandboxes_dir)
 from .base import BackendConfig
-from .docker import LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN, DockerConfig, io_root
+from ._dockerfork import changes_file
+from .containers import LABEL_FORK, LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN, io_root, remove_image
+from .docker import DockerConfig
 from .fleet import (DockerHost, DockerHostConfig, configured_hosts, default_host, shared_host,
                     unreachable)
 from .daemon import LABEL_MANAGED
@@ -68,6 +72,7 @@ class GcReport:
     """What `gc` removed."""
 
     containers: int = 0
+    fork_images: int = 0
     bwrap_dirs: int = 0
     bwrap_layers: int = 0
     cgroups: int = 0
@@ -145,6 +150,37 @@ def _gc_host(api: Any, kept: set[str], run: str | None, everything: bool, orphan
             removed += 1
         except Exception as exc:  # a concurrent removal is fine
             log.debug("remove %s: %s", c["Id"][:12], exc)
+    return removed
+
+
+def gc_images(run: str | None = None, orphans_only: bool = False, mine: bool = False,
+              hosts: Sequence[str | DockerHostConfig] | None = None) -> int:
+    """Remove the committed images of docker forks and snapshots (`LABEL_FORK`) whose owner
+    died (or of `run`, as `gc_containers`), on every Docker host that answers; durable ones
+    only with `run` and not `orphans_only`. One a container still runs on stays for the next
+    gc. Returns the count removed."""
+    removed = 0
+    for host in docker_hosts(hosts):
+        try:
+            if not host.check():
+                continue
+            images = host.client().api.images(filters={"label": LABEL_FORK})
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            continue
+        for image in images:
+            labels = image.get("Labels") or {}
+            if run:
+                doomed = labels.get(LABEL_RUN) == run and (not orphans_only
+                                                           or _orphaned(labels, mine))
+            else:
+                doomed = _orphaned(labels)
+            if labels.get(LABEL_FORK) == "durable" and (run is None or orphans_only):
+                doomed = False
+            if doomed and remove_image(host, image["Id"]):
+                changes_file(image["Id"]).unlink(missing_ok=True)
+                removed += 1
     return removed
 
 
@@ -356,6 +392,7 @@ def gc(run: str | None = None, everything: bool = False, docker: bool = True,
     if docker:
         try:
             report.containers = gc_containers(run, everything, hosts=hosts)
+            report.fork_images = gc_images(run, hosts=hosts)
         except SandboxError as exc:  # no daemon: nothing of docker's to collect
             log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run)
@@ -375,6 +412,8 @@ def reap_run(run: str, *, mine: bool = False,
     try:
         report.containers = gc_containers(run, orphans_only=True, mine=mine,
                                           hosts=hosts_of(backend))
+        report.fork_images = gc_images(run, orphans_only=True, mine=mine,
+                                       hosts=hosts_of(backend))
     except SandboxError as exc:
         log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run, orphans_only=True, mine=mine)
@@ -387,5 +426,5 @@ def reap_run(run: str, *, mine: bool = False,
     return report
 
 
-__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "gc_layers",
-           "prune_rootfs", "reap_run"]
+__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "gc_images",
+           "gc_layers", "prune_rootfs", "reap_run"]

@@ -137,16 +137,26 @@ REAPED = textwrap.dedent("""
     from corral.sandbox.spec import Terminal
 
     async def main():
-        sb = await open_sandbox(Terminal(image=sys.argv[1]), "bwrap", run_id=sys.argv[2])
-        await sb.exec("echo x > /root/x")
-        kids = await sb.fork(2)
-        durable = await sb.snapshot(durable=True)
-        print(json.dumps({"kids": [str(p) for k in kids for p in k.stack],
-                          "durable": durable.ref}), flush=True)
+        made = {}
+        for backend in ("bwrap", "docker"):
+            sb = await open_sandbox(Terminal(image=sys.argv[1]), backend, run_id=sys.argv[2])
+            await sb.exec("echo x > /root/x")
+            kids = await sb.fork(2 if backend == "bwrap" else 1)
+            durable = await sb.snapshot(durable=True)
+            made[backend] = {"kids": sorted({getattr(k, "forked_from", "") or str(p)
+                                             for k in kids for p in getattr(k, "stack", [""])}),
+                             "durable": durable.ref}
+        print(json.dumps(made), flush=True)
         await asyncio.sleep(600)
 
     asyncio.run(main())
 """)
+
+
+def _images(run: str) -> set[str]:
+    listed = subprocess.run(["docker", "images", "-q", "--no-trunc", "--filter",
+                             f"label=corral.run={run}"], capture_output=True, text=True)
+    return set(listed.stdout.split())
 
 
 async def test_the_reaper_removes_forked_layers_after_a_sigkill(base_image, run_id) -> None:
@@ -158,11 +168,15 @@ async def test_the_reaper_removes_forked_layers_after_a_sigkill(base_image, run_
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    kids, durable = {Path(p) for p in made["kids"]}, Path(made["durable"])
+    kids, durable = {Path(p) for p in made["bwrap"]["kids"]}, Path(made["bwrap"]["durable"])
     assert all(p.is_dir() for p in {*kids, durable})
+    assert _images(run) == {*made["docker"]["kids"], made["docker"]["durable"]}
     report = reap_run(run)  # what a resumed run does first: durable snapshots stay
-    assert report.bwrap_dirs == 3 and report.bwrap_layers == len(kids)
+    assert report.bwrap_dirs == 3 and report.bwrap_layers == len(kids) == 1
+    assert report.containers == 2 and report.fork_images == 1
     assert not any(p.exists() or _layers.layer_record(p).exists() for p in kids)
-    assert durable.is_dir()
-    assert gc(run=run, docker=False).bwrap_layers == 1  # only `gc --run` removes it
+    assert durable.is_dir() and _images(run) == {made["docker"]["durable"]}
+    report = gc(run=run)  # only `gc --run` removes them
+    assert report.bwrap_layers == 1 and report.fork_images == 1
     assert not durable.exists() and not _layers.layer_record(durable).exists()
+    assert not _images(run)
