@@ -56,6 +56,7 @@ class DockerForks:
     _closed: bool
     _writable_layer: Callable[[], Awaitable[str]]
     close: Callable[[], Awaitable[None]]
+    restore_on: Callable[..., Awaitable["Sandbox"]]
 
     async def snapshot(self, *, durable: bool = False) -> SandboxSnapshot:
         """See `Sandbox.snapshot`: `docker commit` of the container (paused meanwhile)."""
@@ -77,18 +78,16 @@ class DockerForks:
     async def fork(self, n: int, *, keep_parent: bool = True) -> list["Sandbox"]:
         """See `Sandbox.fork`: one commit, `n` containers started from it on the parent's
         host (`keep_parent=False` removes the parent once committed)."""
-        from .docker import DockerBackend, DockerSandbox
-
         if n < 1:
             raise ValueError(f"fork(n) needs n >= 1, not {n}")
         snap = await self.snapshot()
         try:
             if not keep_parent:
                 await self.close()
-            return await start_all([DockerSandbox.restore_on(self.host, snap, self.run_id,
-                                                             self.env_id) for _ in range(n)])
+            return await start_all([self.restore_on(self.host, snap, self.run_id, self.env_id)
+                                    for _ in range(n)])
         finally:
-            await DockerBackend.discard_snapshot(snap)
+            await discard(self.host, snap.ref)
 
 
 def _write(record: Path, times: dict[str, float]) -> None:
