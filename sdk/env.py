@@ -231,6 +231,8 @@ class Env(gymnasium.Env[str, str]):
         episode = self._require_episode()
         if episode.sandbox is None:
             raise AuthoringError(f"{self.env_id or type(self).__name__} has no sandbox to fork")
+        if not getattr(episode.sandbox, "can_fork", False):
+            raise episode.sandbox.unforkable()
         if not self.restarts_setup_processes():
             raise AuthoringError(f"{self.env_id or type(self).__name__} is not forkable: its "
                                  "setup leaves processes running and it defines no on_fork() "

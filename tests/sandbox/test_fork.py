@@ -57,6 +57,36 @@ async def test_a_childs_writes_deletes_and_chmods_stay_its_own(make_sandbox, bac
         await asyncio.gather(a.close(), b.close())
 
 
+LIMITS = ("Memory", "MemorySwap", "PidsLimit", "NanoCpus", "CapAdd", "CapDrop", "SecurityOpt",
+          "NetworkMode", "Init", "Privileged", "ReadonlyPaths", "MaskedPaths")
+
+
+def _limits(sb) -> dict:
+    """What bounds a sandbox, read on the host: its container's host config, or its cgroup."""
+    if sb.backend == "docker":
+        inspect = subprocess.run(["docker", "inspect", sb.id], capture_output=True, text=True)
+        config = json.loads(inspect.stdout)[0]["HostConfig"]
+        return {key: config[key] for key in LIMITS}
+    return {f"{d.parent.parent.name}/{f.name}": f.read_text() for d in sb.cgroup.dirs
+            for f in sorted(d.iterdir()) if f.name.split(".")[-1] in ("max", "limit_in_bytes",
+                                                                       "cfs_quota_us")}
+
+
+@backends
+async def test_a_child_is_bounded_as_its_parent(make_sandbox, backend) -> None:
+    parent = await make_sandbox(backend, memory="256m", pids=64, cpus=0.5)
+    (child,) = await parent.fork(1)
+    try:
+        assert child.spec == parent.spec
+        assert _limits(child) == _limits(parent) and _limits(child)
+        # network off: the loopback device alone, as in the parent
+        devices = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+        assert await out(child, devices) == await out(parent, devices) == "lo\n"
+        assert await out(child, "id -u") == "0\n"
+    finally:
+        await child.close()
+
+
 @backends
 async def test_closing_the_parent_leaves_the_children_working(make_sandbox, backend) -> None:
     parent = await make_sandbox(backend, files={"/w/f": "1\n"})
