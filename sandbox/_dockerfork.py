@@ -82,10 +82,9 @@ class DockerForks:
             raise ValueError(f"fork(n) needs n >= 1, not {n}")
         snap = await self.snapshot()
         try:
-            if not keep_parent:
-                await self.close()
+            # a handed-over parent's removal (a daemon call) runs while the children start
             return await start_all([self.restore_on(self.host, snap, self.run_id, self.env_id)
-                                    for _ in range(n)])
+                                    for _ in range(n)], None if keep_parent else self.close())
         finally:
             await discard(self.host, snap.ref)
 

@@ -369,12 +369,16 @@ def cap_output(data: bytes, limit: int = DEFAULT_OUTPUT_LIMIT) -> tuple[str, boo
     return kept + TRUNCATION_MARKER.format(dropped=len(data) - limit), True
 
 
-async def start_all(starts: Sequence[Awaitable[Sandbox]]) -> list[Sandbox]:
-    """Await sandbox starts together (a fork's children); if one fails, close those that
-    started and raise its error."""
-    results = await asyncio.gather(*starts, return_exceptions=True)
+async def start_all(starts: Sequence[Awaitable[Sandbox]],
+                    alongside: Awaitable[None] | None = None) -> list[Sandbox]:
+    """Await sandbox starts together (a fork's children), and `alongside` with them (a
+    parent's close); if a start fails, close those that started. Raises the first error."""
+    extra = [] if alongside is None else [alongside]
+    results = await asyncio.gather(*starts, *extra, return_exceptions=True)
+    started = [r for r in results[:len(starts)] if isinstance(r, Sandbox)]
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
-        await asyncio.gather(*(r.close() for r in results if isinstance(r, Sandbox)))
+        if len(started) < len(starts):
+            await asyncio.gather(*(sb.close() for sb in started))
         raise failed[0]
-    return [r for r in results if isinstance(r, Sandbox)]
+    return started

@@ -574,11 +574,10 @@ class BwrapSandbox(Sandbox):
             await self._stop()
             await asyncio.to_thread(_layers.adopt_upper, self.dir / "upper", layer)
             snap = await self._snapshot_on(layer, False)
-            await self.close()
         try:
-            return await start_all([self._boot(self.spec, self.image, self.run_id,
-                                                self.env_id, snapshot_stack(snap))
-                                     for _ in range(n)])
+            return await start_all([self._boot(self.spec, self.image, self.run_id, self.env_id,
+                                               snapshot_stack(snap)) for _ in range(n)],
+                                   None if keep_parent else self.close())  # the rest of it
         finally:
             await BwrapBackend.discard_snapshot(snap)
 
