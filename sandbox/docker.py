@@ -28,6 +28,14 @@ so a killed fork bomb does not leave zombies holding the pids limit, and it exit
 SIGTERM) and `stop_signal=SIGKILL` so teardown never waits. Timeouts are enforced from the host
 through /proc (`_procs.kill_below`) when the daemon is local (a unix socket).
 
+Forks and snapshots (`_dockerfork`): the container is committed to an image (paused meanwhile)
+and children start from it on the same host with the parent's spec and agent user.
+
+The backend's jobs, one module each: the Engine-API HTTP client and the SDK's thread pool
+(`_engine`), a container's lifecycle, labels and committed images (`containers`), file I/O
+(`_dockerfiles`), process killing (`_dockerkill`), the shells (`_dockershells`), forks
+(`_dockerfork`); this module joins them into `DockerSandbox` and the backend's table row.
+
 Hosts: a sandbox lives on one daemon of the backend's fleet (`fleet.py`: several daemons, each
 with a capacity, a creation-rate limit and health checks). On a remote daemon (`tcp://`,
 `ssh://`) its processes are out of the host's reach: shells are Docker execs, and a command's
