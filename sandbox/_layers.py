@@ -52,6 +52,7 @@ _OPAQUE = "trusted.overlay.opaque"
 
 _users: Counter[str] = Counter()  # layer path -> sandboxes of this process running on it
 _held: Counter[str] = Counter()  # layer path -> snapshots of this process not yet discarded
+_discarded: set[str] = set()  # layers discarded here while a sandbox still ran on them
 
 
 def layers_dir() -> Path:
@@ -219,15 +220,18 @@ def acquire(stack: Iterable[Path]) -> None:
 
 
 def release(stack: Iterable[Path], sandboxes: Path) -> None:
-    """A sandbox of this process on `stack` closed: remove the layers no sandbox and no held
-    snapshot of this process uses any more, unless a sandbox of another process runs on them
-    (by the owner records in `sandboxes`, the bwrap sandbox dirs; the reaper decides those)."""
+    """A sandbox of this process on `stack` closed: remove the layers this process made for
+    forks that no sandbox and no held snapshot of it uses any more, unless a sandbox of another
+    process runs on them (by the owner records in `sandboxes`, the bwrap sandbox dirs). A
+    durable snapshot's layer, or another process's, stays (`discard`, the reaper)."""
     for layer in stack:
         key = str(layer)
         _users[key] -= 1
         if _users[key] <= 0:
             del _users[key]
-            if key not in _held and not _used_elsewhere(layer, sandboxes):
+            if key not in _held and (key in _discarded or _ours(layer)) and \
+                    not _used_elsewhere(layer, sandboxes):
+                _discarded.discard(key)
                 remove_layer(layer)
 
 
@@ -237,17 +241,28 @@ def hold(stack: Iterable[Path]) -> None:
         _held[str(layer)] += 1
 
 
-def unhold(stack: Iterable[Path], sandboxes: Path) -> None:
-    """A snapshot on `stack` was discarded: remove the layers nothing else uses (as
-    `release`)."""
-    for layer in stack:
+def unhold(stack: Sequence[Path], sandboxes: Path) -> None:
+    """A snapshot on `stack` was discarded: remove its own layer (the top) and the layers below
+    it this process made for forks, once nothing else uses them (as `release`)."""
+    for i, layer in enumerate(stack):
         key = str(layer)
         if _held[key] > 0:
             _held[key] -= 1
         if _held[key] <= 0:
             del _held[key]
-            if not _users.get(key) and not _used_elsewhere(layer, sandboxes):
+            if i and not _ours(layer):
+                continue  # another snapshot's layer, or a dead process's: the reaper's
+            if _users.get(key):
+                _discarded.add(key)  # removed when the last sandbox on it closes
+            elif not _used_elsewhere(layer, sandboxes):
                 remove_layer(layer)
+
+
+def _ours(layer: Path) -> bool:
+    """Whether this process made `layer` as a fork's (not a durable snapshot's): the only
+    layers a sandbox's close may remove; the others go by `discard` or the reaper."""
+    record = read_record(layer)
+    return record is not None and record.get("pid") == os.getpid() and not record["durable"]
 
 
 def _used_elsewhere(layer: Path, sandboxes: Path) -> bool:

@@ -129,7 +129,7 @@ async def test_a_snapshot_restores_in_another_backend_object(make_sandbox, backe
 async def test_bwrap_layers_stay_few_and_show_the_right_files(make_sandbox) -> None:
     sb = await make_sandbox("bwrap", files={"/w/keep": "k"})
     await out(sb, "mkdir -p /w/d && touch /w/d/old")
-    for i in range(_layers.MAX_DEPTH + 3):
+    for i in range(_layers.MAX_DEPTH + 2):  # one squash, then a fork over the squashed layer
         # a new file, the previous one deleted (a whiteout), /w/d replaced (an opaque dir)
         await out(sb, f"touch /w/f{i} && rm -f /w/f{i - 1} && rm -r /w/d && mkdir /w/d && "
                       f"touch /w/d/n{i} && chmod 70{i % 8} /w/d")
@@ -171,11 +171,14 @@ REAPED = textwrap.dedent("""
         for backend in ("bwrap", "docker"):
             sb = await open_sandbox(Terminal(image=sys.argv[1]), backend, run_id=sys.argv[2])
             await sb.exec("echo x > /root/x")
-            kids = await sb.fork(2 if backend == "bwrap" else 1)
-            durable = await sb.snapshot(durable=True)
-            made[backend] = {"kids": sorted({getattr(k, "forked_from", "") or str(p)
-                                             for k in kids for p in getattr(k, "stack", [""])}),
-                             "durable": durable.ref}
+            kids = await sb.fork(2)
+            await kids[0].exec("echo kid > /root/x")
+            # bwrap: the durable snapshot is a child's, so it stands on the fork's layer
+            durable = await (kids[0] if backend == "bwrap" else sb).snapshot(durable=True)
+            lost = await sb.snapshot()
+            made[backend] = {"fork": sorted({getattr(k, "forked_from", "") or str(k.stack[0])
+                                             for k in kids}),
+                             "durable": durable.to_json(), "lost": lost.ref}
         print(json.dumps(made), flush=True)
         await asyncio.sleep(600)
 
@@ -198,15 +201,27 @@ async def test_the_reaper_removes_forked_layers_after_a_sigkill(base_image, run_
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    kids, durable = {Path(p) for p in made["bwrap"]["kids"]}, Path(made["bwrap"]["durable"])
-    assert all(p.is_dir() for p in {*kids, durable})
-    assert _images(run) == {*made["docker"]["kids"], made["docker"]["durable"]}
+    durable = {b: SandboxSnapshot.from_json(made[b]["durable"]) for b in made}
+    (fork_layer,) = map(Path, made["bwrap"]["fork"])
+    lost, kept = Path(made["bwrap"]["lost"]), Path(durable["bwrap"].ref)
+    assert durable["bwrap"].extra["below"] == [str(fork_layer)]
+    assert all(p.is_dir() for p in (fork_layer, lost, kept))
+    assert _images(run) == {*made["docker"]["fork"], made["docker"]["lost"],
+                            durable["docker"].ref}
     report = reap_run(run)  # what a resumed run does first: durable snapshots stay
-    assert report.bwrap_dirs == 3 and report.bwrap_layers == len(kids) == 1
-    assert report.containers == 2 and report.fork_images == 1
-    assert not any(p.exists() or _layers.layer_record(p).exists() for p in kids)
-    assert durable.is_dir() and _images(run) == {made["docker"]["durable"]}
+    assert report.bwrap_dirs == 3 and report.containers == 3
+    assert report.bwrap_layers == 1 and report.fork_images == 2
+    assert not lost.exists() and not _layers.layer_record(lost).exists()
+    assert kept.is_dir() and fork_layer.is_dir()  # the durable one needs the layer below it
+    assert _images(run) == {durable["docker"].ref}
+    for backend, snap in durable.items():  # a resumed run restores what the dead one kept
+        restored = await restore_sandbox(snap)
+        try:
+            assert await out(restored, "cat /root/x") == ("kid\n" if backend == "bwrap"
+                                                          else "x\n")
+        finally:
+            await restored.close()
     report = gc(run=run)  # only `gc --run` removes them
-    assert report.bwrap_layers == 1 and report.fork_images == 1
-    assert not durable.exists() and not _layers.layer_record(durable).exists()
+    assert report.bwrap_layers == 2 and report.fork_images == 1
+    assert not any(p.exists() or _layers.layer_record(p).exists() for p in (kept, fork_layer))
     assert not _images(run)
