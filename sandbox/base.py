@@ -372,13 +372,15 @@ def cap_output(data: bytes, limit: int = DEFAULT_OUTPUT_LIMIT) -> tuple[str, boo
 async def start_all(starts: Sequence[Awaitable[Sandbox]],
                     alongside: Awaitable[None] | None = None) -> list[Sandbox]:
     """Await sandbox starts together (a fork's children), and `alongside` with them (a
-    parent's close); if a start fails, close those that started. Raises the first error."""
+    parent's close, whose failure is logged: the children are fine); if a start fails, close
+    those that started and raise its error."""
     extra = [] if alongside is None else [alongside]
     results = await asyncio.gather(*starts, *extra, return_exceptions=True)
     started = [r for r in results[:len(starts)] if isinstance(r, Sandbox)]
-    failed = [r for r in results if isinstance(r, BaseException)]
+    failed = [r for r in results[:len(starts)] if isinstance(r, BaseException)]
     if failed:
-        if len(started) < len(starts):
-            await asyncio.gather(*(sb.close() for sb in started))
+        await asyncio.gather(*(sb.close() for sb in started))
         raise failed[0]
+    if extra and isinstance(results[-1], BaseException):
+        log.warning("closing a forked sandbox's parent failed: %s", results[-1])
     return started

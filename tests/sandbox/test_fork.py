@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from corral.errors import SandboxError
-from corral.sandbox import SandboxSnapshot, make_backend, restore_sandbox
+from corral.sandbox import SandboxOpener, SandboxSnapshot, make_backend, restore_sandbox
 from corral.sandbox import _layers
 from corral.sandbox.reaper import gc, reap_run
 
@@ -116,6 +116,11 @@ async def test_a_snapshot_restores_in_another_backend_object(make_sandbox, backe
         assert again == snap and again.backend == backend
         restored = await restore_sandbox(again, run_id=run_id)
         assert await out(restored, "cat /w/f") == "snap"
+        async with SandboxOpener(run_id=run_id) as opener:  # a runner's way: its backends
+            async with await opener.restore(again) as second:
+                assert await out(second, "cat /w/f") == "snap"
+                assert await out(restored, "echo mine > /w/f; cat /w/f") == "mine\n"
+                assert await out(second, "cat /w/f") == "snap"
         with pytest.raises(SandboxError, match="cannot be restored on the"):
             other = "bwrap" if backend == "docker" else "docker"
             await make_backend(other, run_id=run_id).restore(snap)
