@@ -30,15 +30,20 @@ if TYPE_CHECKING:
     from .fleet import DockerHost
     from .spec import Terminal
 
-__all__ = ["DockerForks", "changes_file", "discard", "read_changes", "unuse", "use"]
+__all__ = ["DockerForks", "changes_dir", "changes_file", "discard", "read_changes", "unuse", "use"]
 
 _users: Counter[str] = Counter()  # image id -> sandboxes of this process started from it
 _discarded: set[str] = set()  # images whose snapshot was discarded (removed at 0 users)
 
 
+def changes_dir() -> Path:
+    """Where committed images' change times live ($CORRAL_CACHE/docker-forks)."""
+    return cache_dir() / "docker-forks"
+
+
 def changes_file(image: str) -> Path:
-    """Where a committed image's change times live ($CORRAL_CACHE/docker-forks/ID.json)."""
-    return cache_dir() / "docker-forks" / f"{image.replace(':', '_')}.json"
+    """The file of a committed image's change times (changes_dir()/ID.json)."""
+    return changes_dir() / f"{image.replace(':', '_')}.json"
 
 
 class DockerForks:

@@ -50,7 +50,7 @@ from ._procs import owner_alive
 from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
                     sandboxes_dir)
 from .base import BackendConfig
-from ._dockerfork import changes_file
+from ._dockerfork import changes_dir, changes_file
 from .containers import LABEL_FORK, LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN, io_root, remove_image
 from .docker import DockerConfig
 from .fleet import (DockerHost, DockerHostConfig, configured_hosts, default_host, shared_host,
@@ -159,16 +159,20 @@ def gc_images(run: str | None = None, orphans_only: bool = False, mine: bool = F
     died (or of `run`, as `gc_containers`), on every Docker host that answers; durable ones
     only with `run` and not `orphans_only`. One a container still runs on stays for the next
     gc. Returns the count removed."""
-    removed = 0
+    removed, complete = 0, True
+    held: set[str] = set()  # the fork images the hosts still have
     for host in docker_hosts(hosts):
         try:
             if not host.check():
+                complete = False
                 continue
             images = host.client().api.images(filters={"label": LABEL_FORK})
         except Exception as exc:
             if not unreachable(exc):
                 raise
+            complete = False
             continue
+        held |= {image["Id"] for image in images}
         for image in images:
             labels = image.get("Labels") or {}
             if run:
@@ -180,8 +184,20 @@ def gc_images(run: str | None = None, orphans_only: bool = False, mine: bool = F
                 doomed = False
             if doomed and remove_image(host, image["Id"]):
                 changes_file(image["Id"]).unlink(missing_ok=True)
+                held.discard(image["Id"])
                 removed += 1
+    if complete:
+        _gc_changes_files(held)
     return removed
+
+
+def _gc_changes_files(kept: set[str]) -> None:
+    """Remove the change-time files of committed images no host holds any more (an image
+    removed by other means); one younger than the grace period may be being made."""
+    root = changes_dir()
+    for record in root.glob("*.json") if root.is_dir() else []:
+        if record.stem.replace("_", ":", 1) not in kept and _age(record) > OWNERLESS_GRACE_S:
+            record.unlink(missing_ok=True)
 
 
 def _gc_io_dirs(kept: set[str]) -> None:

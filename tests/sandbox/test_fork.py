@@ -230,3 +230,19 @@ async def test_the_reaper_removes_forked_layers_after_a_sigkill(base_image, run_
     assert report.bwrap_layers == 2 and report.fork_images == 1
     assert not any(p.exists() or _layers.layer_record(p).exists() for p in (kept, fork_layer))
     assert not _images(run)
+
+
+def test_the_reaper_drops_change_times_of_images_gone_by_other_means(dockerd) -> None:
+    from corral.sandbox._dockerfork import changes_file
+    from corral.sandbox.reaper import gc_images
+
+    stale, fresh = changes_file("sha256:" + "0" * 64), changes_file("sha256:" + "1" * 64)
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    for record in (stale, fresh):
+        record.write_text("{}")
+    os.utime(stale, (0, 0))  # long ago: its image is not being made any more
+    try:
+        gc_images()
+        assert not stale.exists() and fresh.exists()  # the young one may be being made
+    finally:
+        fresh.unlink(missing_ok=True)
