@@ -150,10 +150,11 @@ async def test_bwrap_layers_stay_few_and_show_the_right_files(make_sandbox) -> N
     assert not {p.name for p in sb.stack} & left  # the last child's layers went with it
 
 
-async def test_a_fork_remembers_what_changed_before_it(make_sandbox) -> None:
+@backends
+async def test_a_fork_remembers_what_changed_before_it(make_sandbox, backend) -> None:
     import time
 
-    sb = await make_sandbox("bwrap", files={"/w/setup": "s"})
+    sb = await make_sandbox(backend, files={"/w/setup": "s"})
     since = time.time()
     await out(sb, "echo agent > /w/agent && rm /etc/issue")
     (child,) = await sb.fork(1)
