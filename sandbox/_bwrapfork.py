@@ -42,15 +42,17 @@ class BwrapForks:
         processes are frozen (where its cgroup has a freezer)."""
         self._rootdir()
         layer = _layers.new_layer_path(self.run_id, durable=durable)
-        frozen = self.cgroup is not None and await asyncio.to_thread(self.cgroup.freeze, True)
+        cgroup = self.cgroup
         try:
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.freeze, True)
             await asyncio.to_thread(_layers.copy_upper, self.dir / "upper", layer)
         except BaseException:
             _layers.remove_layer(layer)
             raise
         finally:
-            if frozen:
-                await asyncio.to_thread(self.cgroup.freeze, False)  # type: ignore[union-attr]
+            if cgroup is not None:  # also after a freeze that timed out half-way
+                await asyncio.to_thread(cgroup.freeze, False)
         return await self._snapshot_on(layer, durable)
 
     async def _snapshot_on(self, layer: Path, durable: bool) -> SandboxSnapshot:

@@ -65,8 +65,9 @@ class Cgroup:
         return " ".join(str(d / "cgroup.procs") for d in self.dirs)
 
     def freeze(self, frozen: bool, limit: float = 5.0) -> bool:
-        """Freeze (or thaw) every process of the cgroup and wait until the kernel says so;
-        False where there is no freezer (v1 without the freezer controller)."""
+        """Freeze (or thaw) every process of the cgroup and wait until the kernel says so
+        (at most `limit` seconds); False where there is no freezer (v1 without the freezer
+        controller) or the state was not reached."""
         for d in self.dirs:
             if (d / "cgroup.freeze").exists():  # v2
                 file, value, done = d / "cgroup.freeze", "1" if frozen else "0", \
@@ -80,7 +81,7 @@ class Cgroup:
             deadline = time.monotonic() + limit
             while not done() and time.monotonic() < deadline:
                 time.sleep(0.001)
-            return True
+            return done()
         return False
 
     def remove(self) -> None:
