@@ -27,11 +27,16 @@ How a sandbox is laid out:
 - Host-side file operations (`write_file`, `read_file`, upload, download) resolve every path
   inside the sandbox's root with `openat2(RESOLVE_IN_ROOT)` (`_rootio`): a link the agent
   plants cannot lead them out, and they never touch procfs or sysfs.
-- Limits: a cgroup per sandbox (v1 pids/memory/cpu controllers, or v2) when /sys/fs/cgroup is
-  writable; otherwise `prlimit` rlimits (nproc, address space) inside the sandbox.
+- Limits: a cgroup per sandbox (`_cgroup`: v1 pids/memory/cpu controllers, or v2) when
+  /sys/fs/cgroup is writable; otherwise `prlimit` rlimits (nproc, address space) inside the
+  sandbox.
 - Network: off unless spec.network is set, in which case the host's network is shared (bwrap has
   no bridge).
 - Kill guarantee: the same host-side /proc group kill as the docker backend.
+- Forks and snapshots (`_bwrapfork`, on the layers of `_layers`): a snapshot copies the upper
+  dir (processes frozen meanwhile) into a read-only layer; sandboxes restored from it stack a
+  fresh upper over that layer, the parent's layers and the rootfs. `fork(n, keep_parent=False)`
+  stops the parent and hands its upper dir itself to the children: no data is copied.
 """
 
 from __future__ import annotations
@@ -51,11 +56,14 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..errors import SandboxDied, SandboxError
-from . import _changes, _procs
+from . import _bwrapfork, _changes, _layers, _procs
+from ._bwrapfork import BwrapForks, snapshot_stack
+from ._cgroup import CGROUP_ROOT, Cgroup, wait_empty
 from ._confine import proc_args, shifted_rootfs, uid_base, write_id_maps
 from ._proto import ShellSession, StreamProcess, Transport, run_command
 from .base import BackendConfig, ExecResult, Process, Sandbox, Shell
-from .docker import CAP_ADD
+from .snapshot import SandboxSnapshot
+from .containers import CAP_ADD
 from .image_backend import ImageBackend
 from ._rootio import RootDir
 from ._rootio import supported as openat2_supported
@@ -67,11 +75,10 @@ from .spec import Terminal, parse_size
 
 __all__ = ["BwrapBackend", "BwrapConfig", "BwrapSandbox", "CGROUP_ROOT", "Cgroup", "MOUNT_ROOT",
            "OWNER_SUFFIX", "PipeTransport", "cgroup_record", "launcher_root", "mount_point",
-           "owner_record", "sandboxes_dir"]
+           "owner_record", "sandboxes_dir", "snapshot_stack"]
 
 log = logging.getLogger(__name__)
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 _MOUNT = ('for f in $5; do echo $$ > "$f" || exit 125; done; '
           'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 5 && '
           'exec "$@"')
@@ -93,7 +100,7 @@ def sandboxes_dir() -> Path:
     return cache_dir() / "bwrap"
 
 
-OWNER_SUFFIX = ".owner"
+OWNER_SUFFIX = _layers.RECORD_SUFFIX
 
 
 def owner_record(sandbox_dir: Path) -> Path:
@@ -113,58 +120,6 @@ def cgroup_record(name: str) -> Path:
 
 def _passwd(rootfs: Path, user: str) -> tuple[int, int, str]:
     return passwd_entry((rootfs / "etc" / "passwd").read_text(), user)
-
-
-class Cgroup:
-    """A per-sandbox cgroup (v1: one dir per controller; v2: one dir) with the spec's limits."""
-
-    def __init__(self, name: str, spec: Terminal) -> None:
-        self.dirs: list[Path] = []
-        mem, cpu = parse_size(spec.memory), spec.cpus
-        if (CGROUP_ROOT / "cgroup.controllers").exists():  # v2
-            d = CGROUP_ROOT / "corral" / name
-            d.mkdir(parents=True)
-            self.dirs = [d]
-            self._set(d, "pids.max", spec.pids)
-            self._set(d, "memory.max", mem)
-            self._set(d, "memory.swap.max", 0)
-            self._set(d, "cpu.max", f"{int(cpu * 100000)} 100000")
-            return
-        limits = {"pids": {"pids.max": spec.pids},
-                  "memory": {"memory.limit_in_bytes": mem},
-                  "cpu": {"cpu.cfs_period_us": 100000, "cpu.cfs_quota_us": int(cpu * 100000)}}
-        for ctl, files in limits.items():
-            d = CGROUP_ROOT / ctl / "corral" / name
-            d.mkdir(parents=True)
-            self.dirs.append(d)
-            for key, value in files.items():
-                self._set(d, key, value)
-
-    @staticmethod
-    def _set(d: Path, key: str, value: object) -> None:
-        try:
-            (d / key).write_text(str(value))
-        except OSError as exc:  # e.g. memory.swap.max absent without swap accounting
-            log.debug("cgroup %s/%s: %s", d, key, exc)
-
-    @staticmethod
-    def available() -> bool:
-        """Whether this process may create cgroups."""
-        for probe in (CGROUP_ROOT / "cgroup.procs", CGROUP_ROOT / "pids" / "cgroup.procs"):
-            if probe.exists():
-                return os.access(probe.parent, os.W_OK)
-        return False
-
-    @property
-    def procs(self) -> str:
-        return " ".join(str(d / "cgroup.procs") for d in self.dirs)
-
-    def remove(self) -> None:
-        for d in self.dirs:
-            try:
-                d.rmdir()
-            except OSError:
-                log.warning("cgroup %s still busy; `corral sandbox gc` removes it later", d)
 
 
 class PipeTransport(Transport):
@@ -221,10 +176,11 @@ def launcher_root() -> tuple[str, ...]:
     return tuple(args)
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(BwrapForks, Sandbox):
     """A Terminal sandbox under bubblewrap (see module docstring)."""
 
     backend = "bwrap"
+    can_fork = True
 
     def __init__(self, spec: Terminal, rootfs: Path, workdir: Path, uid: int, gid: int,
                  env: dict[str, str], cwd: str, cgroup: Cgroup | None, base: int) -> None:
@@ -236,12 +192,21 @@ class BwrapSandbox(Sandbox):
         self._shell: ShellSession | None = None
         self._root: RootDir | None = None  # the sandbox's "/", for host-side file I/O
         self.mnt: Path | None = None  # the overlay's mount point (MOUNT_ROOT/<name>-*)
-        self._closed = False
+        self.stack: list[Path] = []  # read-only layers over the rootfs, top first (`_layers`)
+        self.image, self.run_id, self.env_id = "", "adhoc", ""
+        self._closed = self._stopped = False
 
     @classmethod
     async def create(cls, spec: Terminal, *, image: str | None = None, run_id: str = "adhoc",
                      env_id: str = "") -> "BwrapSandbox":
         """Start a sandbox on `image`'s exported rootfs (exported on first use, then cached)."""
+        return await cls._boot(spec, image or spec.image, run_id, env_id, [])
+
+    @classmethod
+    async def _boot(cls, spec: Terminal, image: str, run_id: str, env_id: str,
+                    stack: list[Path]) -> "BwrapSandbox":
+        """Start a sandbox on `image`'s rootfs under the layers `stack` (top first; a restore:
+        the spec's files and workdir are then already in the layers, as the parent left them)."""
         if os.geteuid() != 0:
             raise SandboxError("the bwrap backend mounts overlayfs and needs root here "
                                "(bubblewrap 0.8); use backend='docker'")
@@ -254,10 +219,10 @@ class BwrapSandbox(Sandbox):
                                "operations inside the sandbox; use backend='docker'")
         t0 = time.monotonic()
         base = uid_base()
-        exported = await asyncio.to_thread(export_rootfs, image or spec.image)
+        exported = await asyncio.to_thread(export_rootfs, image)
         rootfs = await asyncio.to_thread(shifted_rootfs, exported, base)
         if not (rootfs / "usr/bin/setpriv").exists():
-            raise SandboxError(f"image {image or spec.image} has no /usr/bin/setpriv (util-linux),"
+            raise SandboxError(f"image {image} has no /usr/bin/setpriv (util-linux),"
                                " which the bwrap backend uses to drop privileges")
         meta = rootfs_config(exported)
         user = spec.user or meta["user"] or "root"
@@ -273,12 +238,15 @@ class BwrapSandbox(Sandbox):
         sbdir.parent.mkdir(parents=True, exist_ok=True)
         record = json.dumps({"pid": os.getpid(), "start": _procs.own_start(), "run": run_id,
                              "env": env_id, "created": time.time(), "rootfs": exported.name,
-                             "dir": str(sbdir)})
+                             "dir": str(sbdir), "layers": [p.name for p in stack]})
         owner_record(sbdir).write_text(record)
         MOUNT_ROOT.mkdir(mode=0o711, exist_ok=True)
         cgroup_record(name).write_text(record)
         touch_export(exported)
         sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, None, base)
+        sandbox.image, sandbox.run_id, sandbox.env_id = image, run_id, env_id
+        sandbox.stack = list(stack)
+        _layers.acquire(stack)
         try:
             for sub in ("upper", "work"):
                 (sbdir / sub).mkdir(parents=True)
@@ -288,10 +256,11 @@ class BwrapSandbox(Sandbox):
             (sbdir / "upper").chmod(0o755)
             sandbox.cgroup = Cgroup(name, spec) if Cgroup.available() else None
             await sandbox._start()
-            # a missing workdir is made, owned by the sandbox's root, as Docker makes it
-            await asyncio.to_thread(sandbox._root.makedirs, cwd)
-            for path, content in spec.files.items():
-                await sandbox.write_file(path, content)
+            if not stack:
+                # a missing workdir is made, owned by the sandbox's root, as Docker makes it
+                await asyncio.to_thread(sandbox._root.makedirs, cwd)
+                for path, content in spec.files.items():
+                    await sandbox.write_file(path, content)
         except BaseException:
             await sandbox.close()
             raise
@@ -301,6 +270,9 @@ class BwrapSandbox(Sandbox):
 
     def _cgroup_prefix(self) -> list[str]:
         return ["sh", "-c", _JOIN_CGROUPS, "corral", self.cgroup.procs] if self.cgroup else []
+
+    def _lowerdir(self) -> str:
+        return ":".join(str(p) for p in [*self.stack, self.rootfs])
 
     async def _start(self) -> None:
         net = [] if self.spec.network_mode != "none" else ["--unshare-net"]
@@ -318,7 +290,7 @@ class BwrapSandbox(Sandbox):
         # with it; bwrap 0.8 alone outlives its parent
         argv = ["setpriv", "--pdeathsig", "KILL", "--",
                 "unshare", "--mount", "--propagation", "private",
-                "sh", "-c", _MOUNT, "corral", str(self.rootfs), str(self.dir / "upper"),
+                "sh", "-c", _MOUNT, "corral", self._lowerdir(), str(self.dir / "upper"),
                 str(self.dir / "work"), merged, self.cgroup.procs if self.cgroup else "",
                 "setpriv", f"--reuid={self.base}", f"--regid={self.base}", "--clear-groups",
                 "--pdeathsig", "KILL", "--",
@@ -476,20 +448,26 @@ class BwrapSandbox(Sandbox):
         return True
 
     async def changed_since(self, since: float) -> list[str] | None:
-        """See `Sandbox.changed_since` (the sandbox's upper dir)."""
+        """See `Sandbox.changed_since` (the sandbox's upper dir, and for a fork the change
+        times its layers remember)."""
         upper = _changes.exists(str(self.dir / "upper"))
-        return None if upper is None else await asyncio.to_thread(
-            _changes.changed_since, upper, since)
+        if upper is None:
+            return None
+        found = await asyncio.to_thread(_changes.changed_since, upper, since)
+        if self.stack:
+            inherited = await asyncio.to_thread(_layers.changed_since, self.stack, since)
+            found = sorted({*found, *inherited})
+        return found
 
     @property
     def alive(self) -> bool:
         return not self._closed and self.proc is not None and self.proc.returncode is None
 
-    async def close(self) -> None:
-        """Kill everything in the sandbox, drop its cgroup and upper dir. Idempotent."""
-        if self._closed:
+    async def _stop(self) -> None:
+        """Kill everything in the sandbox and drop its cgroup; its dirs stay. Idempotent."""
+        if self._stopped:
             return
-        self._closed = True
+        self._stopped = True
         if self._shell is not None:
             await self._shell.close()
         if self._root is not None:
@@ -502,10 +480,18 @@ class BwrapSandbox(Sandbox):
                 pass
             await _reap(self.proc, 5.0)
         if self.cgroup:
-            await asyncio.to_thread(_wait_empty, self.cgroup)
+            await asyncio.to_thread(wait_empty, self.cgroup)
             self.cgroup.remove()
         if not self.cgroup or not any(d.exists() for d in self.cgroup.dirs):
             cgroup_record(self.dir.name).unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        """Kill everything in the sandbox, drop its cgroup and upper dir. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._stop()
+        await asyncio.to_thread(_layers.release, self.stack, sandboxes_dir())
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
         if not self.dir.exists():  # else the record stays: the reaper ends what we could not
             owner_record(self.dir).unlink(missing_ok=True)
@@ -526,20 +512,6 @@ async def _reap(proc: asyncio.subprocess.Process, limit: float) -> bool:
     return True
 
 
-def _wait_empty(cgroup: Cgroup, limit: float = 5.0) -> None:
-    """Wait until the kernel has reaped every process of the cgroup (rmdir needs it empty)."""
-    deadline = time.monotonic() + limit
-    for d in cgroup.dirs:
-        procs = d / "cgroup.procs"
-        while procs.exists() and procs.read_text().strip() and time.monotonic() < deadline:
-            for pid in procs.read_text().split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            time.sleep(0.005)
-
-
 class BwrapConfig(BackendConfig):
     """Options of the bwrap backend: none yet (rootfs exports and sandbox dirs live under
     `$CORRAL_CACHE`)."""
@@ -550,6 +522,21 @@ class BwrapBackend(ImageBackend):
 
     name = "bwrap"
     sandbox_class = BwrapSandbox
+    can_fork = True
+
+    async def restore(self, snapshot: SandboxSnapshot, *,
+                      env_id: str | None = None) -> Sandbox:
+        """See `Backend.restore`: a fresh upper dir over the snapshot's layers."""
+        self.check_snapshot(snapshot)
+        stack = await asyncio.to_thread(snapshot_stack, snapshot)
+        return await BwrapSandbox._boot(Terminal(**snapshot.spec), snapshot.extra["image"],
+                                        self.run_id, snapshot.env_id if env_id is None
+                                        else env_id, stack)
+
+    @classmethod
+    async def discard_snapshot(cls, snapshot: SandboxSnapshot) -> None:
+        """See `Backend.discard_snapshot`: its layers go once no sandbox runs on them."""
+        await _bwrapfork.discard(snapshot, sandboxes_dir())
 
     async def image_for(self, spec: Terminal, env_id: str, build: bool) -> str:
         if not spec.dockerfile and cached_rootfs(spec.image) is not None:
