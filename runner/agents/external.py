@@ -11,7 +11,7 @@ the endpoint (`OPENAI_BASE_URL`, `OPENAI_API_KEY`) and the task (`CORRAL_INSTRUC
 acts in the sandbox through `AgentContext.exec` (Python agents) or `CORRAL_SANDBOX_URL`'s
 `POST /exec` (commands on the host), or runs inside the sandbox itself (`inside=True`: the
 command is executed in the sandbox, reaching the proxy through a unix socket the runner
-mounts there, with no other network). The episode ends when the agent exits (status
+binds there, with no other network). The episode ends when the agent exits (status
 `COMPLETE`; a non-zero exit is `AGENT_ERROR`), or at the episode deadline (`TRUNCATED`): a
 command's whole process tree is killed, a Python agent's endpoint and sandbox access are cut
 (its next call fails). Then the env's verifier scores the sandbox as for a native episode, and
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -252,13 +253,15 @@ async def _run_command(agent: ExternalAgent, ctx: AgentContext, outcome: dict[st
             os.unlink(fh.name)
 
 
-async def _run_inside(agent: ExternalAgent, ctx: AgentContext, outcome: dict[str, Any]) -> int:
-    """Run the agent command inside the sandbox (it reaches the proxy over the mounted
-    socket, see `corral.runner.agents.inside`)."""
+async def _run_inside(agent: ExternalAgent, ctx: AgentContext, outcome: dict[str, Any],
+                      proxy: AgentProxy) -> int:
+    """Run the agent command inside the sandbox (it reaches the proxy over a socket in the
+    sandbox, see `corral.runner.agents.inside`)."""
     from corral.runner.agents.inside import run_in_sandbox
 
     result = await run_in_sandbox(ctx, list(agent.command or ()),
-                                  timeout=max(1.0, ctx.deadline - time.monotonic()))
+                                  timeout=max(1.0, ctx.deadline - time.monotonic()),
+                                  proxy=proxy, outcome=outcome)
     outcome["log_tail"] = result.output[-LOG_TAIL:]
     return result.exit_code
 
@@ -324,8 +327,9 @@ async def run_agent_episode(env: Any, policy: Policy, item: WorkItem, limits: Ep
                     ctx = await _start(env, item, session, proxy, agent, deadline_s)
                     began = time.time()
                     try:
-                        runner = (_run_inside if agent.inside else
-                                  _run_command if agent.command is not None else _run_python)
+                        runner = (functools.partial(_run_inside, proxy=proxy) if agent.inside
+                                  else _run_command if agent.command is not None
+                                  else _run_python)
                         code = await runner(agent, ctx, outcome)
                     finally:
                         _stop(proxy, session, ctx)

@@ -19,14 +19,15 @@ Sampling follows the run, not the agent: temperature and top_p are the run's
 of the agent's and the run's, stop strings are the agent's. Every request goes through the
 run's inference semaphore, is tagged with the episode's router session (prefix-cache affinity)
 and recorded in the episode's `EpisodeRecord`. The server runs on the caller's event loop (the
-policy's), over TCP on loopback and, when asked, a unix socket (in-sandbox agents).
+policy's), over TCP on loopback and on the unix sockets `serve_socket` adds (in-sandbox
+agents).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import functools
 import secrets
 import socket
 import time
@@ -140,14 +141,25 @@ class _UvicornOnLoop(uvicorn.Server):
     def capture_signals(self) -> Any:
         yield
 
+    async def listen(self, sock: socket.socket) -> asyncio.Server:
+        """Serve the app on one more listening socket (uvicorn's own protocol and state, so
+        shutdown closes its connections too)."""
+        protocol = functools.partial(self.config.http_protocol_class, config=self.config,
+                                     server_state=self.server_state,
+                                     app_state=self.lifespan.state)
+        loop = asyncio.get_running_loop()
+        if sock.family == socket.AF_UNIX:
+            return await loop.create_unix_server(protocol, sock=sock)
+        return await loop.create_server(protocol, sock=sock)
+
 
 class AgentProxy:
-    """The run's recording proxy (see the module docstring). `uds`: also listen on this unix
-    socket path (for agents inside sandboxes). Use as `async with`."""
+    """The run's recording proxy (see the module docstring). Use as `async with`;
+    `serve_socket` adds a listening socket (an in-sandbox agent's unix socket)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, uds: str | None = None,
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  max_body_bytes: int = 16 << 20) -> None:
-        self.host, self.uds = host, uds
+        self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # accepted connections inherit it; asyncio sets it only on sockets made with
@@ -169,18 +181,10 @@ class AgentProxy:
         """Serve on the running event loop; returns once connections are accepted."""
         if self._task is not None:
             return self
-        sockets = [self._sock]
-        if self.uds:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.uds)
-            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            unix.bind(self.uds)
-            os.chmod(self.uds, 0o666)  # sandbox users other than root connect too
-            sockets.append(unix)
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=1)
         self._server = _UvicornOnLoop(config)
-        self._task = asyncio.ensure_future(self._server.serve(sockets=sockets))
+        self._task = asyncio.ensure_future(self._server.serve(sockets=[self._sock]))
         deadline = time.monotonic() + 30
         while not self._server.started:
             if self._task.done() or time.monotonic() > deadline:
@@ -200,15 +204,19 @@ class AgentProxy:
                 await asyncio.wait_for(self._task, 10)
         self._task = self._server = None
         self._sock.close()
-        if self.uds:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.uds)
 
     async def __aenter__(self) -> "AgentProxy":
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def serve_socket(self, sock: socket.socket) -> asyncio.Server:
+        """Serve the proxy on `sock` too (a listening socket: an in-sandbox agent's unix
+        socket, `Sandbox.listen_unix`) until the returned server is closed."""
+        if self._server is None:
+            raise PolicyError("the agent proxy is not started")
+        return await self._server.listen(sock)
 
     # --- episodes ------------------------------------------------------------------------------
     def open(self, session: AgentSession) -> AgentSession:
