@@ -10,7 +10,9 @@ mini-swe-agent vs Corral's native episode loop.
    template, no model compute), so what is measured is the proxy: HTTP, JSON, validation,
    rendering the new messages, recording. Overhead = the latency the agent saw minus the
    engine's own time (the episode's decode span), per request: median and p90; beside it the
-   HTTP floor, a `GET .../v1/models` on the same connection (the same server, no work).
+   HTTP floor, a `GET .../v1/models` on the same connection (the same server, no work), and
+   the proxy process's CPU time per turn (a chat request and a floor `GET`, the engine's
+   time taken out), which a loaded machine disturbs less than the latencies.
 2. Time to a batch: `--trajectories` trajectories (groups of 8) of `corral/term-files-v0`
    (bwrap sandboxes) with the tiny model (`LocalPolicy`), played by mini-swe-agent through the
    proxy and by the native loop, same tasks (seed), same limits, side by side.
@@ -49,10 +51,12 @@ async def proxy_overhead(requests: int, turns: int) -> dict[str, float]:
                                             traj=Trajectory(f"c{c}", "e", "t", "g")))
                     for c in range(conversations)]
         urls = {c: s.base_url for c, s in enumerate(sessions)}
+        cpu = time.process_time()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", json.dumps(urls), "--conversations",
             str(conversations), "--turns", str(turns), stdout=subprocess.PIPE)
         out, _ = await proc.communicate()
+        cpu = time.process_time() - cpu
     rows = [json.loads(line) for line in out.decode().splitlines()]
     seen = [row for row in rows if "conversation" in row]
     floor = statistics.median(row["floor"] for row in rows if "floor" in row)
@@ -67,6 +71,7 @@ async def proxy_overhead(requests: int, turns: int) -> dict[str, float]:
     return {"requests": len(overheads), "overhead_median_ms": 1e3 * statistics.median(overheads),
             "overhead_p90_ms": 1e3 * overheads[int(0.9 * (len(overheads) - 1))],
             "engine_median_ms": 1e3 * statistics.median(engine_s),
+            "proxy_cpu_per_turn_ms": 1e3 * (cpu - sum(engine_s)) / len(overheads),
             "http_floor_median_ms": 1e3 * floor}
 
 

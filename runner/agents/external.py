@@ -72,6 +72,7 @@ class AgentContext:
     loop: asyncio.AbstractEventLoop
     env: dict[str, str] = field(default_factory=dict)
     ended: threading.Event = field(default_factory=threading.Event)
+    max_turns: int | None = None  # the run's cap on model calls (the next one answers 403)
 
     def exec(self, command: str, timeout: float | None = None, cwd: str | None = None) -> Any:
         """Run `command` in the episode's sandbox (blocking; call it from the agent's thread)."""
@@ -149,13 +150,16 @@ def check_agent_name(name: str) -> None:
 
 
 def _mini_swe_agent(**options: Any) -> ExternalAgent:
-    from corral.integrations.miniswe import preload, run_mini_swe_agent
+    from corral.integrations.miniswe import STEP_LIMIT, preload, run_mini_swe_agent
 
     preload()  # before any episode's deadline runs
 
     def play(ctx: AgentContext) -> dict[str, Any]:
+        settings = dict(options)
+        if ctx.max_turns is not None:  # it stops there itself: it retries the refused call
+            settings["step_limit"] = min(settings.get("step_limit", STEP_LIMIT), ctx.max_turns)
         return run_mini_swe_agent(task=ctx.instruction, base_url=ctx.base_url,
-                                  api_key=ctx.api_key, execute=ctx.exec, **options)
+                                  api_key=ctx.api_key, execute=ctx.exec, **settings)
 
     return ExternalAgent(python=play, name="mini-swe-agent")
 
@@ -389,7 +393,7 @@ async def _start(env: Any, item: WorkItem, session: AgentSession, proxy: AgentPr
                        instruction=instruction, messages=[dict(m) for m in episode.messages],
                        tools=env.tool_schemas(), sandbox=episode.sandbox,
                        deadline=time.monotonic() + deadline_s,
-                       loop=asyncio.get_running_loop())
+                       loop=asyncio.get_running_loop(), max_turns=session.limits.max_turns)
     sandbox_url = f"{session.base_url.removesuffix('/v1')}/sandbox"
     ctx.env = {**agent.env, "OPENAI_BASE_URL": session.base_url,
                "OPENAI_API_BASE": session.base_url, "OPENAI_API_KEY": session.key,

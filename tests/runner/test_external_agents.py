@@ -162,6 +162,57 @@ async def test_mini_swe_agent_from_pypi_solves_and_trains(policy, tiny_path, tmp
     assert result.applied and result.metrics["samples"] >= 2
 
 
+@pytest.mark.bwrap
+async def test_mini_swe_agent_against_vllm_records_the_engines_tokens(engine) -> None:
+    """mini-swe-agent through the proxy against the real vLLM (CPU; the session's engine):
+    its episodes end at the run's max_turns (below its own step limit: it stops there itself,
+    not retrying the refused call until the deadline); a reply cut at max_tokens is replaced
+    in its history by a note of its own, which starts a new segment; in every segment the
+    sampled ids, log-probabilities and policy version are exactly what vLLM answered."""
+    policy = Recorded(engine.policy())
+    # the engine's context is 2048 tokens; mini.yaml's prompts are 3300 of the tiny model's
+    limits = EpisodeLimits(max_tokens=16, max_turns=2, max_context=2048, episode_deadline=90)
+    agent = ExternalAgent.named("mini-swe-agent", step_limit=5,
+                                system_template="You are a shell agent: use the bash tool.",
+                                instance_template="{{task}}")
+    try:
+        async with Runner(["corral/term-files-v0"], policy, agent=agent, limits=limits,
+                          sandbox_backend="bwrap", sandbox_capacity=2, seed=2) as runner:
+            trajs = await runner.collect(2, group=2)
+    finally:
+        await policy.inner.close()
+    assert [t.status for t in trajs] == [Status.COMPLETE] * 2, [t.error for t in trajs]
+    assert [t.metadata["agent"]["result"]["exit_status"] for t in trajs] == \
+        ["LimitsExceeded"] * 2
+    assert [t.turns for t in trajs] == [2, 2] and len(policy.calls) == 4
+    by_prompt: dict[tuple[int, ...], list] = {}  # a group's episodes share their prompts
+    for prompt, gen in policy.calls:
+        by_prompt.setdefault(tuple(prompt), []).append(gen)
+    for t in trajs:
+        segments = t.metadata["segments"]
+        assert segments[0]["reason"] is None and all(
+            s["reason"] == "the reply to request 0 was replaced" for s in segments[1:])
+        found = [turn for s in segments for turn in _turns(t, s, by_prompt)]
+        assert len(found) == t.turns
+        for start, gen in found:
+            end = start + len(gen.token_ids)
+            assert t.token_ids[start:end] == gen.token_ids and set(t.loss_mask[start:end]) == {1}
+            assert t.logprobs[start:end] == pytest.approx(gen.logprobs)
+            assert set(t.versions[start:end]) == {gen.version}
+
+
+def _turns(traj, segment, by_prompt):
+    """(offset in traj.token_ids, the engine's generation) of each model call in `segment`:
+    the call whose prompt is the segment's ids before that offset."""
+    ids, found = traj.token_ids[segment["start"]:segment["end"]], []
+    for end in range(len(ids)):
+        for gen in by_prompt.get(tuple(ids[:end]), ()):
+            if ids[end:end + len(gen.token_ids)] == gen.token_ids:
+                found.append((segment["start"] + end, gen))
+                break
+    return found
+
+
 @pytest.mark.parametrize("argv, message", [
     (["collect", "corral/arithmetic-v0", "--run-dir", "R", "--agent", "mini-swe-agnet"],
      "--agent mini-swe-agnet: unknown agent 'mini-swe-agnet'. Did you mean 'mini-swe-agent'?"),
