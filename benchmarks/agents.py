@@ -10,7 +10,10 @@ mini-swe-agent vs Corral's native episode loop.
    template, no model compute), so what is measured is the proxy: HTTP, JSON, validation,
    rendering the new messages, recording. Overhead = the latency the agent saw minus the
    engine's own time (the episode's decode span), per request: median and p90; beside it the
-   HTTP floor, a `GET .../v1/models` on the same connection (the same server, no work).
+   HTTP floor, a `GET .../v1/models` on the same connection (the same server, no work), and
+   the proxy process's CPU time per turn (a chat request and a floor `GET`, the engine's
+   time taken out), which a loaded machine disturbs less than the latencies, and of that the
+   recording path's own CPU per request (`EpisodeRecord`, no HTTP).
 2. Time to a batch: `--trajectories` trajectories (groups of 8) of `corral/term-files-v0`
    (bwrap sandboxes) with the tiny model (`LocalPolicy`), played by mini-swe-agent through the
    proxy and by the native loop, same tasks (seed), same limits, side by side.
@@ -30,6 +33,19 @@ BASH = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
     "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
                    "required": ["command"]}}}]
+ANSWER = '<tool_call>{"name": "bash", "arguments": {"command": "ls -S /var/log | head"}}' \
+    '</tool_call>'
+
+
+def opening() -> list[dict]:
+    """A conversation's first messages."""
+    return [{"role": "system", "content": "You are a careful shell agent."},
+            {"role": "user", "content": "Find the biggest file in /var/log."}]
+
+
+def tool_output(turn: int) -> dict:
+    """The tool result the agent sends after turn `turn`'s reply."""
+    return {"role": "tool", "tool_call_id": "c", "content": f"output {turn}\n" * 20}
 
 
 async def proxy_overhead(requests: int, turns: int) -> dict[str, float]:
@@ -39,9 +55,7 @@ async def proxy_overhead(requests: int, turns: int) -> dict[str, float]:
     from corral.runner.trajectory import Trajectory
 
     tokenizer = load_tokenizer("tiny")
-    answer = '<tool_call>{"name": "bash", "arguments": {"command": "ls -S /var/log | head"}}' \
-        '</tool_call>'
-    engine = ScriptedPolicy([answer], tokenizer=tokenizer)
+    engine = ScriptedPolicy([ANSWER], tokenizer=tokenizer)
     conversations = max(1, requests // turns)
     async with AgentProxy() as proxy:
         sessions = [proxy.open(AgentSession(f"c{c}", EpisodeRecord(tokenizer), engine,
@@ -49,10 +63,12 @@ async def proxy_overhead(requests: int, turns: int) -> dict[str, float]:
                                             traj=Trajectory(f"c{c}", "e", "t", "g")))
                     for c in range(conversations)]
         urls = {c: s.base_url for c, s in enumerate(sessions)}
+        cpu = time.process_time()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--client", json.dumps(urls), "--conversations",
             str(conversations), "--turns", str(turns), stdout=subprocess.PIPE)
         out, _ = await proc.communicate()
+        cpu = time.process_time() - cpu
     rows = [json.loads(line) for line in out.decode().splitlines()]
     seen = [row for row in rows if "conversation" in row]
     floor = statistics.median(row["floor"] for row in rows if "floor" in row)
@@ -67,7 +83,34 @@ async def proxy_overhead(requests: int, turns: int) -> dict[str, float]:
     return {"requests": len(overheads), "overhead_median_ms": 1e3 * statistics.median(overheads),
             "overhead_p90_ms": 1e3 * overheads[int(0.9 * (len(overheads) - 1))],
             "engine_median_ms": 1e3 * statistics.median(engine_s),
-            "http_floor_median_ms": 1e3 * floor}
+            "proxy_cpu_per_turn_ms": 1e3 * (cpu - sum(engine_s)) / len(overheads),
+            "http_floor_median_ms": 1e3 * floor,
+            "record_cpu_per_request_ms": record_cpu(conversations, turns)}
+
+
+def record_cpu(conversations: int, turns: int) -> float:
+    """CPU ms per request of the recording path alone (`EpisodeRecord.chat_prompt` and
+    `commit`, no HTTP), on the same conversations as the overhead figure."""
+    from corral.runner.agents import EpisodeRecord
+    from corral.runner.policy import load_tokenizer
+    from corral.runner.policy.base import Generation
+
+    tokenizer = load_tokenizer("tiny")
+    ids = tokenizer.encode(ANSWER, add_special_tokens=False) + [tokenizer.eos_token_id]
+    gen = Generation(token_ids=ids, logprobs=[-0.5] * len(ids), text=ANSWER,
+                     finish_reason="stop", version=0)
+    started = None
+    for c in range(conversations + 1):  # the first warms the template caches, untimed
+        if c == 1:
+            started = time.process_time()
+        record, messages = EpisodeRecord(tokenizer), opening()
+        for turn in range(turns):
+            reply = record.commit(record.chat_prompt(json.loads(json.dumps(messages)), BASH),
+                                  gen, chat=True)
+            messages += [reply, tool_output(turn)]
+        assert len(record.segments) == 1
+    assert started is not None
+    return 1e3 * (time.process_time() - started) / (conversations * turns)
 
 
 async def time_to_batch(trajectories: int) -> dict[str, float]:
@@ -125,8 +168,7 @@ def client_many(urls: dict[str, str], turns: int) -> None:
     for c, url in sorted(urls.items(), key=lambda kv: int(kv[0])):
         parts = urlsplit(url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-        messages = [{"role": "system", "content": "You are a careful shell agent."},
-                    {"role": "user", "content": "Find the biggest file in /var/log."}]
+        messages = opening()
         for turn in range(turns):
             body = json.dumps({"model": "m", "messages": messages, "tools": BASH})
             started = time.perf_counter()
@@ -138,8 +180,7 @@ def client_many(urls: dict[str, str], turns: int) -> None:
             if reply.status != 200:
                 raise SystemExit(f"the proxy answered {reply.status}: {data[:200]!r}")
             message = json.loads(data)["choices"][0]["message"]
-            messages += [message, {"role": "tool", "tool_call_id": "c",
-                                   "content": f"output {turn}\n" * 20}]
+            messages += [message, tool_output(turn)]
             print(json.dumps({"conversation": int(c), "seconds": seconds}), flush=True)
         for _ in range(turns):  # the floor: the same HTTP stack and episode lookup, no work
             started = time.perf_counter()

@@ -18,9 +18,10 @@ import os
 import platform
 from typing import Any, Callable
 
-__all__ = ["SandboxEnvironment", "builtin_config", "preload", "run_mini_swe_agent"]
+__all__ = ["STEP_LIMIT", "SandboxEnvironment", "builtin_config", "preload", "run_mini_swe_agent"]
 
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent's end-of-task marker
+STEP_LIMIT = 30  # model calls, unless told
 
 Execute = Callable[..., Any]  # (command, timeout=None, cwd=None) -> an ExecResult
 
@@ -117,7 +118,7 @@ def builtin_config() -> dict[str, Any]:
 
 
 def run_mini_swe_agent(*, task: str, base_url: str, api_key: str, execute: Execute,
-                       step_limit: int = 30, model_name: str = "corral-policy",
+                       step_limit: int = STEP_LIMIT, model_name: str = "corral-policy",
                        cwd: str = "", model_kwargs: dict[str, Any] | None = None,
                        **agent_overrides: Any) -> dict[str, Any]:
     """Run mini-swe-agent's `DefaultAgent` (configured by its `mini.yaml`) on `task` with its

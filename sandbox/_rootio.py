@@ -17,11 +17,13 @@ there. Files and directories created here belong to the sandbox's root user (`ow
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import posixpath
 import shutil
+import socket
 import stat
 from typing import Iterable
 
@@ -208,6 +210,46 @@ class RootDir:
             os.fchmod(fd, mode & 0o7777)
         finally:
             os.close(fd)
+
+    def listen_unix(self, path: str, mode: int = 0o666) -> socket.socket:
+        """A listening unix socket bound at `path` inside the root, for a host process to
+        serve and the sandbox's processes to connect to (a file system socket, so no mount and
+        no network is needed). Its folder is made as `makedirs` makes it; whatever was at
+        `path` is replaced (a link is unlinked, never followed); the socket belongs to the
+        sandbox's root, with `mode`."""
+        rel = self._relative(path)
+        folder, name = posixpath.split(rel)
+        if rel == "." or not name:
+            raise IsADirectoryError(errno.EISDIR, "a socket needs a file name", path)
+        self.makedirs(folder)
+        parent = openat2(self.fd, folder or ".", os.O_PATH | os.O_DIRECTORY)
+        try:
+            fs = _REFUSED_FS.get(_fs_type(parent))
+            if fs is not None:
+                raise PermissionError(errno.EPERM, f"host-side file operations refuse {fs}", path)
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+                os.unlink(name, dir_fd=parent)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:  # bind(2) never follows a link at its last component: EADDRINUSE instead
+                sock.bind(f"/proc/self/fd/{parent}/{name}")
+                node = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                try:
+                    if not stat.S_ISSOCK(os.fstat(node).st_mode):
+                        raise OSError(errno.EINVAL, "replaced while it was bound", path)
+                    os.chown(f"/proc/self/fd/{node}", *self.owner)
+                    os.chmod(f"/proc/self/fd/{node}", mode & 0o777)
+                finally:
+                    os.close(node)
+                sock.listen(128)
+                sock.setblocking(False)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+        finally:
+            os.close(parent)
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         """The bytes of the regular file `path`; `OutputTooLarge` past `limit` bytes (by its

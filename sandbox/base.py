@@ -14,6 +14,7 @@ import asyncio
 import errno
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, ClassVar, Mapping, Sequence
@@ -24,6 +25,7 @@ from ..errors import InfraError, SandboxError
 
 if TYPE_CHECKING:
     from .snapshot import SandboxSnapshot
+    from ._rootio import RootDir
 
 __all__ = ["Backend", "BackendConfig", "DEFAULT_OUTPUT_LIMIT", "ExecResult", "PREPARE_ERRORS",
            "Process", "Sandbox", "SandboxSpec", "SandboxStats", "Shell", "TRUNCATION_MARKER",
@@ -139,6 +141,9 @@ class Sandbox(abc.ABC):
     backend: str = "abstract"
     # whether `fork`, `snapshot` and its backend's `restore` work here (else SandboxError)
     can_fork: ClassVar[bool] = False
+    # the sandbox's "/" held open on the host, where the backend reaches it (bwrap; docker on
+    # this machine): host-side file I/O and `listen_unix` go through it
+    _root: "RootDir | None" = None
 
     def __init__(self) -> None:
         self.stats = SandboxStats()
@@ -230,6 +235,15 @@ class Sandbox(abc.ABC):
         the sandbox's root (mode 755; links on the way removed, not followed) and delete
         `remove`. False where this backend cannot (the caller then runs the same inside)."""
         return False
+
+    async def listen_unix(self, path: str) -> socket.socket | None:
+        """A listening unix socket at `path` inside the sandbox, bound from the host (the
+        host process serves it; the sandbox's processes, any user, connect to it: no mount,
+        no network). None where this backend cannot reach the sandbox's root from here."""
+        root = self._root
+        if root is None or not self.alive:
+            return None
+        return await asyncio.to_thread(root.listen_unix, path)
 
     async def changed_since(self, since: float) -> list[str] | None:
         """Paths inside the sandbox created, changed or deleted after `since` (host

@@ -11,7 +11,7 @@ the endpoint (`OPENAI_BASE_URL`, `OPENAI_API_KEY`) and the task (`CORRAL_INSTRUC
 acts in the sandbox through `AgentContext.exec` (Python agents) or `CORRAL_SANDBOX_URL`'s
 `POST /exec` (commands on the host), or runs inside the sandbox itself (`inside=True`: the
 command is executed in the sandbox, reaching the proxy through a unix socket the runner
-mounts there, with no other network). The episode ends when the agent exits (status
+binds there, with no other network). The episode ends when the agent exits (status
 `COMPLETE`; a non-zero exit is `AGENT_ERROR`), or at the episode deadline (`TRUNCATED`): a
 command's whole process tree is killed, a Python agent's endpoint and sandbox access are cut
 (its next call fails). Then the env's verifier scores the sandbox as for a native episode, and
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -71,6 +72,7 @@ class AgentContext:
     loop: asyncio.AbstractEventLoop
     env: dict[str, str] = field(default_factory=dict)
     ended: threading.Event = field(default_factory=threading.Event)
+    max_turns: int | None = None  # the run's cap on model calls (the next one answers 403)
 
     def exec(self, command: str, timeout: float | None = None, cwd: str | None = None) -> Any:
         """Run `command` in the episode's sandbox (blocking; call it from the agent's thread)."""
@@ -148,13 +150,16 @@ def check_agent_name(name: str) -> None:
 
 
 def _mini_swe_agent(**options: Any) -> ExternalAgent:
-    from corral.integrations.miniswe import preload, run_mini_swe_agent
+    from corral.integrations.miniswe import STEP_LIMIT, preload, run_mini_swe_agent
 
     preload()  # before any episode's deadline runs
 
     def play(ctx: AgentContext) -> dict[str, Any]:
+        settings = dict(options)
+        if ctx.max_turns is not None:  # it stops there itself: it retries the refused call
+            settings["step_limit"] = min(settings.get("step_limit", STEP_LIMIT), ctx.max_turns)
         return run_mini_swe_agent(task=ctx.instruction, base_url=ctx.base_url,
-                                  api_key=ctx.api_key, execute=ctx.exec, **options)
+                                  api_key=ctx.api_key, execute=ctx.exec, **settings)
 
     return ExternalAgent(python=play, name="mini-swe-agent")
 
@@ -252,13 +257,15 @@ async def _run_command(agent: ExternalAgent, ctx: AgentContext, outcome: dict[st
             os.unlink(fh.name)
 
 
-async def _run_inside(agent: ExternalAgent, ctx: AgentContext, outcome: dict[str, Any]) -> int:
-    """Run the agent command inside the sandbox (it reaches the proxy over the mounted
-    socket, see `corral.runner.agents.inside`)."""
+async def _run_inside(agent: ExternalAgent, ctx: AgentContext, outcome: dict[str, Any],
+                      proxy: AgentProxy) -> int:
+    """Run the agent command inside the sandbox (it reaches the proxy over a socket in the
+    sandbox, see `corral.runner.agents.inside`)."""
     from corral.runner.agents.inside import run_in_sandbox
 
     result = await run_in_sandbox(ctx, list(agent.command or ()),
-                                  timeout=max(1.0, ctx.deadline - time.monotonic()))
+                                  timeout=max(1.0, ctx.deadline - time.monotonic()),
+                                  proxy=proxy, outcome=outcome)
     outcome["log_tail"] = result.output[-LOG_TAIL:]
     return result.exit_code
 
@@ -324,8 +331,9 @@ async def run_agent_episode(env: Any, policy: Policy, item: WorkItem, limits: Ep
                     ctx = await _start(env, item, session, proxy, agent, deadline_s)
                     began = time.time()
                     try:
-                        runner = (_run_inside if agent.inside else
-                                  _run_command if agent.command is not None else _run_python)
+                        runner = (functools.partial(_run_inside, proxy=proxy) if agent.inside
+                                  else _run_command if agent.command is not None
+                                  else _run_python)
                         code = await runner(agent, ctx, outcome)
                     finally:
                         _stop(proxy, session, ctx)
@@ -385,7 +393,7 @@ async def _start(env: Any, item: WorkItem, session: AgentSession, proxy: AgentPr
                        instruction=instruction, messages=[dict(m) for m in episode.messages],
                        tools=env.tool_schemas(), sandbox=episode.sandbox,
                        deadline=time.monotonic() + deadline_s,
-                       loop=asyncio.get_running_loop())
+                       loop=asyncio.get_running_loop(), max_turns=session.limits.max_turns)
     sandbox_url = f"{session.base_url.removesuffix('/v1')}/sandbox"
     ctx.env = {**agent.env, "OPENAI_BASE_URL": session.base_url,
                "OPENAI_API_BASE": session.base_url, "OPENAI_API_KEY": session.key,

@@ -1,19 +1,25 @@
 """In-sandbox agents: the agent command runs in the episode's sandbox and reaches the proxy,
 and nothing else, through a socket Corral serves there.
 
-The sandbox's network stays as its spec says (off by default). Corral starts a small relay in
-the sandbox (`python3`, standard library) with `Sandbox.start_process`: it listens on the unix
-socket `SOCKET` and on `127.0.0.1:RELAY_PORT` of the sandbox's own network namespace, and
-carries each connection over the process's stdin/stdout to the host, where it is connected to
-the recording proxy and to nothing else: whatever a connection sends can only ever reach the
-proxy's routes (the episode's endpoint; see `proxy`). No host path is mounted and no host
-port becomes reachable; it works the same on every backend that has `start_process`
-(docker, bwrap). The agent gets `OPENAI_BASE_URL=http://127.0.0.1:RELAY_PORT/e/<key>/v1`
-(for clients that only speak TCP) and `CORRAL_PROXY_SOCKET` (for clients that speak HTTP over
-a unix socket, `httpx.HTTPTransport(uds=...)`).
+The sandbox's network stays as its spec says (off by default). Two ways in, chosen by what the
+backend can do:
 
-Frames on the relay's stdio: `>IBI` (connection id, kind, length) then the payload; kinds
-0 open (relay → host), 1 data, 2 close, 3 ready (relay → host, connection 0).
+* **the socket** (`Sandbox.listen_unix`: bwrap, and docker for containers on this machine):
+  the host binds the unix socket `SOCKET` inside the sandbox's file system and the proxy
+  serves it (`AgentProxy.serve_socket`); no mount, no port, no network. A small forwarder in
+  the sandbox (`python3`, standard library) listens on `127.0.0.1:RELAY_PORT` of the
+  sandbox's own network namespace and connects each connection to the socket, for clients
+  that only speak TCP.
+* **the relay** (every other backend with `start_process`: docker containers on another
+  host): a relay in the sandbox listens on `SOCKET` and on `127.0.0.1:RELAY_PORT` and carries
+  each connection over its stdin/stdout to the host, where it is connected to the proxy.
+  Frames on the relay's stdio: `>IBI` (connection id, kind, length) then the payload; kinds
+  0 open (relay → host), 1 data, 2 close, 3 ready (relay → host, connection 0).
+
+Either way whatever a connection sends can only reach the proxy's routes (see `proxy`). The
+agent gets `OPENAI_BASE_URL=http://127.0.0.1:RELAY_PORT/e/<key>/v1` and `CORRAL_PROXY_SOCKET`
+(for clients that speak HTTP over a unix socket: `httpx.HTTPTransport(uds=...)`, which the
+openai SDK takes as its `http_client`); `metadata["agent"]["transport"]` says which way ran.
 """
 
 from __future__ import annotations
@@ -25,13 +31,43 @@ from typing import Any
 
 from corral.errors import InfraError
 
-__all__ = ["RELAY_PORT", "SOCKET", "run_in_sandbox"]
+__all__ = ["FORWARDER_SCRIPT", "RELAY_PORT", "RELAY_SCRIPT", "SOCKET", "run_in_sandbox"]
 
 SOCKET = "/tmp/.corral/proxy.sock"
 RELAY_PORT = 4141
 _SCRIPT_PATH = "/tmp/.corral/relay.py"
+_FORWARDER_PATH = "/tmp/.corral/forward.py"
 _HEADER = struct.Struct(">IBI")
 _OPEN, _DATA, _CLOSE, _READY = range(4)
+
+FORWARDER_SCRIPT = r'''
+import asyncio, sys
+
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+    except OSError:
+        pass
+    finally:
+        w.close()
+
+async def handle(r, w):
+    try:
+        ur, uw = await asyncio.open_unix_connection(sys.argv[1])
+    except OSError:
+        w.close()
+        return
+    await asyncio.gather(pipe(r, uw), pipe(ur, w))
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[2]))
+    print("ready", flush=True)
+    await server.serve_forever()
+
+asyncio.run(main())
+'''
 
 RELAY_SCRIPT = r'''
 import asyncio, os, struct, sys
@@ -164,33 +200,63 @@ class _Relay:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-async def run_in_sandbox(ctx: Any, argv: list[str], *, timeout: float) -> Any:
-    """Run `argv` in `ctx.sandbox` with the relay to the proxy at `ctx.base_url`; returns the
-    sandbox's `ExecResult` (a timeout kills the command's process group in the sandbox)."""
+async def run_in_sandbox(ctx: Any, argv: list[str], *, timeout: float, proxy: Any,
+                         outcome: dict[str, Any]) -> Any:
+    """Run `argv` in `ctx.sandbox`, reaching `proxy` (serving `ctx.base_url`) through the
+    socket, or the relay where the backend cannot bind one (module docstring); returns the
+    sandbox's `ExecResult` (a timeout kills the command's process group in the sandbox).
+    `outcome["transport"]` becomes `socket` or `relay`."""
     from urllib.parse import urlsplit
 
     sandbox = ctx.sandbox
     if sandbox is None:
         raise InfraError("an in-sandbox agent needs an env with a sandbox")
-    url = urlsplit(ctx.base_url)
+    path = urlsplit(ctx.base_url).path
+    inner = f"http://127.0.0.1:{RELAY_PORT}{path}"
+    env = {**ctx.env, "OPENAI_BASE_URL": inner, "OPENAI_API_BASE": inner,
+           "CORRAL_PROXY_SOCKET": SOCKET}
+    env.pop("CORRAL_SANDBOX_URL", None)  # inside, commands run where the agent is
+    async with contextlib.AsyncExitStack() as stack:
+        sock = await sandbox.listen_unix(SOCKET)
+        if sock is not None:
+            outcome["transport"] = "socket"
+            server = await proxy.serve_socket(sock)
+            stack.callback(server.close)
+            await _start_forwarder(sandbox, stack)
+        else:
+            outcome["transport"] = "relay"
+            await _start_relay(sandbox, urlsplit(ctx.base_url), stack)
+        return await sandbox.exec(argv, timeout=timeout, env=env)
+
+
+async def _start_forwarder(sandbox: Any, stack: contextlib.AsyncExitStack) -> None:
+    """The TCP → socket forwarder in the sandbox, started and ready (closed by `stack`)."""
+    await sandbox.write_file(_FORWARDER_PATH, FORWARDER_SCRIPT)
+    process = await sandbox.start_process(["python3", _FORWARDER_PATH, SOCKET, str(RELAY_PORT)])
+    stack.push_async_callback(process.close)
+    output = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(30):
+            while b"ready" not in output and (chunk := await process.read()):
+                output += chunk
+    if b"ready" not in output:
+        raise InfraError(f"the proxy forwarder did not start in the sandbox (python3 is "
+                         f"needed there): {process.stderr_tail.strip()[-300:]}")
+
+
+async def _start_relay(sandbox: Any, url: Any, stack: contextlib.AsyncExitStack) -> None:
+    """The stdio relay in the sandbox and its host side, started and ready."""
     await sandbox.exec("mkdir -p /tmp/.corral && chmod 777 /tmp/.corral", timeout=30)
     await sandbox.write_file(_SCRIPT_PATH, RELAY_SCRIPT)
     process = await sandbox.start_process(["python3", _SCRIPT_PATH, SOCKET, str(RELAY_PORT)])
+    stack.push_async_callback(process.close)
     relay = _Relay(process, url.hostname or "127.0.0.1", url.port or 80)
+    stack.push_async_callback(relay.close)
     pumping = asyncio.ensure_future(relay.pump())
-    try:
-        ready = asyncio.ensure_future(relay.ready.wait())
-        await asyncio.wait([ready, pumping], timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if not relay.ready.is_set():
-            ready.cancel()
-            raise InfraError(f"the proxy relay did not start in the sandbox (python3 is "
-                             f"needed there): {process.stderr_tail.strip()[-300:]}")
-        inner = f"http://127.0.0.1:{RELAY_PORT}{url.path}"
-        env = {**ctx.env, "OPENAI_BASE_URL": inner, "OPENAI_API_BASE": inner,
-               "CORRAL_PROXY_SOCKET": SOCKET}
-        env.pop("CORRAL_SANDBOX_URL", None)  # inside, commands run where the agent is
-        return await sandbox.exec(argv, timeout=timeout, env=env)
-    finally:
-        pumping.cancel()
-        await relay.close()
-        await process.close()
+    stack.callback(pumping.cancel)
+    ready = asyncio.ensure_future(relay.ready.wait())
+    await asyncio.wait([ready, pumping], timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if not relay.ready.is_set():
+        ready.cancel()
+        raise InfraError(f"the proxy relay did not start in the sandbox (python3 is "
+                         f"needed there): {process.stderr_tail.strip()[-300:]}")

@@ -3,9 +3,11 @@ OPENAI_BASE_URL / OPENAI_API_KEY and its task from CORRAL_INSTRUCTION, runs the 
 calls (in the episode's sandbox through CORRAL_SANDBOX_URL, or here when --local: it runs
 inside the sandbox), and stops when the model answers without a call.
 
-    python openai_agent.py [--local] [--turns N] [--probe URL]
+    python openai_agent.py [--local] [--turns N] [--probe URL]... [--uds]
 
 --probe URL: first try to reach URL (the in-sandbox tests: it must fail) and print the result.
+--uds: first list the models with a second client over the unix socket CORRAL_PROXY_SOCKET
+(the SDK's own http client with a unix-socket transport) and print the first one's id.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ import json
 import os
 import subprocess
 
-import httpx
+import openai
 from openai import OpenAI
+
+try:  # the http library this openai release is built on (openai 3.x: httpx2)
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 
 BASH = [{"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",
@@ -41,14 +48,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--local", action="store_true")
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--probe")
+    parser.add_argument("--probe", action="append", default=[])
+    parser.add_argument("--uds", action="store_true")
     args = parser.parse_args()
-    if args.probe:
+    for url in args.probe:
         try:
-            httpx.get(args.probe, timeout=3)
-            print("PROBE reached", args.probe, flush=True)
+            httpx.get(url, timeout=3)
+            print("PROBE reached", url, flush=True)
         except httpx.HTTPError as exc:
-            print("PROBE failed", type(exc).__name__, flush=True)
+            print("PROBE failed", url, type(exc).__name__, flush=True)
+    if args.uds:
+        transport = httpx.HTTPTransport(uds=os.environ["CORRAL_PROXY_SOCKET"])
+        unix = OpenAI(max_retries=0, http_client=openai.DefaultHttpxClient(transport=transport))
+        print("MODELS", unix.models.list().data[0].id, flush=True)
     client = OpenAI(max_retries=0)
     messages = [{"role": "user", "content": os.environ["CORRAL_INSTRUCTION"]}]
     for _ in range(args.turns):

@@ -162,6 +162,57 @@ async def test_mini_swe_agent_from_pypi_solves_and_trains(policy, tiny_path, tmp
     assert result.applied and result.metrics["samples"] >= 2
 
 
+@pytest.mark.bwrap
+async def test_mini_swe_agent_against_vllm_records_the_engines_tokens(engine) -> None:
+    """mini-swe-agent through the proxy against the real vLLM (CPU; the session's engine):
+    its episodes end at the run's max_turns (below its own step limit: it stops there itself,
+    not retrying the refused call until the deadline); a reply cut at max_tokens is replaced
+    in its history by a note of its own, which starts a new segment; in every segment the
+    sampled ids, log-probabilities and policy version are exactly what vLLM answered."""
+    policy = Recorded(engine.policy())
+    # the engine's context is 2048 tokens; mini.yaml's prompts are 3300 of the tiny model's
+    limits = EpisodeLimits(max_tokens=16, max_turns=2, max_context=2048, episode_deadline=90)
+    agent = ExternalAgent.named("mini-swe-agent", step_limit=5,
+                                system_template="You are a shell agent: use the bash tool.",
+                                instance_template="{{task}}")
+    try:
+        async with Runner(["corral/term-files-v0"], policy, agent=agent, limits=limits,
+                          sandbox_backend="bwrap", sandbox_capacity=2, seed=2) as runner:
+            trajs = await runner.collect(2, group=2)
+    finally:
+        await policy.inner.close()
+    assert [t.status for t in trajs] == [Status.COMPLETE] * 2, [t.error for t in trajs]
+    assert [t.metadata["agent"]["result"]["exit_status"] for t in trajs] == \
+        ["LimitsExceeded"] * 2
+    assert [t.turns for t in trajs] == [2, 2] and len(policy.calls) == 4
+    by_prompt: dict[tuple[int, ...], list] = {}  # a group's episodes share their prompts
+    for prompt, gen in policy.calls:
+        by_prompt.setdefault(tuple(prompt), []).append(gen)
+    for t in trajs:
+        segments = t.metadata["segments"]
+        assert segments[0]["reason"] is None and all(
+            s["reason"] == "the reply to request 0 was replaced" for s in segments[1:])
+        found = [turn for s in segments for turn in _turns(t, s, by_prompt)]
+        assert len(found) == t.turns
+        for start, gen in found:
+            end = start + len(gen.token_ids)
+            assert t.token_ids[start:end] == gen.token_ids and set(t.loss_mask[start:end]) == {1}
+            assert t.logprobs[start:end] == pytest.approx(gen.logprobs)
+            assert set(t.versions[start:end]) == {gen.version}
+
+
+def _turns(traj, segment, by_prompt):
+    """(offset in traj.token_ids, the engine's generation) of each model call in `segment`:
+    the call whose prompt is the segment's ids before that offset."""
+    ids, found = traj.token_ids[segment["start"]:segment["end"]], []
+    for end in range(len(ids)):
+        for gen in by_prompt.get(tuple(ids[:end]), ()):
+            if ids[end:end + len(gen.token_ids)] == gen.token_ids:
+                found.append((segment["start"] + end, gen))
+                break
+    return found
+
+
 @pytest.mark.parametrize("argv, message", [
     (["collect", "corral/arithmetic-v0", "--run-dir", "R", "--agent", "mini-swe-agnet"],
      "--agent mini-swe-agnet: unknown agent 'mini-swe-agnet'. Did you mean 'mini-swe-agent'?"),
@@ -181,24 +232,40 @@ def test_cli_agent_flags_are_usage_errors(argv: list[str], message: str, tmp_pat
     assert message in " ".join(result.output.split())
 
 
-class InsideTouch(Touch):
-    """Touch, with the agent program copied into the sandbox at setup."""
+@pytest.fixture(scope="session")
+def sdk_image(base_image: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The base image with the real openai SDK and `openai_agent.py` (/opt/agent.py) in it
+    (tests/support/openai_image.py: built once per machine)."""
+    from openai_image import openai_sdk_image
 
-    env_id = "test/agent-inside-v0"
-
-    async def setup(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> None:
-        await sandbox.write_file("/opt/agent.py", Path(INSIDE).read_text())
+    return openai_sdk_image(tmp_path_factory.mktemp("openai-sdk"), base_image, Path(AGENT))
 
 
-INSIDE = str(Path(__file__).with_name("inside_agent.py"))
+def _inside_env(image: str, *, relay: bool) -> type[cr.TerminalEnv]:
+    """Touch in the SDK image; `relay`: the sandbox's root is not reachable from the host
+    (as for a container on another Docker host), so the agent's way in is the stdio relay."""
+
+    class InsideTouch(Touch):
+        env_id = "test/agent-inside-relay-v0" if relay else "test/agent-inside-v0"
+        sandbox_spec = cr.Terminal(image=image)
+
+        async def setup(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> None:
+            if relay:
+                sandbox._root = None
+
+    return InsideTouch
 
 
 @pytest.mark.bwrap
 @pytest.mark.docker
-@pytest.mark.parametrize("backend", ["bwrap", "docker"])
-async def test_agent_inside_the_sandbox_reaches_only_the_proxy(backend: str) -> None:
-    """The agent runs in the sandbox (network off): the proxy answers it over the unix
-    socket and the relayed loopback port; a server on the host's loopback does not."""
+@pytest.mark.parametrize("backend,transport", [("bwrap", "socket"), ("docker", "socket"),
+                                               ("docker", "relay")])
+async def test_openai_sdk_agent_inside_the_sandbox_reaches_only_the_proxy(
+        backend: str, transport: str, sdk_image: str) -> None:
+    """A plain openai-SDK tool-calling loop runs in the sandbox (network off): the proxy
+    answers it over the socket Corral binds there (the SDK's own client with a unix-socket
+    transport) and over the loopback port forwarded to it; a server on the host's loopback
+    and any other address do not answer; the tokens recorded are exactly the engine's."""
     import http.server
     import threading
 
@@ -206,15 +273,19 @@ async def test_agent_inside_the_sandbox_reaches_only_the_proxy(backend: str) -> 
     threading.Thread(target=host.serve_forever, daemon=True).start()
     engine = Recorded(ScriptedPolicy(solver))
     probes = [f"http://127.0.0.1:{host.server_port}/", "http://192.0.2.1/"]
-    agent = ExternalAgent(command=["python3", "/opt/agent.py", *probes], inside=True)
+    argv = ["python3", "/opt/agent.py", "--local", "--uds"]
+    agent = ExternalAgent(command=[*argv, *(a for u in probes for a in ("--probe", u))],
+                          inside=True)
     try:
-        async with Runner([InsideTouch], engine, sandbox_backend=backend, sandbox_capacity=1,
-                          agent=agent) as runner:
+        async with Runner([_inside_env(sdk_image, relay=transport == "relay")], engine,
+                          sandbox_backend=backend, sandbox_capacity=1, agent=agent) as runner:
             (traj,) = await runner.collect(1)
     finally:
         host.shutdown()
     log = traj.metadata["agent"]["log_tail"]
     assert traj.status is Status.COMPLETE and traj.reward == 1.0, (traj.error, log)
+    assert traj.metadata["agent"]["transport"] == transport
     assert log.count("PROBE failed") == 2 and "PROBE reached" not in log, log
     assert "MODELS corral-policy" in log
+    assert len(traj.metadata["segments"]) == 1 and traj.turns == len(engine.calls) >= 2
     assert generated(traj) == [i for _, g in engine.calls for i in g.token_ids]

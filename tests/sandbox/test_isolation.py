@@ -81,3 +81,31 @@ async def test_network_off_cannot_reach_host_loopback(make_sandbox, backend, hos
     assert r.exit_code != 0 and "reached" not in r.stdout
     r = await sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1")
     assert r.stdout.split() == ["lo"]  # no interface but its own loopback
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_socket_bound_from_the_host_is_served_inside_only(make_sandbox, backend,
+                                                                   tmp_path):
+    """`listen_unix` (the in-sandbox agents' way to the proxy): a non-root user inside
+    connects to what the host serves; a link planted at the path is replaced, never followed
+    to the host."""
+    import asyncio
+
+    sb = await make_sandbox(backend, user="agent")
+    planted = tmp_path / "planted"
+    await sb.exec(f"mkdir -p /tmp/s && ln -s {planted} /tmp/s/echo.sock")
+
+    async def echo(reader, writer):
+        writer.write(b"host:" + await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(echo, sock=await sb.listen_unix("/tmp/s/echo.sock"))
+    try:
+        r = await sb.exec("python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); "
+                          "s.connect('/tmp/s/echo.sock'); s.sendall(b'hi\\n'); "
+                          "print(s.recv(64).decode(), end='')\"; stat -c %A /tmp/s/echo.sock")
+    finally:
+        server.close()
+    assert r.stdout == "host:hi\nsrw-rw-rw-\n", r
+    assert not planted.exists() and not planted.is_symlink()
