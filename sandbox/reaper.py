@@ -13,6 +13,9 @@ Both also prune the bwrap backend's rootfs cache: the exports of images the loca
 longer holds (`rootfs.prune_exports`), but those a live sandbox runs on or used in the last
 `EXPORT_GRACE_S`, so a cache that every rebuilt image adds to does not fill the disk.
 
+Networks of compose services (`compose.py`) carry the same labels and go with their
+containers.
+
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
 sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
 dirs by their owner record, and their cgroups), sparing those of a live process that shares the
@@ -40,6 +43,7 @@ from typing import Any, Sequence
 
 from ..errors import SandboxError
 from ._procs import owner_alive
+from .compose import remove_networks
 from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
                     sandboxes_dir)
 from .base import BackendConfig
@@ -123,15 +127,16 @@ def _gc_host(api: Any, kept: set[str], run: str | None, everything: bool, orphan
              mine: bool) -> int:
     """`gc_containers` on one daemon; adds the names of the containers left to `kept`."""
     removed = 0
+
+    def doomed(labels: dict[str, str]) -> bool:
+        if run:
+            return labels.get(LABEL_RUN) == run and (not orphans_only or _orphaned(labels, mine))
+        return everything or _orphaned(labels)
+
     for c in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
         labels = c.get("Labels") or {}
         names = {n.lstrip("/") for n in c.get("Names") or []}
-        if run:
-            doomed = labels.get(LABEL_RUN) == run and (not orphans_only
-                                                       or _orphaned(labels, mine))
-        else:
-            doomed = everything or _orphaned(labels)
-        if not doomed:
+        if not doomed(labels):
             kept |= names
             continue
         try:
@@ -139,6 +144,7 @@ def _gc_host(api: Any, kept: set[str], run: str | None, everything: bool, orphan
             removed += 1
         except Exception as exc:  # a concurrent removal is fine
             log.debug("remove %s: %s", c["Id"][:12], exc)
+    remove_networks(api, doomed)  # compose services' networks, once their containers went
     return removed
 
 
