@@ -130,12 +130,15 @@ def image_build(
 def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None,
                      host_trust: bool | None = None) -> list[str]:
     """Build (or find) the images of a terminal env's sandbox specs; returns their tags.
-    Harbor families have one spec per task; other envs one for all tasks. `host_trust`: as
-    `build_image`'s."""
+    Harbor families have one spec per task (and a compose task its services' images); other
+    envs one for all tasks. `host_trust`: as `build_image`'s."""
+    from corral.sandbox.compose import service_image
+
     env = make(env_id)
-    specs = [t.spec for t in getattr(env, "harbor_tasks", {}).values()] or \
-        [getattr(env, "sandbox_spec", None)]
-    tags = []
+    harbor = list(getattr(env, "harbor_tasks", {}).values())
+    specs = [t.spec for t in harbor] or [getattr(env, "sandbox_spec", None)]
+    tags = [service_image(t.compose, service, on_line=on_line, host_trust=host_trust)
+            for t in harbor if t.compose is not None for service in t.compose.services]
     for spec in specs:
         if spec is None or getattr(spec, "kind", None) != "terminal":
             raise CorralError(f"{env_id} has no terminal sandbox, so no image to build")

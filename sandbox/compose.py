@@ -47,7 +47,8 @@ from .docker import CAP_ADD, LABEL_ENV, LABEL_OWNER, LABEL_OWNER_START, LABEL_RU
 from .fleet import DockerHost
 
 __all__ = ["CONDITIONS", "ComposeProject", "ComposeRun", "Healthcheck", "IGNORED_KEYS",
-           "LABEL_PROJECT", "SERVICE_KEYS", "Service", "read_compose", "remove_networks"]
+           "LABEL_PROJECT", "SERVICE_KEYS", "Service", "read_compose", "remove_networks",
+           "service_image"]
 
 LABEL_PROJECT = "corral.compose"  # the network name a service container belongs to
 SERVICE_KEYS = frozenset({"image", "build", "environment", "command", "entrypoint",
@@ -363,6 +364,22 @@ def _start_order(path: Path, services: dict[str, Service]) -> list[Service]:
 
 
 # --- running ----------------------------------------------------------------------------------
+def service_image(project: ComposeProject, service: Service,
+                  on_line: Callable[[str], None] | None = None,
+                  host_trust: bool | None = None) -> str:
+    """The local image of `service`: its `build:` built (content-hash tag, named after the
+    project and the service) or its `image:`, which must be present. Blocks."""
+    if service.dockerfile is not None:
+        return build_image(service.dockerfile, service.context,
+                           f"{project.name}-{service.name}", on_line=on_line,
+                           host_trust=host_trust)
+    assert service.image is not None
+    if not image_exists(service.image):
+        raise missing_image(service.image)
+    return service.image
+
+
+
 class ComposeRun:
     """One start of a project's services on `host` (see module docstring). Not reusable:
     `up`, `attach` any number of sandboxes, `down` (idempotent, also after a failed `up`)."""
@@ -405,13 +422,7 @@ class ComposeRun:
             raise
 
     async def _image(self, service: Service) -> str:
-        if service.dockerfile is not None:
-            return await asyncio.to_thread(build_image, service.dockerfile, service.context,
-                                           f"{self.project.name}-{service.name}")
-        assert service.image is not None
-        if not await asyncio.to_thread(image_exists, service.image):
-            raise missing_image(service.image)
-        return service.image
+        return await asyncio.to_thread(service_image, self.project, service)
 
     async def _start(self, service: Service, image: str) -> None:
         def create(c: Any) -> str:
