@@ -498,8 +498,8 @@ class ComposeRun:
         aliases = [self.agent_alias] if self.agent_alias else None
 
         def connect(c: Any) -> None:
-            mode = c.api.inspect_container(sandbox.id)["HostConfig"]["NetworkMode"]
-            if mode == "none":
+            networks = c.api.inspect_container(sandbox.id)["NetworkSettings"]["Networks"]
+            if "none" in (networks or {}):  # (a reused sandbox left it for an earlier run's)
                 c.api.disconnect_container_from_network(sandbox.id, "none")
             c.api.connect_container_to_network(sandbox.id, self._network_id, aliases=aliases)
 
