@@ -132,7 +132,7 @@ def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None,
     """Build (or find) the images of a terminal env's sandbox specs; returns their tags.
     Harbor families have one spec per task (and a compose task its services' images); other
     envs one for all tasks. `host_trust`: as `build_image`'s."""
-    from corral.sandbox.compose import service_image
+    from corral.sandbox.services import service_image
 
     env = make(env_id)
     harbor = list(getattr(env, "harbor_tasks", {}).values())

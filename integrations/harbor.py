@@ -40,7 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.dataset import Dataset
 from corral.errors import AuthoringError, DatasetError, DuplicateRegistration
-from corral.sandbox.compose import ComposeProject, ComposeRun, read_compose
+from corral.sandbox.compose import ComposeProject, read_compose
+from corral.sandbox.services import ComposeRun
 from corral.sandbox.spec import Terminal
 from corral.terminal import TerminalEnv, Verifier, bash, default_run_id, run_tests_script
 from corral.tools import reward

@@ -28,8 +28,8 @@ from .rootfs import (cached_rootfs, export_rootfs, image_config, passwd_entry, p
                      rootfs_config, touch_export)
 
 __all__ = ["AGENT_UID", "BASE_IMAGE", "BASE_PACKAGES", "DAEMON_WAIT_S", "DEFAULT_MIRROR",
-           "HOST_TRUST_VAR", "LABEL_MANAGED", "apt_mirror", "build_hint", "build_image", "cache_dir",
-           "cached_rootfs", "daemon_call", "daemon_unreachable", "docker_available",
+           "HOST_TRUST_VAR", "LABEL_MANAGED", "apt_mirror", "build_hint", "build_image",
+           "cache_dir", "cached_rootfs", "daemon_call", "daemon_unreachable", "docker_available",
            "docker_client", "ensure_base_image", "export_rootfs", "image_config", "image_exists",
            "image_tag", "missing_image", "passwd_entry", "prune_exports", "recipe_hash",
            "rootfs_config", "touch_export", "wait_for_daemon"]

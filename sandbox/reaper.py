@@ -13,7 +13,7 @@ Both also prune the bwrap backend's rootfs cache: the exports of images the loca
 longer holds (`rootfs.prune_exports`), but those a live sandbox runs on or used in the last
 `EXPORT_GRACE_S`, so a cache that every rebuilt image adds to does not fill the disk.
 
-Networks of compose services (`compose.py`) carry the same labels and go with their
+Networks of compose services (`services.py`) carry the same labels and go with their
 containers.
 
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 from ..errors import SandboxError
 from ._procs import owner_alive
-from .compose import remove_networks
+from .services import remove_networks
 from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
                     sandboxes_dir)
 from .base import BackendConfig

@@ -1,7 +1,7 @@
-"""Compose projects (`corral.sandbox.compose`): a compose file read and checked, its services
-started on an internal network of their own through the Engine API, and what a killed process
-left found by the reaper. A Harbor task with a service beside the agent's container is in
-tests/sdk/terminal/test_harbor_steps.py."""
+"""Compose projects: a compose file read and checked (`corral.sandbox.compose`), its services
+started on an internal network of their own through the Engine API (`corral.sandbox.services`),
+and what a killed process left found by the reaper. A Harbor task with a service beside the
+agent's container is in tests/sdk/terminal/test_harbor_steps.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from corral.errors import DatasetError, SandboxError
-from corral.sandbox.compose import ComposeRun, read_compose
+from corral.sandbox.compose import read_compose
 from corral.sandbox.fleet import default_host
 from corral.sandbox.reaper import gc_containers
+from corral.sandbox.services import ComposeRun
 
 
 def compose(tmp_path: Path, text: str) -> Path:
