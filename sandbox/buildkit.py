@@ -15,9 +15,12 @@ build only; the recipe's content hash, and so the tag, is the unchanged file's):
 
 Both are mounted read-only for the one `RUN` (mode 0444, so a non-root `USER` can read them)
 and are not in the image or its history; BuildKit 0.8 (Docker 20.10) may leave their empty
-mount points. Tools that do not read pip's configuration are not told about the CA file (a
-`RUN` can name it: `curl --cacert /run/secrets/corral-ca.crt`); the system bundle is not
-replaced, so installing `ca-certificates` keeps working.
+mount points. Other tools are told where the CA file is by the variables they read
+(`CA_VARIABLES`: `SSL_CERT_FILE` for OpenSSL and Python, `REQUESTS_CA_BUNDLE`,
+`CURL_CA_BUNDLE`, `PIP_CERT`, `NODE_EXTRA_CA_CERTS`, `GIT_SSL_CAINFO`), declared as build args
+after each `FROM`: their value is the path alone, which the image history shows, and they do
+not become the image's environment. A stage's own `ENV` of one of them wins. The system bundle
+is not replaced, so installing `ca-certificates` keeps working.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from typing import IO, Any, Callable, Mapping
 
 from ..errors import ImageBuildError, SandboxError
 
-__all__ = ["CA_TARGET", "HostTrust", "PIP_TARGET", "SECRET_METHODS", "build_with_host_trust",
-           "host_trust", "rewrite_runs"]
+__all__ = ["CA_TARGET", "CA_VARIABLES", "HostTrust", "PIP_TARGET", "SECRET_METHODS",
+           "build_with_host_trust", "host_trust", "rewrite_runs"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,9 @@ PIP_TARGET = "/etc/xdg/pip/pip.conf"
 SECRET_METHODS = ("/moby.buildkit.secrets.v1.Secrets/GetSecret", "/grpc.health.v1.Health/Check")
 _MOUNTS = (f"--mount=type=secret,id=corral-ca,target={CA_TARGET},mode=0444,required=false "
            f"--mount=type=secret,id=corral-pip,target={PIP_TARGET},mode=0444,required=false ")
+# what tools read for their CA file; each a build arg naming the secret's path (not its content)
+CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT",
+                "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO")
 _CA_CANDIDATES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
                   "/etc/ssl/cert.pem")
 
@@ -129,14 +135,16 @@ def host_trust(environ: Mapping[str, str] | None = None) -> HostTrust:
                      settings.get("trusted-host", "").split())
 
 
-def rewrite_runs(text: str) -> str:
+def rewrite_runs(text: str, ca_args: bool = False) -> str:
     """The Dockerfile with both secret mounts added to every `RUN` instruction (line
-    continuations, comments and the `escape` parser directive are respected)."""
+    continuations, comments and the `escape` parser directive are respected); with `ca_args`,
+    each stage also declares the `CA_VARIABLES` as build args (`ARG`), right after its
+    `FROM`."""
     escape = "\\"
     match = re.match(r"(?:\s*#\s*[a-z]+\s*=.*\n)*?\s*#\s*escape\s*=\s*(\S)", text, re.I)
     if match:
         escape = match[1]
-    out, continued = [], False
+    out, continued, stage = [], False, False
     for line in text.splitlines(keepends=True):
         stripped = line.strip()
         if not continued and re.match(r"RUN(\s|$)", stripped, re.I):
@@ -145,8 +153,13 @@ def rewrite_runs(text: str) -> str:
         elif continued and stripped.startswith("#"):
             out.append(line)
             continue
+        stage = stage or (not continued and bool(re.match(r"FROM\s", stripped, re.I)))
         continued = stripped.endswith(escape) if stripped else continued
         out.append(line)
+        if stage and not continued and ca_args:  # the FROM statement ended on this line
+            out.append(("" if line.endswith("\n") else "\n")
+                       + "".join(f"ARG {name}\n" for name in CA_VARIABLES))
+            stage = False
     return "".join(out)
 
 
@@ -375,10 +388,13 @@ def build_with_host_trust(dockerfile: Path, context: Path, tag: str, *,
         exclude = [p.strip() for p in ignore.read_text().splitlines()
                    if p.strip() and not p.strip().startswith("#")]
     name = f".corral-{_secrets.token_hex(4)}.Dockerfile"  # docker-py's way: ignored by COPY
+    ca = trust.ca_file is not None
     archive = _gnu_tar(docker.utils.tar(str(context), exclude=exclude, dockerfile=(
-        name, rewrite_runs(dockerfile.read_text()))), first=name)
-    query = urllib.parse.urlencode({"version": "2", "t": tag, "dockerfile": name, "rm": "1",
-                                    "forcerm": "1", "labels": json.dumps(dict(labels or {}))})
+        name, rewrite_runs(dockerfile.read_text(), ca_args=ca))), first=name)
+    query = urllib.parse.urlencode({
+        "version": "2", "t": tag, "dockerfile": name, "rm": "1", "forcerm": "1",
+        "labels": json.dumps(dict(labels or {})),
+        "buildargs": json.dumps({v: CA_TARGET for v in CA_VARIABLES} if ca else {})})
     session = _Session(socket_path, trust.secrets())
     step, error = "", ""
     try:

@@ -26,6 +26,8 @@ def test_every_run_gets_the_mounts_and_nothing_else_changes() -> None:
     assert out[3:5] == ["  # a comment inside", "  RUN-not-an-instruction"]  # continued
     assert out[5].startswith(f"RUN {MOUNTS}") and out[5].endswith('["sh", "-c", "true"]')
     assert out[6:] == ["ONBUILD RUN make", "ENV RUN=1"]
+    staged = rewrite_runs("FROM a AS b\nRUN x\nFROM c \\\n  AS d\n", ca_args=True).splitlines()
+    assert staged[1] == "ARG SSL_CERT_FILE" and staged[9:11] == ["  AS d", "ARG SSL_CERT_FILE"]
 
 
 def test_the_hosts_pip_settings_are_read_and_its_own_paths_dropped(tmp_path: Path) -> None:
@@ -48,7 +50,8 @@ def test_a_build_reads_the_hosts_trust_as_secrets_that_stay_out_of_the_image(
     (tmp_path / "Dockerfile").write_text(
         f"FROM {base_image}\nUSER nobody\n"
         f"RUN : {nonce} && sha256sum {CA_TARGET} | cut -c1-64 > /tmp/ca.sha && \\\n"
-        "    grep -c '^index-url = https://u:s[3]cret@' /etc/xdg/pip/pip.conf > /tmp/index.seen\n")
+        "    grep -c '^index-url = https://u:s[3]cret@' /etc/xdg/pip/pip.conf >/tmp/index.seen \\\n"
+        "    && echo \"$SSL_CERT_FILE,$PIP_CERT\" > /tmp/vars\n")
     ca = tmp_path / "host-ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\nnot really\n-----END CERTIFICATE-----\n")
     trust = HostTrust(ca, "https://u:s3cret@pypi.corp.example/simple")
@@ -60,11 +63,15 @@ def test_a_build_reads_the_hosts_trust_as_secrets_that_stay_out_of_the_image(
         served = build_with_host_trust(tmp_path / "Dockerfile", tmp_path, tag, trust=trust)
         assert sorted(set(served)) == ["corral-ca", "corral-pip"]
         seen = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, "sh", "-c",
-                               f"cat /tmp/ca.sha /tmp/index.seen; cat {CA_TARGET} "
+                               f"cat /tmp/ca.sha /tmp/index.seen /tmp/vars; cat {CA_TARGET} "
                                "/etc/xdg/pip/pip.conf 2>/dev/null | wc -c"],
                               capture_output=True, text=True, check=True).stdout.split()
         sha = subprocess.run(["sha256sum", str(ca)], capture_output=True, text=True).stdout
-        assert seen == [sha[:64], "1", "0"]  # read by a non-root RUN; empty in the image
+        # read by a non-root RUN, told by the variables tools read; empty in the image
+        assert seen == [sha[:64], "1", f"{CA_TARGET},{CA_TARGET}", "0"]
+        env = subprocess.run(["docker", "inspect", "--format", "{{json .Config.Env}}", tag],
+                             capture_output=True, text=True, check=True).stdout
+        assert "SSL_CERT_FILE" not in env  # a build arg, not the image's environment
         history = subprocess.run(["docker", "history", "--no-trunc", tag], capture_output=True,
                                  text=True, check=True).stdout
         assert "s3cret" not in history and "not really" not in history
