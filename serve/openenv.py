@@ -17,9 +17,10 @@ OpenEnv's `MCPToolClient` works too: its `{"type": "list_tools"}` and `{"type": 
 `arguments`; the result is the tool's output) and OpenEnv's `openenv/session/create` /
 `openenv/session/close`; a request naming a `session_id` runs in that session's episode (a
 session of the same manager, reaped when idle), one without runs on a fresh env closed after
-it. Errors are JSON-RPC errors: -32700 unreadable JSON, -32600 not a request, -32601 unknown
-method, -32602 unknown tool, bad arguments or unknown session, -32603 the tool's own failure,
--32000 no session free.
+it. The same JSON-RPC over a WebSocket at `{base}/mcp` runs in the connection's own session
+(closed when the connection goes). Errors are JSON-RPC errors: -32700 unreadable JSON, -32600
+not a request, -32601 unknown method, -32602 unknown tool, bad arguments or unknown session,
+-32603 the tool's own failure, -32000 no session free.
 The HTTP routes (`/reset`, `/step`, `/state`, `/schema`, `/metadata`, `/health`) are
 stateless, as OpenEnv's are: each request gets a fresh env that is closed after it (`/step`
 resets it with seed 0 first: OpenEnv's server steps a fresh env, a Corral env needs an
@@ -39,10 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from corral.errors import AgentError, EnvServerBusy, InfraError, UnknownTool
 from corral.serve import ops
 from corral.serve.app import EnvServer, WebSocketSession, _brief
+from corral.serve.sessions import Session
 from corral.serve.protocol import ProtocolError, ResetRequest, SessionError, StepRequest
 
 __all__ = ["ACTION_SCHEMA", "JsonRpcRequest", "OBSERVATION_SCHEMA", "OpenEnvAction",
-           "OpenEnvReset", "OpenEnvSocket", "PREFIX", "mount_openenv"]
+           "OpenEnvMcpSocket", "OpenEnvReset", "OpenEnvSocket", "PREFIX", "mount_openenv"]
 
 PREFIX = "/openenv"
 
@@ -201,8 +203,10 @@ async def _mcp_tools(env: Any, method: str, params: dict[str, Any]) -> Any:
     return observation["observation"]["result"]
 
 
-async def _mcp_request(server: EnvServer, env_id: str, raw: bytes) -> dict[str, Any]:
-    """One JSON-RPC request to `{base}/mcp` (see module docstring)."""
+async def _mcp_request(server: EnvServer, env_id: str, raw: str | bytes,
+                       own: Session | None = None) -> dict[str, Any]:
+    """One JSON-RPC request to `{base}/mcp` (see module docstring); `own`: the session of the
+    WebSocket it came over, which every tool request runs in."""
     manager = server.manager
     try:
         request = JsonRpcRequest.model_validate(orjson.loads(raw))
@@ -213,23 +217,29 @@ async def _mcp_request(server: EnvServer, env_id: str, raw: bytes) -> dict[str, 
     rid, method, params = request.id, request.method, request.params
     try:
         if method == "openenv/session/create":
-            return {"jsonrpc": "2.0", "id": rid,
-                    "result": {"session_id": (await manager.open(env_id)).id}}
+            created = own or await manager.open(env_id)
+            return {"jsonrpc": "2.0", "id": rid, "result": {"session_id": created.id}}
         if method not in ("openenv/session/close", "tools/list", "tools/call"):
             return _rpc_error(rid, METHOD_NOT_FOUND, f"Method not found: {method}")
         session_id = params.get("session_id")
-        session = None
-        if session_id is not None:
+
+        def named() -> Session:
             try:
-                session = manager.get(str(session_id))
+                return manager.get(str(session_id))
             except SessionError:
                 raise _RpcFailure(INVALID_PARAMS, f"Unknown session_id: {session_id}") from None
+
         if method == "openenv/session/close":
-            if session is None:
+            if session_id is None:
                 raise _RpcFailure(INVALID_PARAMS, "Invalid params - 'session_id' is required")
-            await manager.close(session)
+            if own is not None and session_id == own.id:
+                raise _RpcFailure(INVALID_REQUEST, "the connection's own session closes with "
+                                                   "the connection")
+            closing = named()
+            await manager.close(closing)
             return {"jsonrpc": "2.0", "id": rid,
-                    "result": {"session_id": session.id, "closed": True}}
+                    "result": {"session_id": closing.id, "closed": True}}
+        session = own or (named() if session_id is not None else None)
         fresh = session is None
         session = session or await manager.open(env_id)
         try:
@@ -244,6 +254,23 @@ async def _mcp_request(server: EnvServer, env_id: str, raw: bytes) -> dict[str, 
         return _rpc_error(rid, SERVER_ERROR, str(exc))
     except Exception as exc:  # an infrastructure failure: the client sees its message
         return _rpc_error(rid, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+class OpenEnvMcpSocket(WebSocketSession):
+    """OpenEnv's `/mcp` over a WebSocket: JSON-RPC requests and answers, the connection one
+    session of `env_id` (opened with its first request, closed when it goes away)."""
+
+    def __init__(self, server: EnvServer, ws: WebSocket, env_id: str) -> None:
+        super().__init__(server, ws)
+        self.env_id = env_id
+
+    async def _handle(self, raw: str | bytes) -> dict[str, Any] | None:
+        if self.session is None:
+            try:
+                self.session = await self.server.manager.open(self.env_id, self)
+            except EnvServerBusy as exc:
+                return _rpc_error(None, SERVER_ERROR, str(exc))
+        return await _mcp_request(self.server, self.env_id, raw, own=self.session)
 
 
 def _code(exc: BaseException) -> str:
@@ -352,9 +379,13 @@ def _mount_one(server: EnvServer, env_id: str) -> None:
     async def mcp(request: Request) -> Any:
         return await _mcp_request(server, env_id, await request.body())
 
+    async def mcp_socket(ws: WebSocket) -> None:
+        await OpenEnvMcpSocket(server, ws, env_id).serve()
+
     for path, fn in (("/reset", reset), ("/step", step), ("/mcp", mcp)):
         app.add_api_route(base + path, fn, methods=["POST"], tags=tags)
     for path, fn in (("/state", state), ("/schema", schema), ("/metadata", metadata),
                      ("/health", health)):
         app.add_api_route(base + path, fn, methods=["GET"], tags=tags)
     app.add_api_websocket_route(base + "/ws", websocket)
+    app.add_api_websocket_route(base + "/mcp", mcp_socket)

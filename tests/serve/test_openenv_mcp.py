@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Iterator
 
 import pytest
@@ -112,3 +113,27 @@ def test_mcp_json_rpc_errors_and_stateless_calls(calc_server: Served) -> None:
                           "params": {"name": "add", "arguments": {"a": "x"}}})["error"]["code"]}
     assert codes == {"parse": -32700, "request": -32600, "method": -32601, "session": -32602,
                      "args": -32602}
+
+
+async def test_mcp_json_rpc_over_a_websocket_is_one_session(calc_server: Served) -> None:
+    import json
+
+    import websockets
+
+    url = calc_server.url.replace("http://", "ws://") + f"/openenv/{CALC}/mcp"
+    async with websockets.connect(url) as ws:
+        async def rpc(method: str, **params: Any) -> dict[str, Any]:
+            await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
+                                      "params": params}))
+            return json.loads(await ws.recv())
+
+        own = (await rpc("openenv/session/create"))["result"]["session_id"]
+        assert list(calc_server.manager.sessions) == [own]
+        assert [t["name"] for t in (await rpc("tools/list"))["result"]["tools"]] == ["add"]
+        assert (await rpc("tools/call", name="add", arguments={"a": 1, "b": 2}))["result"] == "3"
+        assert (await rpc("openenv/session/close", session_id=own))["error"]["code"] == -32600
+    for _ in range(100):  # the server closes the connection's session as it sees it go
+        if not calc_server.manager.sessions:
+            break
+        await asyncio.sleep(0.05)
+    assert calc_server.manager.sessions == {}
