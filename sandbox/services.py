@@ -55,7 +55,6 @@ def service_image(project: ComposeProject, service: Service,
     return service.image
 
 
-
 class ComposeRun:
     """One start of a project's services on `host` (see module docstring). Not reusable:
     `up`, `attach` any number of sandboxes, `down` (idempotent, also after a failed `up`)."""
