@@ -103,6 +103,10 @@ def image_build(
                                            help="build context (default: the Dockerfile's "
                                            "folder)"),
     name: Optional[str] = typer.Option(None, help="image name part (with --dockerfile)"),
+    host_trust: bool = typer.Option(False, "--host-trust",
+                                    help="give every RUN the host's CA bundle and pip index "
+                                    "settings as build secrets (BuildKit; not kept in the "
+                                    "image)"),
 ) -> None:
     """Build an env's image (or a Dockerfile's), tagged by content hash; never rebuilds."""
     from corral.sandbox.builds import build_image
@@ -114,26 +118,35 @@ def image_build(
             def show(line: str) -> None:
                 status.update(line[:100])
 
-            tags = (build_env_images(env_id, on_line=show) if env_id is not None
-                    else [build_image(dockerfile, context, name, on_line=show)])
+            trust = host_trust or None  # unset: CORRAL_BUILD_HOST_TRUST decides
+            tags = (build_env_images(env_id, on_line=show, host_trust=trust)
+                    if env_id is not None
+                    else [build_image(dockerfile, context, name, on_line=show,
+                                      host_trust=trust)])
     except CorralError as exc:
         fail(str(exc))
     for tag in tags:
         console.print(tag, highlight=False)
 
 
-def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None) -> list[str]:
+def build_env_images(env_id: str, on_line: Callable[[str], None] | None = None,
+                     host_trust: bool | None = None) -> list[str]:
     """Build (or find) the images of a terminal env's sandbox specs; returns their tags.
-    Harbor families have one spec per task; other envs one for all tasks."""
+    Harbor families have one spec per task (and a compose task its services' images); other
+    envs one for all tasks. `host_trust`: as `build_image`'s."""
+    from corral.sandbox.services import service_image
+
     env = make(env_id)
-    specs = [t.spec for t in getattr(env, "harbor_tasks", {}).values()] or \
-        [getattr(env, "sandbox_spec", None)]
-    tags = []
+    harbor = list(getattr(env, "harbor_tasks", {}).values())
+    specs = [t.spec for t in harbor] or [getattr(env, "sandbox_spec", None)]
+    tags = [service_image(t.compose, service, on_line=on_line, host_trust=host_trust)
+            for t in harbor if t.compose is not None for service in t.compose.services]
     for spec in specs:
         if spec is None or getattr(spec, "kind", None) != "terminal":
             raise CorralError(f"{env_id} has no terminal sandbox, so no image to build")
         if spec.dockerfile:
-            tags.append(builds.build_image(spec.dockerfile, on_line=on_line))
+            tags.append(builds.build_image(spec.dockerfile, on_line=on_line,
+                                           host_trust=host_trust))
         elif spec.image == baseimage.BASE_IMAGE:
             tags.append(baseimage.ensure_base_image(on_step=on_line))
         elif image_exists(spec.image):

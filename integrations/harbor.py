@@ -14,7 +14,10 @@ becomes the env `harbor/my-task-v0`: its image is built from the Dockerfile (con
 built on first use or by `corral image build ID`), the oracle unpacks solution/ into /solution
 and runs `bash /solution/solve.sh`, and after the episode (and the verify phase, `corral.verify`)
 tests/ is copied to /tests and `bash /tests/test.sh` runs; its reward file is the reward (none is
-a verifier error, as in Harbor's RewardFileNotFoundError). A directory of task
+a verifier error, as in Harbor's RewardFileNotFoundError). A task with
+environment/docker-compose.yaml runs its other services beside the agent's container (its
+`main` service) on the episode's own internal network (`corral.sandbox.compose`; docker
+backend only). A directory of task
 directories registers one env per task plus a family env named after the directory, whose
 dataset holds all of them.
 """
@@ -37,20 +40,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.dataset import Dataset
 from corral.errors import AuthoringError, DatasetError, DuplicateRegistration
+from corral.sandbox.compose import ComposeProject, read_compose
+from corral.sandbox.services import ComposeRun
 from corral.sandbox.spec import Terminal
-from corral.terminal import TerminalEnv, Verifier, bash, run_tests_script
+from corral.terminal import TerminalEnv, Verifier, bash, default_run_id, run_tests_script
 from corral.tools import reward
 from corral.types import Task, ToolCall
 
-__all__ = ["AgentSection", "COMPOSE_FILES", "DEFAULT_TIMEOUT", "DOCKERFILE_INSTRUCTIONS",
-           "EnvironmentSection", "HarborEnv", "HarborStep", "HarborTask", "StepAgentSection",
-           "StepSection", "StepVerifierSection", "TaskConfig", "TaskSection", "VerifierSection",
-           "check_dockerfile", "is_task_dir", "load_harbor", "read_config", "read_task", "slug"]
+__all__ = ["AGENT_SERVICE", "AgentSection", "COMPOSE_FILES", "DEFAULT_TIMEOUT",
+           "DOCKERFILE_INSTRUCTIONS", "EnvironmentSection", "HarborEnv", "HarborStep",
+           "HarborTask", "StepAgentSection", "StepSection", "StepVerifierSection", "TaskConfig",
+           "TaskSection", "VerifierSection", "check_dockerfile", "is_task_dir", "load_harbor",
+           "read_config", "read_task", "slug"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 600.0  # Harbor's default agent and verifier timeouts, in seconds
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+AGENT_SERVICE = "main"  # Harbor's name for the agent's container in a compose file
 DOCKERFILE_INSTRUCTIONS = frozenset({
     "FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
     "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"})
@@ -252,6 +259,7 @@ class HarborTask:
     solution: dict[str, bytes] | None
     digest: str
     steps: list[HarborStep]
+    compose: ComposeProject | None = None  # the services beside the agent's container
 
     @property
     def agent_timeout(self) -> float:
@@ -263,7 +271,19 @@ class HarborTask:
         return bool(self.config.steps)
 
 
-def _spec(root: Path, config: TaskConfig) -> Terminal:
+def _compose(root: Path) -> ComposeProject | None:
+    """environment/docker-compose.yaml (or another of COMPOSE_FILES) read with Harbor's
+    variables; its `main` service is the agent's container."""
+    found = [root / "environment" / n for n in COMPOSE_FILES
+             if (root / "environment" / n).is_file()]
+    if not found:
+        return None
+    variables = {"CONTEXT_DIR": str((root / "environment").resolve()), "TEST_DIR": "/tests",
+                 "ENV_VERIFIER_LOGS_PATH": "/logs/verifier", "ENV_AGENT_LOGS_PATH": "/logs/agent"}
+    return read_compose(found[0], agent=AGENT_SERVICE, variables=variables, name=slug(root.name))
+
+
+def _spec(root: Path, config: TaskConfig, compose: ComposeProject | None) -> Terminal:
     env = config.environment
     dockerfile = root / "environment" / "Dockerfile"
     workdir = "/root"
@@ -276,16 +296,12 @@ def _spec(root: Path, config: TaskConfig) -> Terminal:
     else:
         raise DatasetError(f"{dockerfile}: missing (give environment/Dockerfile or "
                            "[environment] docker_image in task.toml)")
-    compose = [root / "environment" / n for n in COMPOSE_FILES
-               if (root / "environment" / n).is_file()]
-    if compose:
-        raise DatasetError(f"{compose[0]}: multi-container (docker-compose) tasks are not "
-                           "supported by Corral's Harbor import; give environment/Dockerfile")
+    environment = dict(compose.agent.environment) if compose and compose.agent else {}
     memory = f"{env.memory_mb}m" if env.memory_mb else (env.memory or "2g").lower()
     cpus = min(env.cpus or 1.0, float(os.cpu_count() or 1))  # docker rejects more than exist
     try:
         return Terminal(**kwargs, workdir=env.workdir or workdir, cpus=cpus, memory=memory,
-                        network=env.allow_internet, env=dict(env.env))
+                        network=env.allow_internet, env={**environment, **env.env})
     except ValidationError as exc:
         err = exc.errors()[0]
         raise DatasetError(f"{root / 'task.toml'}: [environment] {err['loc'][0]}: "
@@ -318,12 +334,13 @@ def read_task(path: str | Path) -> HarborTask:
         tests, instruction = _files(tests_dir), _read_text(instruction_md)
         steps = [HarborStep(root.name, instruction, tests, solution, config.agent.timeout_sec,
                             config.verifier.timeout_sec, dict(config.verifier.env))]
-    spec = _spec(root, config)
+    compose = _compose(root)
+    spec = _spec(root, config, compose)
     digest = hashlib.sha256()
     for name, data in sorted(_files(root).items()):
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return HarborTask(root.name, root.resolve(), instruction, config, spec, tests, solution,
-                      digest.hexdigest()[:16], steps)
+                      digest.hexdigest()[:16], steps, compose)
 
 
 def _read_steps(root: Path, config: TaskConfig) -> list[HarborStep]:
@@ -373,6 +390,10 @@ class HarborEnv(TerminalEnv):
     harbor_tasks: ClassVar[dict[str, HarborTask]] = {}
     max_turns = 100
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._services: ComposeRun | None = None  # the episode's compose services, if any
+
     def harbor_task(self, task: Task) -> HarborTask:
         try:
             return self.harbor_tasks[task["name"]]
@@ -383,6 +404,16 @@ class HarborEnv(TerminalEnv):
     def sandbox_for(self, task: Task) -> Terminal:
         return self.harbor_task(task).spec
 
+    async def open_sandbox(self, task: Task) -> Any:
+        """A compose task is refused before a sandbox opens on a backend other than docker."""
+        ht = self.harbor_task(task)
+        backend = self.config.get("backend") or ht.spec.backend
+        if ht.compose is not None and isinstance(backend, str):
+            from corral.sandbox.backends import resolve_backend
+
+            _check_compose_backend(ht, await resolve_backend(ht.spec, backend))
+        return await super().open_sandbox(task)
+
     def instruction(self, task: Task) -> str:
         return self.harbor_task(task).instruction
 
@@ -390,7 +421,26 @@ class HarborEnv(TerminalEnv):
         return self.harbor_task(task).agent_timeout
 
     async def setup(self, sandbox: Any, task: Task) -> None:
+        """The log folders; for a compose task, its services started on the episode's own
+        internal network first, the sandbox joining it as `main` (a fresh verify sandbox
+        joins the same services)."""
+        ht = self.harbor_task(task)
+        if ht.compose is not None:
+            _check_compose_backend(ht, sandbox.backend)
+            if self._services is None:
+                self._services = ComposeRun(
+                    ht.compose, sandbox.host, agent_alias=AGENT_SERVICE, env_id=self.env_id,
+                    run_id=str(self.config.get("run_id") or default_run_id()),
+                    start_timeout=ht.config.environment.build_timeout_sec)
+                await self._services.up()
+            await self._services.attach(sandbox)
         await sandbox.exec("mkdir -p /logs/agent /logs/verifier", timeout=30)
+
+    async def teardown(self, sandbox: Any, task: Task) -> None:
+        """A compose task's services and network removed."""
+        services, self._services = self._services, None
+        if services is not None:
+            await services.down()
 
     def solution(self, task: Task) -> list[ToolCall | str]:
         """Unpack solution/ into /solution, then run `bash /solution/solve.sh`; for a
@@ -455,6 +505,13 @@ class HarborEnv(TerminalEnv):
         if ht.config.multi_step_reward_strategy == "final":
             return rewards[-1] if len(rewards) == len(ht.steps) else 0.0
         return sum(rewards) / len(ht.steps)
+
+
+def _check_compose_backend(ht: HarborTask, backend: str) -> None:
+    if backend != "docker":
+        raise DatasetError(f"{ht.compose.path}: a multi-container (docker-compose) task "  # type: ignore[union-attr]
+                           f"runs its services beside a docker sandbox; backend {backend} "
+                           "cannot (use --backend docker)")
 
 
 def _step_verifier(step: HarborStep) -> Verifier:

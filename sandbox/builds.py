@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Callable
@@ -15,7 +16,8 @@ from ..errors import ImageBuildError, ImageNotFound
 from .baseimage import BASE_IMAGE
 from .daemon import LABEL_MANAGED, docker_client, image_exists
 
-__all__ = ["build_hint", "build_image", "image_tag", "missing_image", "recipe_hash"]
+__all__ = ["HOST_TRUST_VAR", "build_hint", "build_image", "image_tag", "missing_image",
+           "recipe_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +77,19 @@ def _from_images(dockerfile: Path) -> list[str]:
     return [f for f in froms if f.lower() != "scratch" and "$" not in f]
 
 
+HOST_TRUST_VAR = "CORRAL_BUILD_HOST_TRUST"  # "1": every build takes the host's trust
+
+
 def build_image(dockerfile: str | Path, context: str | Path | None = None,
-                name: str | None = None, on_line: Callable[[str], None] | None = None) -> str:
+                name: str | None = None, on_line: Callable[[str], None] | None = None,
+                host_trust: bool | None = None) -> str:
     """Build `dockerfile` (context: its folder unless given) unless its content-hash tag exists.
 
-    Returns the tag. Raises ImageBuildError naming the file and failing step, or ImageNotFound
-    when a FROM image is missing (with the command that makes it).
+    With `host_trust` (default: `CORRAL_BUILD_HOST_TRUST=1` in the environment) the build runs
+    on BuildKit and its `RUN`s get the host's CA bundle and pip index settings as build secrets
+    (`buildkit.build_with_host_trust`). Returns the tag. Raises ImageBuildError naming the file
+    and failing step, or ImageNotFound when a FROM image is missing (with the command that
+    makes it).
     """
     tag = image_tag(dockerfile, context, name)
     path = Path(dockerfile).resolve()
@@ -94,6 +103,14 @@ def build_image(dockerfile: str | Path, context: str | Path | None = None,
             raise ImageBuildError(f"{path}: FROM {base} is not present locally (no registry is "
                                   f"reachable); build it first with `{build_hint(base)}`")
         stages.add(base)
+    if host_trust is None:
+        host_trust = os.environ.get(HOST_TRUST_VAR, "") in ("1", "true", "yes")
+    if host_trust:
+        from .buildkit import build_with_host_trust
+
+        build_with_host_trust(path, ctx, tag, labels={LABEL_MANAGED: "1"}, on_line=on_line)
+        log.info("built %s from %s with the host's trust", tag, path)
+        return tag
     import docker
 
     step, error = "", ""

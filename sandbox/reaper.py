@@ -19,6 +19,9 @@ live sandbox runs on them: `gc_layers`; so do the docker backend's committed for
 the layers under it, or its image) outlives its owner, for a resume; only `gc(run=RUN)` removes
 it.
 
+Networks of compose services (`services.py`) carry the same labels and go with their
+containers.
+
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
 sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
 dirs by their owner record, and their cgroups), sparing those of a live process that shares the
@@ -47,6 +50,7 @@ from typing import Any, Sequence
 from ..errors import SandboxError
 from . import _layers
 from ._procs import owner_alive
+from .services import remove_networks
 from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
                     sandboxes_dir)
 from .base import BackendConfig
@@ -134,15 +138,16 @@ def _gc_host(api: Any, kept: set[str], run: str | None, everything: bool, orphan
              mine: bool) -> int:
     """`gc_containers` on one daemon; adds the names of the containers left to `kept`."""
     removed = 0
+
+    def doomed(labels: dict[str, str]) -> bool:
+        if run:
+            return labels.get(LABEL_RUN) == run and (not orphans_only or _orphaned(labels, mine))
+        return everything or _orphaned(labels)
+
     for c in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
         labels = c.get("Labels") or {}
         names = {n.lstrip("/") for n in c.get("Names") or []}
-        if run:
-            doomed = labels.get(LABEL_RUN) == run and (not orphans_only
-                                                       or _orphaned(labels, mine))
-        else:
-            doomed = everything or _orphaned(labels)
-        if not doomed:
+        if not doomed(labels):
             kept |= names
             continue
         try:
@@ -150,6 +155,7 @@ def _gc_host(api: Any, kept: set[str], run: str | None, everything: bool, orphan
             removed += 1
         except Exception as exc:  # a concurrent removal is fine
             log.debug("remove %s: %s", c["Id"][:12], exc)
+    remove_networks(api, doomed)  # compose services' networks, once their containers went
     return removed
 
 

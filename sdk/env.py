@@ -149,6 +149,11 @@ class Env(gymnasium.Env[str, str]):
     async def setup(self, sandbox: Any, task: Task) -> None:
         """Prepare one task in a fresh sandbox (files, services, state)."""
 
+    async def teardown(self, sandbox: Any, task: Task) -> None:
+        """Undo what `setup` started outside the sandbox (services beside it): called once
+        when the episode's sandbox is released, before it closes or goes back to its pool,
+        also after a failed setup. An error here is logged; the sandbox is released anyway."""
+
     async def respond(self, task: Task, completion: str, state: dict[str, Any]) -> str | None:
         """Answer a message that called no tool: a string continues the episode with that text
         as the next user message; None ends it. Default: the message is the final answer."""
@@ -196,6 +201,10 @@ class Env(gymnasium.Env[str, str]):
         sandbox, episode.sandbox = episode.sandbox, None
         if sandbox is None:
             return
+        try:
+            await self.teardown(sandbox, episode.task)
+        except Exception as exc:  # the sandbox still has to be released
+            log.warning("teardown of %s failed: %s", self.env_id, exc)
         if self.sandbox_provider is not None and self.sandbox_spec is not None:
             reusable = self.reusable_sandbox and episode.infra_error is None
             await self.sandbox_provider.release(sandbox, self, reusable)

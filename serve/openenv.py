@@ -12,6 +12,15 @@ Actions: `{"text": "..."}` (model output, tool calls inside are parsed) or `{"na
 OpenEnv's `MCPToolClient` works too: its `{"type": "list_tools"}` and `{"type": "call_tool",
 "tool_name", "arguments"}` actions answer `{"tools": [...]}` and `{"tool_name", "result",
 "error"}` (a tool call runs outside the turn count, in the session's episode).
+`POST {base}/mcp` is OpenEnv's MCP JSON-RPC 2.0 endpoint (its `MCPToolClient` with
+`use_production_mode = True`): `tools/list` (MCP tool descriptions), `tools/call` (`name`,
+`arguments`; the result is the tool's output) and OpenEnv's `openenv/session/create` /
+`openenv/session/close`; a request naming a `session_id` runs in that session's episode (a
+session of the same manager, reaped when idle), one without runs on a fresh env closed after
+it. The same JSON-RPC over a WebSocket at `{base}/mcp` runs in the connection's own session
+(closed when the connection goes). Errors are JSON-RPC errors: -32700 unreadable JSON, -32600
+not a request, -32601 unknown method, -32602 unknown tool, bad arguments or unknown session,
+-32603 the tool's own failure, -32000 no session free.
 The HTTP routes (`/reset`, `/step`, `/state`, `/schema`, `/metadata`, `/health`) are
 stateless, as OpenEnv's are: each request gets a fresh env that is closed after it (`/step`
 resets it with seed 0 first: OpenEnv's server steps a fresh env, a Corral env needs an
@@ -22,19 +31,20 @@ password of the URL (`http://:TOKEN@host:port/openenv/...`), sent as HTTP Basic 
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Literal
 
 import orjson
-from fastapi import Body, HTTPException, WebSocket
+from fastapi import Body, HTTPException, Request, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.errors import AgentError, EnvServerBusy, InfraError, UnknownTool
 from corral.serve import ops
 from corral.serve.app import EnvServer, WebSocketSession, _brief
-from corral.serve.protocol import ProtocolError, ResetRequest, StepRequest
+from corral.serve.sessions import Session
+from corral.serve.protocol import ProtocolError, ResetRequest, SessionError, StepRequest
 
-__all__ = ["ACTION_SCHEMA", "OBSERVATION_SCHEMA", "OpenEnvAction", "OpenEnvReset", "OpenEnvSocket",
-           "PREFIX", "mount_openenv"]
+__all__ = ["ACTION_SCHEMA", "JsonRpcRequest", "OBSERVATION_SCHEMA", "OpenEnvAction",
+           "OpenEnvMcpSocket", "OpenEnvReset", "OpenEnvSocket", "PREFIX", "mount_openenv"]
 
 PREFIX = "/openenv"
 
@@ -148,6 +158,121 @@ def _state(session_id: str, env: Any) -> dict[str, Any]:
             "done": episode.done if episode else False}
 
 
+# --- the MCP JSON-RPC endpoint ---------------------------------------------------------------
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR, SERVER_ERROR = (
+    -32700, -32600, -32601, -32602, -32603, -32000)
+
+
+class JsonRpcRequest(BaseModel):
+    """A JSON-RPC 2.0 request, as OpenEnv's `/mcp` reads one."""
+
+    model_config = ConfigDict(extra="forbid")
+    jsonrpc: Literal["2.0"]
+    method: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    id: str | int | None = None
+
+
+class _RpcFailure(Exception):
+    """A JSON-RPC error answer (code, message)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _rpc_error(request_id: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+
+
+async def _mcp_tools(env: Any, method: str, params: dict[str, Any]) -> Any:
+    """`tools/list` or `tools/call` on one env (an error answer raised as `_RpcFailure`)."""
+    if method == "tools/list":
+        return {"tools": [{"name": t["name"], "description": t["description"],
+                           "inputSchema": t["input_schema"]}
+                          for t in _tool_list(env)["observation"]["tools"]]}
+    name = params.get("name")
+    if not isinstance(name, str) or not name:
+        raise _RpcFailure(INVALID_PARAMS, "Missing 'name' in params")
+    observation = (await _tool_call(env, {"tool_name": name,
+                                          "arguments": params.get("arguments") or {}}))
+    error = observation["observation"]["error"]
+    if error is not None:
+        raise _RpcFailure(INTERNAL_ERROR if error["error_type"] == "execution_error"
+                          else INVALID_PARAMS, error["message"])
+    return observation["observation"]["result"]
+
+
+async def _mcp_request(server: EnvServer, env_id: str, raw: str | bytes,
+                       own: Session | None = None) -> dict[str, Any]:
+    """One JSON-RPC request to `{base}/mcp` (see module docstring); `own`: the session of the
+    WebSocket it came over, which every tool request runs in."""
+    manager = server.manager
+    try:
+        request = JsonRpcRequest.model_validate(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        return _rpc_error(None, PARSE_ERROR, "Parse error")
+    except ValidationError as exc:
+        return _rpc_error(None, INVALID_REQUEST, f"Invalid request: {_brief(exc)}")
+    rid, method, params = request.id, request.method, request.params
+    try:
+        if method == "openenv/session/create":
+            created = own or await manager.open(env_id)
+            return {"jsonrpc": "2.0", "id": rid, "result": {"session_id": created.id}}
+        if method not in ("openenv/session/close", "tools/list", "tools/call"):
+            return _rpc_error(rid, METHOD_NOT_FOUND, f"Method not found: {method}")
+        session_id = params.get("session_id")
+
+        def named() -> Session:
+            try:
+                return manager.get(str(session_id))
+            except SessionError:
+                raise _RpcFailure(INVALID_PARAMS, f"Unknown session_id: {session_id}") from None
+
+        if method == "openenv/session/close":
+            if session_id is None:
+                raise _RpcFailure(INVALID_PARAMS, "Invalid params - 'session_id' is required")
+            if own is not None and session_id == own.id:
+                raise _RpcFailure(INVALID_REQUEST, "the connection's own session closes with "
+                                                   "the connection")
+            closing = named()
+            await manager.close(closing)
+            return {"jsonrpc": "2.0", "id": rid,
+                    "result": {"session_id": closing.id, "closed": True}}
+        session = own or (named() if session_id is not None else None)
+        fresh = session is None
+        session = session or await manager.open(env_id)
+        try:
+            result = await manager.run(session, lambda env: _mcp_tools(env, method, params))
+        finally:
+            if fresh:
+                await manager.close(session)
+        return {"jsonrpc": "2.0", "id": rid, "result": result}
+    except _RpcFailure as exc:
+        return _rpc_error(rid, exc.code, str(exc))
+    except EnvServerBusy as exc:
+        return _rpc_error(rid, SERVER_ERROR, str(exc))
+    except Exception as exc:  # an infrastructure failure: the client sees its message
+        return _rpc_error(rid, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+class OpenEnvMcpSocket(WebSocketSession):
+    """OpenEnv's `/mcp` over a WebSocket: JSON-RPC requests and answers, the connection one
+    session of `env_id` (opened with its first request, closed when it goes away)."""
+
+    def __init__(self, server: EnvServer, ws: WebSocket, env_id: str) -> None:
+        super().__init__(server, ws)
+        self.env_id = env_id
+
+    async def _handle(self, raw: str | bytes) -> dict[str, Any] | None:
+        if self.session is None:
+            try:
+                self.session = await self.server.manager.open(self.env_id, self)
+            except EnvServerBusy as exc:
+                return _rpc_error(None, SERVER_ERROR, str(exc))
+        return await _mcp_request(self.server, self.env_id, raw, own=self.session)
+
+
 def _code(exc: BaseException) -> str:
     if isinstance(exc, EnvServerBusy):
         return "CAPACITY_REACHED"
@@ -251,9 +376,16 @@ def _mount_one(server: EnvServer, env_id: str) -> None:
     async def websocket(ws: WebSocket) -> None:
         await OpenEnvSocket(server, ws, env_id).serve()
 
-    for path, fn in (("/reset", reset), ("/step", step)):
+    async def mcp(request: Request) -> Any:
+        return await _mcp_request(server, env_id, await request.body())
+
+    async def mcp_socket(ws: WebSocket) -> None:
+        await OpenEnvMcpSocket(server, ws, env_id).serve()
+
+    for path, fn in (("/reset", reset), ("/step", step), ("/mcp", mcp)):
         app.add_api_route(base + path, fn, methods=["POST"], tags=tags)
     for path, fn in (("/state", state), ("/schema", schema), ("/metadata", metadata),
                      ("/health", health)):
         app.add_api_route(base + path, fn, methods=["GET"], tags=tags)
     app.add_api_websocket_route(base + "/ws", websocket)
+    app.add_api_websocket_route(base + "/mcp", mcp_socket)

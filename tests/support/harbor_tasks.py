@@ -156,3 +156,61 @@ def two_step_task(root: Path, **overrides: str) -> Path:
     }
     files.update(overrides)
     return write(root, files)
+
+
+COMPOSE_YAML = """\
+services:
+  main:
+    build:
+      context: ${CONTEXT_DIR}
+    command: ["sh", "-c", "sleep infinity"]
+    environment:
+      - API_URL=http://api:8080
+    depends_on:
+      api:
+        condition: service_healthy
+  api:
+    build: ./api
+    environment:
+      TOKEN: ${TOKEN:-blue-42}
+    command: python3 /srv/api.py
+    ports: ["8080:8080"]
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import urllib.request as u; u.urlopen('http://localhost:8080/token')"]
+      interval: 0.2s
+      timeout: 2s
+      retries: 50
+"""
+
+API_PY = """\
+import http.server, os
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = (os.environ["TOKEN"] + "\\n").encode() if self.path == "/token" else b""
+        self.send_response(200 if body else 404)
+        self.end_headers()
+        self.wfile.write(body)
+
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler).serve_forever()
+"""
+
+
+def compose_task(root: Path, **overrides: str) -> Path:
+    """A two-container task: service `api` (built from the base image) answers GET /token with
+    its TOKEN; the agent's container (`main`) must write that token to /root/token.txt."""
+    files = {
+        "instruction.md": "Fetch $API_URL/token and write the answer to /root/token.txt.\n",
+        "task.toml": '[verifier]\ntimeout_sec = 30\n[environment]\nbuild_timeout_sec = 60\n',
+        "environment/Dockerfile": "FROM corral/base:bookworm\nWORKDIR /root\n",
+        "environment/docker-compose.yaml": COMPOSE_YAML,
+        "environment/api/Dockerfile": "FROM corral/base:bookworm\nCOPY api.py /srv/api.py\n",
+        "environment/api/api.py": API_PY,
+        "solution/solve.sh": "#!/bin/bash\npython3 -c \"import os, urllib.request as u; "
+                             "print(u.urlopen(os.environ['API_URL'] + '/token').read().decode()"
+                             ".strip())\" > /root/token.txt\n",
+        "tests/test.sh": "#!/bin/bash\nif [ \"$(cat /root/token.txt 2>/dev/null)\" = blue-42 ]; "
+                         "then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+    }
+    files.update(overrides)
+    return write(root, files)
