@@ -31,7 +31,7 @@ from . import _procs
 from .builds import build_image, missing_image
 from .compose import ComposeProject, Service
 from .daemon import LABEL_MANAGED, image_exists
-from .docker import CAP_ADD, LABEL_ENV, LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN
+from .containers import CAP_ADD, LABEL_ENV, LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN
 from .fleet import DockerHost
 
 __all__ = ["ComposeRun", "DEFAULT_PIDS", "LABEL_PROJECT", "remove_networks", "service_image"]
