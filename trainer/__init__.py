@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # editors and type checkers resolve the lazy names; nothing runs
     from corral.trainer.batching import TensorBatch, build_tensor_batch, group_advantages
     from corral.trainer.config import LoraConfig, StepConfig, TrainConfig
-    from corral.trainer.loop import TrainResult, train
+    from corral.trainer.loop import train
     from corral.trainer.loss import (ISWeights, aggregate, importance_weights, k3, policy_loss,
                                      sft_loss, token_logprobs)
     from corral.trainer.numerics import AlignmentStats, NumericsReport, numerics_report
+    from corral.trainer.runlog import TrainResult
     from corral.trainer.publish import (LocalPublisher, SGLangPublisher, ServePolicyPublisher,
                                         VLLMPublisher)
     from corral.trainer.sft import SFTExample, supervised_warmup
@@ -49,7 +50,7 @@ _EXPORTS = {
     "TaskSlice": "tasks",
     "Publisher": "trainer", "StepResult": "trainer", "Trainer": "trainer",
     "resolve_dtype": "trainer",
-    "TrainResult": "loop", "train": "loop",
+    "TrainResult": "runlog", "train": "loop",
     "LocalPublisher": "publish", "SGLangPublisher": "publish",
     "ServePolicyPublisher": "publish", "VLLMPublisher": "publish",
 }

@@ -1,4 +1,5 @@
-"""Supervised fine-tuning: examples as trajectories, exported datasets, the warm start.
+"""Supervised fine-tuning: examples as trajectories, exported datasets, oracle answers, the
+warm start.
 
 The examples become trajectories, so a supervised step reuses the RL batching. A plain string
 trains on all its tokens, a `(prompt, completion)` pair only on the completion (followed by EOS
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from typing import Any, Protocol, Union
@@ -27,7 +29,10 @@ from corral.errors import CorralError
 from corral.runner.export import read_rows
 from corral.runner.trajectory import Trajectory
 
-__all__ = ["SFTExample", "dataset_examples", "encode_example", "supervised_warmup"]
+from .tasks import EnvEntry, make_env
+
+__all__ = ["SFTExample", "dataset_examples", "encode_example", "oracle_examples",
+           "supervised_warmup"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +113,43 @@ def dataset_examples(path: str | os.PathLike[str], tokenizer: Any, vocab: int
         raise CorralError(f"--sft-from {path}: no usable rows (each needs token_ids, or a "
                           "final assistant text message)")
     return examples
+
+
+async def oracle_examples(envs: list[EnvEntry], tokenizer: Any, n: int, seed: int
+                          ) -> list[Trajectory]:
+    """Up to `n` supervised examples: each env's prompt (the same chat rendering the runner
+    uses) followed by its oracle's final answer. `envs` are env ids or factories (a task
+    slice's train envs). Envs whose oracle is not a single text answer (multi-turn, tool
+    calls) are skipped with a log line."""
+    from corral.runner import ChatTranscript
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>") if hasattr(
+        tokenizer, "convert_tokens_to_ids") else None
+    end = end if isinstance(end, int) and end >= 0 else tokenizer.eos_token_id
+    examples: list[Trajectory] = []
+    per_env = math.ceil(n / len(envs))
+    for entry in envs:
+        env = make_env(entry)
+        env_id = str(env.env_id or entry)
+        try:
+            for i in range(per_env):
+                await env.areset(seed=seed * 100_003 + i)
+                answer = env.solution(env.episode.task)
+                if not isinstance(answer, str):
+                    log.info("warm-up skips %s: its oracle is not a single text answer", env_id)
+                    break
+                prompt = ChatTranscript(tokenizer, env.episode.messages,
+                                        tools=env.tool_schemas() or None).ids
+                completion = [*tokenizer.encode(answer, add_special_tokens=False), end]
+                traj = Trajectory(id=f"sft-{env_id}-{i}", env_id=env_id, task_id=str(i),
+                                  group_id=f"sft-{i}")
+                traj.append(prompt, generated=False)
+                traj.append(completion, generated=True, logprobs=[0.0] * len(completion),
+                            version=0)
+                examples.append(traj)
+        finally:
+            await env.aclose()
+    return examples[:n]
 
 
 class _Steppable(Protocol):

@@ -20,13 +20,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.errors import CorralError
 
-__all__ = ["Band", "TaskSlice", "split_envs"]
+__all__ = ["Band", "EnvEntry", "TaskSlice", "check_envs", "make_env", "split_envs"]
+
+EnvEntry = Union[str, Callable[[], Any]]  # an env id, or a factory (a task slice's part)
+
+
+def check_envs(env_ids: list[str]) -> None:
+    """Raise the registry's one-line error (with suggestions) for an unknown env id."""
+    from corral.registry import spec
+
+    for env_id in env_ids:
+        spec(env_id)
+
+
+def make_env(entry: EnvEntry) -> Any:
+    """The env an `EnvEntry` names: made by id from the catalog, or by its factory."""
+    import corral as cr
+
+    return cr.make(entry) if isinstance(entry, str) else entry()
 
 
 class TaskSlice(BaseModel):

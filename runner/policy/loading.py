@@ -2,7 +2,7 @@
 
 `corral eval`, `profile`, `collect` and `run --agent ...` all call it (each naming its own flag
 in errors). `corral train` is the exception by design: it needs the trainable model and a
-weight publisher beside its rollout engine, so `corral.trainer.loop` starts the engine from the
+weight publisher beside its rollout engine, so `corral.trainer.rollout` starts the engine from the
 same model spec itself.
 
 * a `Policy` (a started engine, any router) is used as it is;

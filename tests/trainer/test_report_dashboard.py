@@ -20,7 +20,8 @@ from corral.runner.metrics import RunMetrics
 from corral.runner.store import METRICS, TrajectoryStore
 from corral.runner.trajectory import Batch, Span, Status, Trajectory
 from corral.sandbox.browser.chromium import FULL_CHROMIUM, LAUNCH_ARGS
-from corral.trainer.loop import TRAIN_LOG, TrainConfig, _Log, _record
+from corral.trainer.config import TrainConfig
+from corral.trainer.runlog import TRAIN_LOG, RunLog, step_record
 from corral.trainer.numerics import AlignmentStats, NumericsReport
 from corral.trainer.report import TRAIN_CONFIG, write_training_report
 from corral.trainer.staleness import StalenessReport
@@ -111,9 +112,9 @@ def build_run(run_dir: Path) -> None:
     store.manifest["splits"] = {e: {"eval_split": "eval: 10% of tasks by hash",
                                     "held_out": "the env's eval split"} for e in ENVS}
     write_json_atomic(store.manifest_path, store.manifest)  # as `train` records its splits
-    metrics, steps, sft, evals = RunMetrics(), _Log(run_dir / TRAIN_LOG), \
-        _Log(run_dir / "sft.jsonl"), _Log(run_dir / "eval.jsonl")
-    _Log(run_dir / "engine.jsonl").append({"event": "start-up probe", "version": 0,
+    metrics, steps, sft, evals = RunMetrics(), RunLog(run_dir / TRAIN_LOG), \
+        RunLog(run_dir / "sft.jsonl"), RunLog(run_dir / "eval.jsonl")
+    RunLog(run_dir / "engine.jsonl").append({"event": "start-up probe", "version": 0,
                                            "max_abs": 0.004, "kl": 2e-6, "replicas": []})
     for k in range(20):
         sft.append({"step": k, "sft_loss": 2.0 * np.exp(-k / 8) + 0.1, "applied": True})
@@ -142,7 +143,7 @@ def build_run(run_dir: Path) -> None:
                   "time/train_start": done, "time/train_end": done + 1.2,
                   "time/data_wait_s": max(0.0, done - clock - 1.0), "time/step_s": 1.2,
                   "time/sync_s": 0.4}
-        record = _record(result, batch, timing, {"cut": 0})
+        record = step_record(result, batch, timing, {"cut": 0})
         if result.applied:
             record["publish"] = {"version": step + 1, "seconds": 0.4, "failed": [],
                                  "gap": {"version": step + 1, "max_abs": 0.003 + 0.001 *
@@ -158,7 +159,7 @@ def build_run(run_dir: Path) -> None:
     sampler = UsageSampler(run_dir, probe=lambda: {
         "counts": {"inflight": rng.randint(40, 64)},
         "executor": {"pool": {"in_use": rng.randint(20, 32), "live": 32, "capacity": 32}}})
-    usage = _Log(run_dir / "usage.jsonl")
+    usage = RunLog(run_dir / "usage.jsonl")
     for k in range(int((clock - t0) / 2)):
         usage.append({**sampler.sample(), "t": t0 + 2 * k,
                       "cpu_process_pct": 150 + 40 * np.sin(k / 30)})
@@ -255,7 +256,7 @@ def test_corral_report_on_a_train_run_draws_the_dashboard(big_run, tmp_path: Pat
 def test_refresher_draws_first_then_every_few_steps_within_its_time_share(tmp_path) -> None:
     from corral.trainer import report
 
-    _Log(tmp_path / TRAIN_LOG).append({"step": 0, "reward_mean": 0.5, "metrics": {}})
+    RunLog(tmp_path / TRAIN_LOG).append({"step": 0, "reward_mean": 0.5, "metrics": {}})
     refresher = report.ReportRefresher(tmp_path, every_steps=2)
     refresher.poke()  # the first step: drawn at once (here synchronously: no event loop)
     assert refresher.written == 1 and "step 1" in (tmp_path / "report.html").read_text()

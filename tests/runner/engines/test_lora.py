@@ -18,7 +18,8 @@ import torch
 from corral.runner.policy import load_model
 from corral.runner.engines.vllm import VLLMEngine
 from corral.trainer import Trainer
-from corral.trainer.loop import TrainConfig, oracle_examples, train
+from corral.trainer.loop import TrainConfig, train
+from corral.trainer.sft import oracle_examples
 from corral.trainer.lora import LoraConfig, apply_lora, merged_state_dict
 from corral.trainer.probe import probe_gap
 from corral.trainer.publish import VLLMPublisher
