@@ -21,7 +21,8 @@ what a backend keeps warm (one Chromium, many contexts): `SandboxOpener`. Images
 again by `images`): `baseimage.ensure_base_image()`, `builds.build_image(dockerfile)`; a spec
 with `dockerfile` is built on first use (content-hash tagged, so it never rebuilds unchanged),
 `rootfs.export_rootfs(image)` unpacks one for bwrap, `daemon.py` reaches Docker. Orphans:
-`reaper.gc()` / `corral sandbox gc`.
+`reaper.gc()` / `corral sandbox gc`. Forks and snapshots (backends whose `can_fork` is True):
+`sb.fork(n)`, `sb.snapshot()` -> `SandboxSnapshot`, `restore_sandbox(snapshot)`.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from .base import (DEFAULT_OUTPUT_LIMIT, Backend, BackendConfig, ExecResult, San
                    Process, SandboxStats, Shell, cap_output)
 from .image_backend import resolve_image
 from .daemon import docker_available
-from .opener import SandboxOpener, open_sandbox
+from .opener import SandboxOpener, open_sandbox, restore_sandbox
+from .snapshot import SandboxSnapshot
 from .spec import Terminal
 
 __all__ = ["AUTO", "DEFAULT_OUTPUT_LIMIT", "Backend", "BackendConfig", "BackendRow",
-           "ExecResult", "Process", "Sandbox", "SandboxOpener", "SandboxStats", "Shell", "Terminal",
-           "backend_names", "cap_output", "check_backend", "docker_available", "make_backend",
-           "open_sandbox", "register_backend", "resolve_backend", "resolve_image",
-           "unregister_backend"]
+           "ExecResult", "Process", "Sandbox", "SandboxOpener", "SandboxSnapshot",
+           "SandboxStats", "Shell", "Terminal", "backend_names", "cap_output", "check_backend",
+           "docker_available", "make_backend", "open_sandbox", "register_backend",
+           "resolve_backend", "resolve_image", "restore_sandbox", "unregister_backend"]

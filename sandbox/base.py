@@ -15,11 +15,14 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import InfraError, SandboxError
+
+if TYPE_CHECKING:
+    from .snapshot import SandboxSnapshot
 
 __all__ = ["Backend", "BackendConfig", "DEFAULT_OUTPUT_LIMIT", "ExecResult", "PREPARE_ERRORS",
            "Process", "Sandbox", "SandboxSpec", "SandboxStats", "Shell", "TRUNCATION_MARKER",
@@ -133,6 +136,8 @@ class Sandbox(abc.ABC):
     """One isolated execution environment. Use as `async with` or call `close()`."""
 
     backend: str = "abstract"
+    # whether `fork`, `snapshot` and its backend's `restore` work here (else SandboxError)
+    can_fork: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.stats = SandboxStats()
@@ -231,6 +236,27 @@ class Sandbox(abc.ABC):
         fake; None where the sandbox's writable layer is not visible from here."""
         return None
 
+    # --- forks and snapshots (backends with `can_fork`; docs/sandboxes.md says what is kept) --
+    async def snapshot(self, *, durable: bool = False) -> "SandboxSnapshot":
+        """Freeze the filesystem as it is now into a `SandboxSnapshot` (the sandbox keeps
+        running, untouched); its backend's `restore` starts sandboxes on it. `durable`: the
+        snapshot outlives this process (see `corral.sandbox.snapshot`)."""
+        raise self.unforkable()
+
+    async def fork(self, n: int, *, keep_parent: bool = True) -> list["Sandbox"]:
+        """`n` new, live sandboxes whose filesystem equals this one's now, with the same spec
+        (limits, network, user); each is independent of the others and of this one, and
+        closes on its own. Processes are not carried: the children run none of this
+        sandbox's processes (an env restarts its services in each, `Env.on_fork`).
+        `keep_parent=False` closes this sandbox as part of the fork, which lets a backend hand
+        its filesystem to the children without a copy."""
+        raise self.unforkable()
+
+    def unforkable(self) -> SandboxError:
+        """The error of `fork`/`snapshot`/`restore` on a backend that cannot."""
+        return SandboxError(f"the {self.backend} backend cannot fork or snapshot a sandbox "
+                            "(can_fork is False)")
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release everything the sandbox holds. Idempotent."""
@@ -269,6 +295,8 @@ class Backend(abc.ABC):
     one closes it (`close()` or `async with`), after the sandboxes it opened."""
 
     name: ClassVar[str] = "abstract"
+    # whether its sandboxes fork and snapshot, and `restore` works (as `Sandbox.can_fork`)
+    can_fork: ClassVar[bool] = False
 
     def __init__(self, config: BackendConfig | None = None, *, run_id: str = "adhoc") -> None:
         self.config = config
@@ -292,6 +320,35 @@ class Backend(abc.ABC):
         made for this sandbox alone and released when it closes. Backends that keep nothing
         warm open as usual."""
         return await self.open(spec, env_id=env_id, image=image, build=build)
+
+    async def restore(self, snapshot: "SandboxSnapshot", *,
+                      env_id: str | None = None) -> Sandbox:
+        """Start one sandbox on `snapshot`'s filesystem, with the spec it was made with,
+        labelled with this backend's run (and `env_id`, default the snapshot's)."""
+        raise self.unforkable()
+
+    async def restore_standalone(self, snapshot: "SandboxSnapshot", *,
+                                 env_id: str | None = None) -> Sandbox:
+        """`restore` for a caller that keeps no backend (as `open_standalone`)."""
+        return await self.restore(snapshot, env_id=env_id)
+
+    @classmethod
+    async def discard_snapshot(cls, snapshot: "SandboxSnapshot") -> None:
+        """Free what `snapshot` holds once no sandbox runs on it (`SandboxSnapshot.discard`)."""
+        raise SandboxError(f"the {cls.name} backend makes no snapshots")
+
+    def unforkable(self) -> SandboxError:
+        """The error of `restore` on a backend that cannot."""
+        return SandboxError(f"the {self.name} backend cannot restore a snapshot "
+                            "(can_fork is False)")
+
+    def check_snapshot(self, snapshot: "SandboxSnapshot") -> None:
+        """SandboxError unless this backend made `snapshot`."""
+        if not self.can_fork:
+            raise self.unforkable()
+        if snapshot.backend != self.name:
+            raise SandboxError(f"a {snapshot.backend} snapshot cannot be restored on the "
+                               f"{self.name} backend")
 
     async def close(self) -> None:
         """Release what the backend keeps warm. Idempotent."""

@@ -32,6 +32,10 @@ How a sandbox is laid out:
 - Network: off unless spec.network is set, in which case the host's network is shared (bwrap has
   no bridge).
 - Kill guarantee: the same host-side /proc group kill as the docker backend.
+- Forks and snapshots (`_layers`): a snapshot copies the upper dir (processes frozen meanwhile)
+  into a read-only layer; sandboxes restored from it stack a fresh upper over that layer, the
+  parent's layers and the rootfs. `fork(n, keep_parent=False)` stops the parent and hands its
+  upper dir itself to the children: no data is copied.
 """
 
 from __future__ import annotations
@@ -48,13 +52,14 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import SandboxDied, SandboxError
-from . import _changes, _procs
+from . import _changes, _layers, _procs
 from ._confine import proc_args, shifted_rootfs, uid_base, write_id_maps
 from ._proto import ShellSession, StreamProcess, Transport, run_command
 from .base import BackendConfig, ExecResult, Process, Sandbox, Shell
+from .snapshot import SandboxSnapshot
 from .docker import CAP_ADD
 from .image_backend import ImageBackend
 from ._rootio import RootDir
@@ -67,7 +72,7 @@ from .spec import Terminal, parse_size
 
 __all__ = ["BwrapBackend", "BwrapConfig", "BwrapSandbox", "CGROUP_ROOT", "Cgroup", "MOUNT_ROOT",
            "OWNER_SUFFIX", "PipeTransport", "cgroup_record", "launcher_root", "mount_point",
-           "owner_record", "sandboxes_dir"]
+           "owner_record", "sandboxes_dir", "snapshot_stack"]
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +98,7 @@ def sandboxes_dir() -> Path:
     return cache_dir() / "bwrap"
 
 
-OWNER_SUFFIX = ".owner"
+OWNER_SUFFIX = _layers.RECORD_SUFFIX
 
 
 def owner_record(sandbox_dir: Path) -> Path:
@@ -130,9 +135,11 @@ class Cgroup:
             self._set(d, "memory.swap.max", 0)
             self._set(d, "cpu.max", f"{int(cpu * 100000)} 100000")
             return
-        limits = {"pids": {"pids.max": spec.pids},
-                  "memory": {"memory.limit_in_bytes": mem},
-                  "cpu": {"cpu.cfs_period_us": 100000, "cpu.cfs_quota_us": int(cpu * 100000)}}
+        limits: dict[str, dict[str, object]] = {
+            "pids": {"pids.max": spec.pids}, "memory": {"memory.limit_in_bytes": mem},
+            "cpu": {"cpu.cfs_period_us": 100000, "cpu.cfs_quota_us": int(cpu * 100000)}}
+        if (CGROUP_ROOT / "freezer").is_dir():
+            limits["freezer"] = {}  # no limit: what a snapshot freezes the sandbox with
         for ctl, files in limits.items():
             d = CGROUP_ROOT / ctl / "corral" / name
             d.mkdir(parents=True)
@@ -158,6 +165,25 @@ class Cgroup:
     @property
     def procs(self) -> str:
         return " ".join(str(d / "cgroup.procs") for d in self.dirs)
+
+    def freeze(self, frozen: bool, limit: float = 5.0) -> bool:
+        """Freeze (or thaw) every process of the cgroup and wait until the kernel says so;
+        False where there is no freezer (v1 without the freezer controller)."""
+        for d in self.dirs:
+            if (d / "cgroup.freeze").exists():  # v2
+                file, value, done = d / "cgroup.freeze", "1" if frozen else "0", \
+                    lambda d=d: f"frozen {int(frozen)}" in (d / "cgroup.events").read_text()
+            elif (d / "freezer.state").exists():  # v1
+                file, value, done = d / "freezer.state", "FROZEN" if frozen else "THAWED", \
+                    lambda d=d: (d / "freezer.state").read_text().strip() == value
+            else:
+                continue
+            file.write_text(value)
+            deadline = time.monotonic() + limit
+            while not done() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            return True
+        return False
 
     def remove(self) -> None:
         for d in self.dirs:
@@ -225,6 +251,7 @@ class BwrapSandbox(Sandbox):
     """A Terminal sandbox under bubblewrap (see module docstring)."""
 
     backend = "bwrap"
+    can_fork = True
 
     def __init__(self, spec: Terminal, rootfs: Path, workdir: Path, uid: int, gid: int,
                  env: dict[str, str], cwd: str, cgroup: Cgroup | None, base: int) -> None:
@@ -236,12 +263,21 @@ class BwrapSandbox(Sandbox):
         self._shell: ShellSession | None = None
         self._root: RootDir | None = None  # the sandbox's "/", for host-side file I/O
         self.mnt: Path | None = None  # the overlay's mount point (MOUNT_ROOT/<name>-*)
-        self._closed = False
+        self.stack: list[Path] = []  # read-only layers over the rootfs, top first (`_layers`)
+        self.image, self.run_id, self.env_id = "", "adhoc", ""
+        self._closed = self._stopped = False
 
     @classmethod
     async def create(cls, spec: Terminal, *, image: str | None = None, run_id: str = "adhoc",
                      env_id: str = "") -> "BwrapSandbox":
         """Start a sandbox on `image`'s exported rootfs (exported on first use, then cached)."""
+        return await cls._boot(spec, image or spec.image, run_id, env_id, [])
+
+    @classmethod
+    async def _boot(cls, spec: Terminal, image: str, run_id: str, env_id: str,
+                    stack: list[Path]) -> "BwrapSandbox":
+        """Start a sandbox on `image`'s rootfs under the layers `stack` (top first; a restore:
+        the spec's files and workdir are then already in the layers, as the parent left them)."""
         if os.geteuid() != 0:
             raise SandboxError("the bwrap backend mounts overlayfs and needs root here "
                                "(bubblewrap 0.8); use backend='docker'")
@@ -254,10 +290,10 @@ class BwrapSandbox(Sandbox):
                                "operations inside the sandbox; use backend='docker'")
         t0 = time.monotonic()
         base = uid_base()
-        exported = await asyncio.to_thread(export_rootfs, image or spec.image)
+        exported = await asyncio.to_thread(export_rootfs, image)
         rootfs = await asyncio.to_thread(shifted_rootfs, exported, base)
         if not (rootfs / "usr/bin/setpriv").exists():
-            raise SandboxError(f"image {image or spec.image} has no /usr/bin/setpriv (util-linux),"
+            raise SandboxError(f"image {image} has no /usr/bin/setpriv (util-linux),"
                                " which the bwrap backend uses to drop privileges")
         meta = rootfs_config(exported)
         user = spec.user or meta["user"] or "root"
@@ -273,12 +309,15 @@ class BwrapSandbox(Sandbox):
         sbdir.parent.mkdir(parents=True, exist_ok=True)
         record = json.dumps({"pid": os.getpid(), "start": _procs.own_start(), "run": run_id,
                              "env": env_id, "created": time.time(), "rootfs": exported.name,
-                             "dir": str(sbdir)})
+                             "dir": str(sbdir), "layers": [p.name for p in stack]})
         owner_record(sbdir).write_text(record)
         MOUNT_ROOT.mkdir(mode=0o711, exist_ok=True)
         cgroup_record(name).write_text(record)
         touch_export(exported)
         sandbox = cls(spec, rootfs, sbdir, uid, gid, env, cwd, None, base)
+        sandbox.image, sandbox.run_id, sandbox.env_id = image, run_id, env_id
+        sandbox.stack = list(stack)
+        _layers.acquire(stack)
         try:
             for sub in ("upper", "work"):
                 (sbdir / sub).mkdir(parents=True)
@@ -288,10 +327,11 @@ class BwrapSandbox(Sandbox):
             (sbdir / "upper").chmod(0o755)
             sandbox.cgroup = Cgroup(name, spec) if Cgroup.available() else None
             await sandbox._start()
-            # a missing workdir is made, owned by the sandbox's root, as Docker makes it
-            await asyncio.to_thread(sandbox._root.makedirs, cwd)
-            for path, content in spec.files.items():
-                await sandbox.write_file(path, content)
+            if not stack:
+                # a missing workdir is made, owned by the sandbox's root, as Docker makes it
+                await asyncio.to_thread(sandbox._root.makedirs, cwd)
+                for path, content in spec.files.items():
+                    await sandbox.write_file(path, content)
         except BaseException:
             await sandbox.close()
             raise
@@ -301,6 +341,9 @@ class BwrapSandbox(Sandbox):
 
     def _cgroup_prefix(self) -> list[str]:
         return ["sh", "-c", _JOIN_CGROUPS, "corral", self.cgroup.procs] if self.cgroup else []
+
+    def _lowerdir(self) -> str:
+        return ":".join(str(p) for p in [*self.stack, self.rootfs])
 
     async def _start(self) -> None:
         net = [] if self.spec.network_mode != "none" else ["--unshare-net"]
@@ -318,7 +361,7 @@ class BwrapSandbox(Sandbox):
         # with it; bwrap 0.8 alone outlives its parent
         argv = ["setpriv", "--pdeathsig", "KILL", "--",
                 "unshare", "--mount", "--propagation", "private",
-                "sh", "-c", _MOUNT, "corral", str(self.rootfs), str(self.dir / "upper"),
+                "sh", "-c", _MOUNT, "corral", self._lowerdir(), str(self.dir / "upper"),
                 str(self.dir / "work"), merged, self.cgroup.procs if self.cgroup else "",
                 "setpriv", f"--reuid={self.base}", f"--regid={self.base}", "--clear-groups",
                 "--pdeathsig", "KILL", "--",
@@ -485,11 +528,59 @@ class BwrapSandbox(Sandbox):
     def alive(self) -> bool:
         return not self._closed and self.proc is not None and self.proc.returncode is None
 
-    async def close(self) -> None:
-        """Kill everything in the sandbox, drop its cgroup and upper dir. Idempotent."""
-        if self._closed:
+    # --- forks and snapshots ------------------------------------------------------------------
+    async def snapshot(self, *, durable: bool = False) -> SandboxSnapshot:
+        """See `Sandbox.snapshot`: the upper dir copied into a layer while the sandbox's
+        processes are frozen (where its cgroup has a freezer)."""
+        self._rootdir()
+        layer = _layers.new_layer_path(self.run_id, durable=durable)
+        frozen = self.cgroup is not None and await asyncio.to_thread(self.cgroup.freeze, True)
+        try:
+            await asyncio.to_thread(_layers.copy_upper, self.dir / "upper", layer)
+        except BaseException:
+            _layers.remove_layer(layer)
+            raise
+        finally:
+            if frozen:
+                await asyncio.to_thread(self.cgroup.freeze, False)  # type: ignore[union-attr]
+        return await self._snapshot_on(layer, durable)
+
+    async def _snapshot_on(self, layer: Path, durable: bool) -> SandboxSnapshot:
+        stack = await asyncio.to_thread(_layers.stack_for, layer, self.stack, self.run_id,
+                                        durable=durable)
+        _layers.hold(stack)
+        return SandboxSnapshot(
+            backend=self.backend, owner=f"{__name__}:BwrapBackend", ref=str(stack[0]),
+            spec=self.spec.model_dump(mode="json"),
+            run=self.run_id, env_id=self.env_id, durable=durable,
+            extra={"image": self.image, "below": [str(p) for p in stack[1:]]})
+
+    async def fork(self, n: int, *, keep_parent: bool = True) -> list[Sandbox]:
+        """See `Sandbox.fork`. Keeping the parent costs one copy of its upper dir (shared by
+        every child); `keep_parent=False` moves the upper dir instead (no copy)."""
+        if n < 1:
+            raise ValueError(f"fork(n) needs n >= 1, not {n}")
+        if keep_parent:
+            snap = await self.snapshot()
+        else:
+            self._rootdir()
+            layer = _layers.new_layer_path(self.run_id, durable=False)
+            await self._stop()
+            await asyncio.to_thread(_layers.adopt_upper, self.dir / "upper", layer)
+            snap = await self._snapshot_on(layer, False)
+            await self.close()
+        try:
+            return await _start_all([self._boot(self.spec, self.image, self.run_id,
+                                                self.env_id, snapshot_stack(snap))
+                                     for _ in range(n)])
+        finally:
+            await BwrapBackend.discard_snapshot(snap)
+
+    async def _stop(self) -> None:
+        """Kill everything in the sandbox and drop its cgroup; its dirs stay. Idempotent."""
+        if self._stopped:
             return
-        self._closed = True
+        self._stopped = True
         if self._shell is not None:
             await self._shell.close()
         if self._root is not None:
@@ -506,12 +597,41 @@ class BwrapSandbox(Sandbox):
             self.cgroup.remove()
         if not self.cgroup or not any(d.exists() for d in self.cgroup.dirs):
             cgroup_record(self.dir.name).unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        """Kill everything in the sandbox, drop its cgroup and upper dir. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._stop()
+        await asyncio.to_thread(_layers.release, self.stack, sandboxes_dir())
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
         if not self.dir.exists():  # else the record stays: the reaper ends what we could not
             owner_record(self.dir).unlink(missing_ok=True)
         if self.mnt is not None:  # empty on the host: the overlay lived in the sandbox's mount ns
             with contextlib.suppress(OSError):
                 self.mnt.rmdir()
+
+
+def snapshot_stack(snapshot: SandboxSnapshot) -> list[Path]:
+    """The layers (top first) a bwrap snapshot's sandboxes run on; SandboxError when one is
+    gone (discarded, or reaped after its process died)."""
+    stack = [Path(snapshot.ref), *map(Path, snapshot.extra.get("below", ()))]
+    for layer in stack:
+        if not layer.is_dir():
+            raise SandboxError(f"the bwrap snapshot's layer {layer} is gone (discarded, or "
+                               "reaped after the process that made it died)")
+    return stack
+
+
+async def _start_all(starts: list[Any]) -> list[Sandbox]:
+    """Await sandbox starts together; if one fails, close those that started and raise it."""
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*(r.close() for r in results if isinstance(r, Sandbox)))
+        raise failed[0]
+    return list(results)
 
 
 async def _reap(proc: asyncio.subprocess.Process, limit: float) -> bool:
@@ -550,6 +670,22 @@ class BwrapBackend(ImageBackend):
 
     name = "bwrap"
     sandbox_class = BwrapSandbox
+    can_fork = True
+
+    async def restore(self, snapshot: SandboxSnapshot, *,
+                      env_id: str | None = None) -> Sandbox:
+        """See `Backend.restore`: a fresh upper dir over the snapshot's layers."""
+        self.check_snapshot(snapshot)
+        stack = await asyncio.to_thread(snapshot_stack, snapshot)
+        return await BwrapSandbox._boot(Terminal(**snapshot.spec), snapshot.extra["image"],
+                                        self.run_id, snapshot.env_id if env_id is None
+                                        else env_id, stack)
+
+    @classmethod
+    async def discard_snapshot(cls, snapshot: SandboxSnapshot) -> None:
+        """See `Backend.discard_snapshot`: its layers go once no sandbox runs on them."""
+        stack = [Path(snapshot.ref), *map(Path, snapshot.extra.get("below", ()))]
+        await asyncio.to_thread(_layers.unhold, stack, sandboxes_dir())
 
     async def image_for(self, spec: Terminal, env_id: str, build: bool) -> str:
         if not spec.dockerfile and cached_rootfs(spec.image) is not None:

@@ -15,9 +15,10 @@ from typing import Any
 from ..errors import SandboxError
 from .backends import AUTO, config_row, make_backend, resolve_backend
 from .base import Backend, BackendConfig, Sandbox
+from .snapshot import SandboxSnapshot
 from .spec import SandboxSpec, Terminal
 
-__all__ = ["SandboxOpener", "open_sandbox"]
+__all__ = ["SandboxOpener", "open_sandbox", "restore_sandbox"]
 
 
 async def open_sandbox(spec: SandboxSpec | None = None, backend: str | BackendConfig = AUTO, *,
@@ -34,6 +35,15 @@ async def open_sandbox(spec: SandboxSpec | None = None, backend: str | BackendCo
         backend = await resolve_backend(spec, backend)
     return await make_backend(backend, run_id=run_id).open_standalone(
         spec, env_id=env_id, image=image, build=build)
+
+
+async def restore_sandbox(snapshot: SandboxSnapshot, backend: BackendConfig | None = None, *,
+                          run_id: str | None = None, env_id: str | None = None) -> Sandbox:
+    """One sandbox started from `snapshot` (`Backend.restore`) on the backend that made it
+    (`backend`: its config, default the default one), labelled with the snapshot's run and
+    env unless given. Close it as any sandbox."""
+    made = make_backend(backend or snapshot.backend, run_id=run_id or snapshot.run)
+    return await made.restore_standalone(snapshot, env_id=env_id)
 
 
 class SandboxOpener:
@@ -68,6 +78,9 @@ class SandboxOpener:
             name = await resolve_backend(spec, backend)
         else:
             name = await resolve_backend(spec, self.backend, strict=False)
+        return await self._live(name)
+
+    async def _live(self, name: str) -> Backend:
         async with self._lock:
             if self._closed:
                 raise SandboxError("the sandbox opener is closed")
@@ -82,6 +95,10 @@ class SandboxOpener:
         """Start one sandbox for `spec` on its backend (`backend` overrides this opener's)."""
         live = await self.backend_for(spec, backend)
         return await live.open(spec, env_id=env_id, image=image, build=build)
+
+    async def restore(self, snapshot: SandboxSnapshot, *, env_id: str | None = None) -> Sandbox:
+        """Start one sandbox from `snapshot` on the live backend of its name."""
+        return await (await self._live(snapshot.backend)).restore(snapshot, env_id=env_id)
 
     # --- the env SandboxProvider protocol -------------------------------------------------------
     async def acquire(self, spec: SandboxSpec, env: Any = None) -> Sandbox:
