@@ -162,10 +162,7 @@ class Boundaries:
     # --- when an item's episode is over ----------------------------------------------------------
     async def finished(self, item: WorkItem, traj: Trajectory) -> None:
         """Tag a tree sample with its shared node, launch a root's waiting samples when it
-        ended without branching, and free the snapshots nothing will restore any more."""
-        snap = self._snapshots.pop(item.id, None)
-        if snap is not None:
-            await _discard(snap)
+        ended without branching, and free the tree's snapshot once nothing will restore it."""
         tree = self.trees.get(item.id)
         if tree is None:
             return
@@ -190,6 +187,13 @@ class Boundaries:
         for member_id in [k for k, v in self.trees.items() if v is tree]:
             del self.trees[member_id]
 
+    async def stored(self, item: WorkItem) -> None:
+        """`item`'s result is on disk: its last durable snapshot is not needed any more (freed
+        only now: a crash before the result is stored resumes from it)."""
+        snap = self._snapshots.pop(item.id, None)
+        if snap is not None:
+            await _discard(snap)
+
     def close(self) -> None:
         """Close the turn log."""
         if self.turnlog is not None:
@@ -202,6 +206,6 @@ async def _discard(snap: Any) -> None:
 
 
 async def _discard_json(text: str) -> None:
-    from corral.sandbox.snapshot import SandboxSnapshot
+    from corral.sandbox import SandboxSnapshot
 
     await _discard(SandboxSnapshot.from_json(text))

@@ -192,10 +192,9 @@ class LocalExecutor:
         (None for an env without a sandbox), labelled with this run; closed when released."""
         if boundary.snapshot is None:
             return None
-        from corral.sandbox.snapshot import SandboxSnapshot, restore_sandbox
+        from corral.sandbox import SandboxSnapshot
 
-        snapshot = SandboxSnapshot.from_json(boundary.snapshot)
-        return await restore_sandbox(snapshot, run_id=self.pool.run_id)
+        return await self.pool.sandboxes.restore(SandboxSnapshot.from_json(boundary.snapshot))
 
     def demand(self, spec: Any) -> Callable[[], int]:
         """How many work items needing `spec` are on deck without a slot (decoding their first

@@ -520,6 +520,7 @@ class Runner:
         self._note_infra(traj)
         if self.store is not None:
             await self.store.append(traj)
+        await self.boundaries.stored(item)
         self.counts["finished"] += 1
         self._accept(traj, item)
 
