@@ -60,6 +60,7 @@ class Boundaries:
         self.counts = {"resumed_turns": 0, "restarted": 0, "tree_branches": 0}
         self.trees: dict[str, Tree] = {}      # by the id of every item of the tree
         self._snapshots: dict[str, Any] = {}  # item id -> its latest durable snapshot
+        self.restarted: dict[str, int] = {}   # item id -> the turn a crash cut it after
 
     # --- what an item starts from --------------------------------------------------------------
     def start_for(self, item: WorkItem, pooled: bool) -> TurnBoundary | None:
@@ -69,6 +70,7 @@ class Boundaries:
             return None
         if boundary.snapshot is None and pooled:
             self.counts["restarted"] += 1
+            self.restarted[item.id] = boundary.turn
             return None
         self.counts["resumed_turns"] += 1
         return boundary

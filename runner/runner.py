@@ -516,6 +516,8 @@ class Runner:
             traj.metadata["infra_causes"] = causes
         if start is not None and item.id not in self.boundaries.trees:
             traj.metadata["resumed_at_turn"] = start.turn  # continued after a crash
+        if item.id in self.boundaries.restarted:  # its backend could not snapshot
+            traj.metadata["restarted_after_turn"] = self.boundaries.restarted.pop(item.id)
         await self.boundaries.finished(item, traj)
         self._note_infra(traj)
         if self.store is not None:
