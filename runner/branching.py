@@ -96,6 +96,10 @@ class Boundaries:
             launch.append(members[0])
         return launch
 
+    def waiting(self) -> int:
+        """Tree samples not launched yet (their roots have not branched): work in flight."""
+        return sum(len(t.waiting) for t in {id(t): t for t in self.trees.values()}.values())
+
     def retry_start(self, item: WorkItem, start: TurnBoundary | None) -> TurnBoundary | None:
         """Where an attempt at `item` starts: `start`, or for a tree's root that has branched
         its branch point (its samples share the tokens up to it)."""

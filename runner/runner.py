@@ -588,10 +588,13 @@ class Runner:
         try:
             while (len(self.assembler.groups) < ahead
                    or (len(self.assembler.ready) < needed
-                       and len(self._flights) < saturation)):
+                       and len(self._flights) + self._tree_waiting() < saturation)):
                 self._launch_group(self._next_free_group(), group)
         finally:
             self._topping_up = False
+
+    def _tree_waiting(self) -> int:
+        return self.boundaries.waiting() if self.boundaries is not None else 0
 
     def _notify(self) -> None:
         if self._changed is not None:
