@@ -20,6 +20,7 @@ setup are not carried (`docs/runner.md`). An env whose episode holds tool-set co
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -82,8 +83,9 @@ def capture_boundary(env: Any, traj: Trajectory, transcript_messages: list[dict[
 async def adopt_boundary(env: Any, boundary: TurnBoundary, sandbox: Any,
                          task_index: int) -> None:
     """Make `boundary` the running episode of `env`, in `sandbox` (restored from its snapshot):
-    the task, messages, state and turn count as they were; for terminal envs the verify
-    baseline keeps setup's time and notes the processes running in `sandbox` now."""
+    the task, messages, state and turn count as they were; the env's `on_fork(sandbox, task)`
+    hook runs where it has one; for terminal envs the verify baseline keeps setup's time and
+    notes the processes running in `sandbox` then."""
     from corral import Episode
     from corral.verify import Baseline
 
@@ -94,7 +96,14 @@ async def adopt_boundary(env: Any, boundary: TurnBoundary, sandbox: Any,
     env.episode = Episode(task=task, messages=copy.deepcopy(boundary.messages),
                           sandbox=sandbox, state=copy.deepcopy(boundary.state),
                           turn=boundary.turn)
-    if boundary.setup_since is not None:
+    if sandbox is None:
+        return
+    on_fork = getattr(env, "on_fork", None)  # restarts what setup started (services)
+    if callable(on_fork):
+        outcome = on_fork(sandbox, task)
+        if inspect.isawaitable(outcome):
+            await outcome
+    if boundary.setup_since is not None:  # what runs now counts as setup's, as after setup
         keys = await sandbox.process_keys() or frozenset()
         env._baseline = Baseline(boundary.setup_since, keys)
 
