@@ -18,7 +18,6 @@ branch point instead, one per token (`token_advantages`), and the nodes its rows
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,7 +26,7 @@ import torch
 from corral.runner.trajectory import ENV_VERSION, Batch, Trajectory
 
 from .config import StepConfig
-from .tree import Share, shares_of, tree_advantages
+from .tree import Share, group_advantages, shares_of, tree_advantages
 
 __all__ = ["TensorBatch", "build_tensor_batch", "group_advantages"]
 
@@ -82,26 +81,6 @@ class TensorBatch:
                               else self.token_advantages[index, :width]),
             shares=shares,
         )
-
-
-def group_advantages(rewards: Sequence[float], *, norm: str = "mean_std",
-                     eps: float = 1e-6) -> tuple[list[float], bool]:
-    """Advantages of one group and whether the group had zero reward variance.
-
-    A NaN reward propagates to NaN advantages on purpose: the trainer then stops the step and
-    reports it instead of training on a silently repaired number.
-    """
-    n = len(rewards)
-    if n == 0:
-        return [], True
-    mean = sum(rewards) / n
-    var = sum((r - mean) ** 2 for r in rewards) / n
-    if not math.isnan(var) and var <= 1e-12:
-        return [0.0] * n, True
-    if norm == "mean":
-        return [r - mean for r in rewards], False
-    std = math.sqrt(var)
-    return [(r - mean) / (std + eps) for r in rewards], False
 
 
 def build_tensor_batch(batch: Batch | Sequence[Sequence[Trajectory]],

@@ -39,14 +39,15 @@ nodes got the same advantage as their samples would give the flat loss, value an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 import torch
 
 from corral.runner.trajectory import Trajectory
 
-__all__ = ["ROOT", "Share", "TreeAdvantages", "shares_of", "signal_rows", "tree_advantages",
-           "tree_path", "tree_token_weights"]
+__all__ = ["ROOT", "Share", "TreeAdvantages", "group_advantages", "shares_of", "signal_rows",
+           "tree_advantages", "tree_path", "tree_token_weights"]
 
 ROOT = ""  # the id of every group's root node
 
@@ -70,6 +71,26 @@ class TreeAdvantages:
     node_advantage: dict[str, float] = field(default_factory=dict)
     node_value: dict[str, float] = field(default_factory=dict)
     flat: bool = True
+
+
+def group_advantages(rewards: Sequence[float], *, norm: str = "mean_std",
+                     eps: float = 1e-6) -> tuple[list[float], bool]:
+    """Advantages of one group and whether the group had zero reward variance.
+
+    A NaN reward propagates to NaN advantages on purpose: the trainer then stops the step and
+    reports it instead of training on a silently repaired number.
+    """
+    n = len(rewards)
+    if n == 0:
+        return [], True
+    mean = sum(rewards) / n
+    var = sum((r - mean) ** 2 for r in rewards) / n
+    if not math.isnan(var) and var <= 1e-12:
+        return [0.0] * n, True
+    if norm == "mean":
+        return [r - mean for r in rewards], False
+    std = math.sqrt(var)
+    return [(r - mean) / (std + eps) for r in rewards], False
 
 
 def tree_path(traj: Trajectory) -> list[tuple[str, int]]:
@@ -97,8 +118,6 @@ def tree_advantages(members: Sequence[Trajectory], *, norm: str = "mean_std",
     """Advantages per branch point of one group's trainable `members` (module docstring).
     A sample whose tree disagrees with another's (a node under two parents, or ending at two
     offsets) is a ValueError naming both."""
-    from .batching import group_advantages  # batching imports this module
-
     parent: dict[str, str] = {}
     ends: dict[str, tuple[int, str]] = {}
     children: dict[str, list[str]] = {}
