@@ -31,9 +31,15 @@ from corral.runner.episode import BoundaryHook, WorkItem
 from corral.runner.turnlog import TurnLog
 from corral.runner.trajectory import Trajectory
 
-__all__ = ["Boundaries", "Tree"]
+__all__ = ["Boundaries", "PER_TURN_SNAPSHOTS", "Tree"]
 
 log = logging.getLogger(__name__)
+
+PER_TURN_SNAPSHOTS = frozenset({"bwrap"})
+"""Backends whose snapshot is cheap enough to take after every turn for resume (bubblewrap:
+a copy of the sandbox's upper dir, milliseconds for a task's files). On others (a Docker
+commit takes about a second) the turn log records boundaries without a snapshot, and a resumed
+run starts those episodes again; tree groups still snapshot once per tree."""
 
 
 @dataclass
@@ -122,7 +128,8 @@ class Boundaries:
             boundary.attempt, boundary.restart = run.traj.attempts, item.restart
             growing = root is not None and root.node is None  # a root before its branch point
             sandbox = getattr(env.episode, "sandbox", None)
-            durable = self.turnlog is not None
+            durable = self.turnlog is not None and getattr(sandbox, "backend", None) in \
+                PER_TURN_SNAPSHOTS
             snap = None
             if sandbox is not None and getattr(sandbox, "can_fork", False) and (
                     durable or growing):
@@ -180,8 +187,10 @@ class Boundaries:
                 for member in tree.waiting:
                     self.launch(member, None)
                 tree.waiting = []
-        if tree.node is not None and tree.boundary is not None:
-            traj.metadata["tree"] = [[tree.node, len(tree.boundary.token_ids)]]
+        shared = tree.boundary.token_ids if tree.boundary is not None else None
+        if tree.node is not None and shared and traj.token_ids[:len(shared)] == shared:
+            # (a sample cut and restarted from scratch, max_staleness, shares nothing)
+            traj.metadata["tree"] = [[tree.node, len(shared)]]
         if item.id != tree.root.id:
             tree.open_branches.discard(item.id)
         else:
