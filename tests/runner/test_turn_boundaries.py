@@ -189,3 +189,27 @@ async def test_a_sandbox_that_cannot_snapshot_restarts_and_the_report_counts_bot
     rollouts = dict(runner_sections(run_dir))["Rollouts"]
     assert "<td>restarted after a crash (no snapshot)</td><td>2</td>" in rollouts
     assert "<td>resumed mid-episode after a crash</td><td>0</td>" in rollouts
+
+
+def test_the_entropy_rule_branches_at_the_first_uncertain_turn() -> None:
+    from types import SimpleNamespace
+
+    from corral.runner.branching import Boundaries
+    from corral.runner.episode import WorkItem
+
+    items = [WorkItem(0, s, 0, "e", 0, seed=s) for s in range(4)]
+    fixed = Boundaries(AssemblyConfig(tree_turns=3), None, lambda item, start: None)
+    assert fixed.plan(items, pooled=True) == items[:1]  # only the root starts
+    assert fixed.waiting() == 3
+    sure, unsure = SimpleNamespace(logprobs=[-0.1, -0.2]), SimpleNamespace(logprobs=[-2.0, -1.0])
+    assert not fixed._branches_here(1, unsure) and fixed._branches_here(3, sure)
+    entropy = Boundaries(AssemblyConfig(tree_turns=3, tree_branch="entropy", tree_entropy=1.0),
+                         None, lambda item, start: None)
+    assert entropy._branches_here(1, unsure)       # mean -log p 1.5 >= 1.0
+    assert not entropy._branches_here(2, sure)     # 0.15
+    assert entropy._branches_here(3, sure)         # turn k: always
+    with pytest.raises(ValueError, match="tree_branch must be 'fixed' or 'entropy'"):
+        AssemblyConfig(tree_turns=2, tree_branch="random")
+    with pytest.raises(ValueError, match="not a multiple of tree_roots"):
+        Boundaries(AssemblyConfig(tree_turns=1, tree_roots=3), None,
+                   lambda item, start: None).plan(items, pooled=True)
