@@ -29,8 +29,9 @@ image_app = typer.Typer(help="Build sandbox images locally (no registry is neede
 def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sandbox of this run"),
                all_: bool = typer.Option(False, "--all", help="every managed container, even "
                                          "those of live processes")) -> None:
-    """Remove orphaned sandboxes (their creator died): containers, bwrap dirs and cgroups; and
-    the bwrap rootfs exports of images Docker no longer has."""
+    """Remove orphaned sandboxes (their creator died): containers, bwrap dirs, fork layers and
+    cgroups; and the bwrap rootfs exports of images Docker no longer has. --run also removes
+    the run's durable snapshots."""
     from corral.sandbox.reaper import gc
 
     try:
@@ -38,7 +39,8 @@ def gc_command(run: Optional[str] = typer.Option(None, "--run", help="every sand
     except CorralError as exc:
         fail(str(exc))
     console.print(f"removed {report.containers} containers, {report.bwrap_dirs} bwrap "
-                  f"sandboxes, {report.cgroups} cgroups, {report.rootfs_exports} rootfs exports")
+                  f"sandboxes, {report.cgroups} cgroups, {report.rootfs_exports} rootfs exports, "
+                  f"{report.fork_images} fork images, {report.bwrap_layers} bwrap fork layers")
 
 
 @sandbox_app.command("hosts")

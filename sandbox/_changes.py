@@ -30,6 +30,22 @@ def changed_since(upper: Path, since: float, limit: int = 200_000) -> list[str]:
     return found
 
 
+def ctimes(upper: Path, limit: int = 200_000) -> dict[str, float]:
+    """Every sandbox path under the upper dir `upper` with its ctime (at most `limit`): what a
+    fork's layer remembers of when its files changed (copying resets ctime)."""
+    found: dict[str, float] = {}
+    for folder, dirs, files in os.walk(upper):
+        for name in (*dirs, *files):
+            path = os.path.join(folder, name)
+            try:
+                found["/" + os.path.relpath(path, upper)] = os.lstat(path).st_ctime
+            except OSError:  # gone while walking
+                continue
+            if len(found) >= limit:
+                return found
+    return found
+
+
 def exists(upper: str | None) -> Path | None:
     """`upper` as a Path when it is a directory visible here."""
     return Path(upper) if upper and os.path.isdir(upper) else None

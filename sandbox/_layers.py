@@ -10,6 +10,10 @@ The stack stays short: past `MAX_DEPTH` layers a new layer is the whole stack sq
 one (`squash`: files hardlinked from the old layers, whiteouts and opaque dirs applied, so the
 result over the rootfs shows what the stack showed).
 
+A layer also keeps, beside it (`.<name>.ctimes`), when each of its paths last changed in the
+sandbox it came from (copying resets ctime): `changed_since` of a sandbox on a stack reads
+them, so the verify phase of a fork still sees what the agent changed before the fork.
+
 Each layer has an owner record beside it (`.<name>.owner`: pid, start, run, created, durable),
 written before the layer is made and removed after it is gone; every sandbox's own owner record
 lists the layers it runs on. In this process a layer is removed when the last sandbox on it
@@ -32,11 +36,12 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import SandboxError
-from . import _procs
+from . import _changes, _procs
 from .cache import cache_dir
 
-__all__ = ["MAX_DEPTH", "RECORD_SUFFIX", "acquire", "adopt_upper", "copy_upper", "hold",
-           "layer_record", "layers_dir", "new_layer_path", "read_record", "release",
+__all__ = ["MAX_DEPTH", "RECORD_SUFFIX", "acquire", "adopt_upper", "changed_since",
+           "copy_upper", "hold", "layer_record", "layers_dir", "manifest", "note_ctimes",
+           "read_ctimes", "new_layer_path", "read_record", "release",
            "remove_layer", "squash", "stack_for", "unhold", "write_record"]
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,7 @@ _OPAQUE = "trusted.overlay.opaque"
 
 _users: Counter[str] = Counter()  # layer path -> sandboxes of this process running on it
 _held: Counter[str] = Counter()  # layer path -> snapshots of this process not yet discarded
+_discarded: set[str] = set()  # layers discarded here while a sandbox still ran on them
 
 
 def layers_dir() -> Path:
@@ -82,9 +88,32 @@ def write_record(layer: Path, run: str, *, durable: bool, below: Sequence[Path] 
         "durable": durable, "below": [p.name for p in below]}))
 
 
+def manifest(layer: Path) -> Path:
+    """The file of `layer`'s change times (JSON: sandbox path -> ctime)."""
+    return layer.with_name(f".{layer.name}.ctimes")
+
+
+def note_ctimes(upper: Path, layer: Path) -> None:
+    """Remember the change times of the upper dir `upper` as `layer`'s (before it is copied
+    or moved into `layer`)."""
+    manifest(layer).write_text(json.dumps(_changes.ctimes(upper)))
+
+
+def read_ctimes(layer: Path) -> dict[str, float]:
+    """`layer`'s change times ({} when it has none)."""
+    return _json(manifest(layer)) or {}
+
+
+def changed_since(stack: Sequence[Path], since: float) -> list[str]:
+    """The paths the layers of `stack` hold that changed after `since`."""
+    return sorted({path for layer in stack for path, ctime in read_ctimes(layer).items()
+                   if ctime > since})
+
+
 def copy_upper(upper: Path, layer: Path) -> None:
     """Make `layer` a copy of a sandbox's upper dir (owners, modes, xattrs, whiteouts kept;
     reflinked where the filesystem can)."""
+    note_ctimes(upper, layer)
     done = subprocess.run(["cp", "-a", "--reflink=auto", "--", str(upper), str(layer)],
                           capture_output=True, text=True)
     if done.returncode:
@@ -95,6 +124,7 @@ def copy_upper(upper: Path, layer: Path) -> None:
 
 def adopt_upper(upper: Path, layer: Path) -> None:
     """Make a stopped sandbox's upper dir `layer` itself (a rename: no data is copied)."""
+    note_ctimes(upper, layer)
     os.rename(upper, layer)
 
 
@@ -123,8 +153,12 @@ def squash(stack: Sequence[Path], into: Path) -> None:
     opaque dir replaces the whole dir below it."""
     into.mkdir()
     _copy_meta(stack[-1], into)
+    times: dict[str, float] = {}
     for layer in reversed(stack):
         _apply(layer, into)
+        for path, ctime in read_ctimes(layer).items():
+            times[path] = max(ctime, times.get(path, ctime))
+    manifest(into).write_text(json.dumps(times))
 
 
 def _apply(src: Path, dst: Path) -> None:
@@ -186,15 +220,18 @@ def acquire(stack: Iterable[Path]) -> None:
 
 
 def release(stack: Iterable[Path], sandboxes: Path) -> None:
-    """A sandbox of this process on `stack` closed: remove the layers no sandbox and no held
-    snapshot of this process uses any more, unless a sandbox of another process runs on them
-    (by the owner records in `sandboxes`, the bwrap sandbox dirs; the reaper decides those)."""
+    """A sandbox of this process on `stack` closed: remove the layers this process made for
+    forks that no sandbox and no held snapshot of it uses any more, unless a sandbox of another
+    process runs on them (by the owner records in `sandboxes`, the bwrap sandbox dirs). A
+    durable snapshot's layer, or another process's, stays (`discard`, the reaper)."""
     for layer in stack:
         key = str(layer)
         _users[key] -= 1
         if _users[key] <= 0:
             del _users[key]
-            if key not in _held and not _used_elsewhere(layer, sandboxes):
+            if key not in _held and (key in _discarded or _ours(layer)) and \
+                    not _used_elsewhere(layer, sandboxes):
+                _discarded.discard(key)
                 remove_layer(layer)
 
 
@@ -204,17 +241,28 @@ def hold(stack: Iterable[Path]) -> None:
         _held[str(layer)] += 1
 
 
-def unhold(stack: Iterable[Path], sandboxes: Path) -> None:
-    """A snapshot on `stack` was discarded: remove the layers nothing else uses (as
-    `release`)."""
-    for layer in stack:
+def unhold(stack: Sequence[Path], sandboxes: Path) -> None:
+    """A snapshot on `stack` was discarded: remove its own layer (the top) and the layers below
+    it this process made for forks, once nothing else uses them (as `release`)."""
+    for i, layer in enumerate(stack):
         key = str(layer)
         if _held[key] > 0:
             _held[key] -= 1
         if _held[key] <= 0:
             del _held[key]
-            if not _users.get(key) and not _used_elsewhere(layer, sandboxes):
+            if i and not _ours(layer):
+                continue  # another snapshot's layer, or a dead process's: the reaper's
+            if _users.get(key):
+                _discarded.add(key)  # removed when the last sandbox on it closes
+            elif not _used_elsewhere(layer, sandboxes):
                 remove_layer(layer)
+
+
+def _ours(layer: Path) -> bool:
+    """Whether this process made `layer` as a fork's (not a durable snapshot's): the only
+    layers a sandbox's close may remove; the others go by `discard` or the reaper."""
+    record = read_record(layer)
+    return record is not None and record.get("pid") == os.getpid() and not record["durable"]
 
 
 def _used_elsewhere(layer: Path, sandboxes: Path) -> bool:
@@ -245,4 +293,5 @@ def remove_layer(layer: Path) -> None:
     the reaper)."""
     shutil.rmtree(layer, ignore_errors=True)
     if not layer.exists():
+        manifest(layer).unlink(missing_ok=True)
         layer_record(layer).unlink(missing_ok=True)

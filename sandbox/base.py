@@ -10,12 +10,13 @@ in `backends.py` names them. Everything is async: a backend never blocks the eve
 from __future__ import annotations
 
 import abc
+import asyncio
 import errno
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Awaitable, ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "BackendConfig", "DEFAULT_OUTPUT_LIMIT", "ExecResult", "PREPARE_ERRORS",
            "Process", "Sandbox", "SandboxSpec", "SandboxStats", "Shell", "TRUNCATION_MARKER",
-           "cap_output"]
+           "cap_output", "start_all"]
 
 log = logging.getLogger(__name__)
 # what starting a shell ahead of use may raise; its first real use raises it again
@@ -366,3 +367,20 @@ def cap_output(data: bytes, limit: int = DEFAULT_OUTPUT_LIMIT) -> tuple[str, boo
         return data.decode("utf-8", "replace"), False
     kept = data[:limit].decode("utf-8", "replace")
     return kept + TRUNCATION_MARKER.format(dropped=len(data) - limit), True
+
+
+async def start_all(starts: Sequence[Awaitable[Sandbox]],
+                    alongside: Awaitable[None] | None = None) -> list[Sandbox]:
+    """Await sandbox starts together (a fork's children), and `alongside` with them (a
+    parent's close, whose failure is logged: the children are fine); if a start fails, close
+    those that started and raise its error."""
+    extra = [] if alongside is None else [alongside]
+    results = await asyncio.gather(*starts, *extra, return_exceptions=True)
+    started = [r for r in results[:len(starts)] if isinstance(r, Sandbox)]
+    failed = [r for r in results[:len(starts)] if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*(sb.close() for sb in started))
+        raise failed[0]
+    if extra and isinstance(results[-1], BaseException):
+        log.warning("closing a forked sandbox's parent failed: %s", results[-1])
+    return started

@@ -27,15 +27,16 @@ How a sandbox is laid out:
 - Host-side file operations (`write_file`, `read_file`, upload, download) resolve every path
   inside the sandbox's root with `openat2(RESOLVE_IN_ROOT)` (`_rootio`): a link the agent
   plants cannot lead them out, and they never touch procfs or sysfs.
-- Limits: a cgroup per sandbox (v1 pids/memory/cpu controllers, or v2) when /sys/fs/cgroup is
-  writable; otherwise `prlimit` rlimits (nproc, address space) inside the sandbox.
+- Limits: a cgroup per sandbox (`_cgroup`: v1 pids/memory/cpu controllers, or v2) when
+  /sys/fs/cgroup is writable; otherwise `prlimit` rlimits (nproc, address space) inside the
+  sandbox.
 - Network: off unless spec.network is set, in which case the host's network is shared (bwrap has
   no bridge).
 - Kill guarantee: the same host-side /proc group kill as the docker backend.
-- Forks and snapshots (`_layers`): a snapshot copies the upper dir (processes frozen meanwhile)
-  into a read-only layer; sandboxes restored from it stack a fresh upper over that layer, the
-  parent's layers and the rootfs. `fork(n, keep_parent=False)` stops the parent and hands its
-  upper dir itself to the children: no data is copied.
+- Forks and snapshots (`_bwrapfork`, on the layers of `_layers`): a snapshot copies the upper
+  dir (processes frozen meanwhile) into a read-only layer; sandboxes restored from it stack a
+  fresh upper over that layer, the parent's layers and the rootfs. `fork(n, keep_parent=False)`
+  stops the parent and hands its upper dir itself to the children: no data is copied.
 """
 
 from __future__ import annotations
@@ -52,15 +53,17 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..errors import SandboxDied, SandboxError
-from . import _changes, _layers, _procs
+from . import _bwrapfork, _changes, _layers, _procs
+from ._bwrapfork import BwrapForks, snapshot_stack
+from ._cgroup import CGROUP_ROOT, Cgroup, wait_empty
 from ._confine import proc_args, shifted_rootfs, uid_base, write_id_maps
 from ._proto import ShellSession, StreamProcess, Transport, run_command
 from .base import BackendConfig, ExecResult, Process, Sandbox, Shell
 from .snapshot import SandboxSnapshot
-from .docker import CAP_ADD
+from .containers import CAP_ADD
 from .image_backend import ImageBackend
 from ._rootio import RootDir
 from ._rootio import supported as openat2_supported
@@ -76,7 +79,6 @@ __all__ = ["BwrapBackend", "BwrapConfig", "BwrapSandbox", "CGROUP_ROOT", "Cgroup
 
 log = logging.getLogger(__name__)
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 _MOUNT = ('for f in $5; do echo $$ > "$f" || exit 125; done; '
           'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 5 && '
           'exec "$@"')
@@ -118,79 +120,6 @@ def cgroup_record(name: str) -> Path:
 
 def _passwd(rootfs: Path, user: str) -> tuple[int, int, str]:
     return passwd_entry((rootfs / "etc" / "passwd").read_text(), user)
-
-
-class Cgroup:
-    """A per-sandbox cgroup (v1: one dir per controller; v2: one dir) with the spec's limits."""
-
-    def __init__(self, name: str, spec: Terminal) -> None:
-        self.dirs: list[Path] = []
-        mem, cpu = parse_size(spec.memory), spec.cpus
-        if (CGROUP_ROOT / "cgroup.controllers").exists():  # v2
-            d = CGROUP_ROOT / "corral" / name
-            d.mkdir(parents=True)
-            self.dirs = [d]
-            self._set(d, "pids.max", spec.pids)
-            self._set(d, "memory.max", mem)
-            self._set(d, "memory.swap.max", 0)
-            self._set(d, "cpu.max", f"{int(cpu * 100000)} 100000")
-            return
-        limits: dict[str, dict[str, object]] = {
-            "pids": {"pids.max": spec.pids}, "memory": {"memory.limit_in_bytes": mem},
-            "cpu": {"cpu.cfs_period_us": 100000, "cpu.cfs_quota_us": int(cpu * 100000)}}
-        if (CGROUP_ROOT / "freezer").is_dir():
-            limits["freezer"] = {}  # no limit: what a snapshot freezes the sandbox with
-        for ctl, files in limits.items():
-            d = CGROUP_ROOT / ctl / "corral" / name
-            d.mkdir(parents=True)
-            self.dirs.append(d)
-            for key, value in files.items():
-                self._set(d, key, value)
-
-    @staticmethod
-    def _set(d: Path, key: str, value: object) -> None:
-        try:
-            (d / key).write_text(str(value))
-        except OSError as exc:  # e.g. memory.swap.max absent without swap accounting
-            log.debug("cgroup %s/%s: %s", d, key, exc)
-
-    @staticmethod
-    def available() -> bool:
-        """Whether this process may create cgroups."""
-        for probe in (CGROUP_ROOT / "cgroup.procs", CGROUP_ROOT / "pids" / "cgroup.procs"):
-            if probe.exists():
-                return os.access(probe.parent, os.W_OK)
-        return False
-
-    @property
-    def procs(self) -> str:
-        return " ".join(str(d / "cgroup.procs") for d in self.dirs)
-
-    def freeze(self, frozen: bool, limit: float = 5.0) -> bool:
-        """Freeze (or thaw) every process of the cgroup and wait until the kernel says so;
-        False where there is no freezer (v1 without the freezer controller)."""
-        for d in self.dirs:
-            if (d / "cgroup.freeze").exists():  # v2
-                file, value, done = d / "cgroup.freeze", "1" if frozen else "0", \
-                    lambda d=d: f"frozen {int(frozen)}" in (d / "cgroup.events").read_text()
-            elif (d / "freezer.state").exists():  # v1
-                file, value, done = d / "freezer.state", "FROZEN" if frozen else "THAWED", \
-                    lambda d=d: (d / "freezer.state").read_text().strip() == value
-            else:
-                continue
-            file.write_text(value)
-            deadline = time.monotonic() + limit
-            while not done() and time.monotonic() < deadline:
-                time.sleep(0.001)
-            return True
-        return False
-
-    def remove(self) -> None:
-        for d in self.dirs:
-            try:
-                d.rmdir()
-            except OSError:
-                log.warning("cgroup %s still busy; `corral sandbox gc` removes it later", d)
 
 
 class PipeTransport(Transport):
@@ -247,7 +176,7 @@ def launcher_root() -> tuple[str, ...]:
     return tuple(args)
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(BwrapForks, Sandbox):
     """A Terminal sandbox under bubblewrap (see module docstring)."""
 
     backend = "bwrap"
@@ -519,62 +448,20 @@ class BwrapSandbox(Sandbox):
         return True
 
     async def changed_since(self, since: float) -> list[str] | None:
-        """See `Sandbox.changed_since` (the sandbox's upper dir)."""
+        """See `Sandbox.changed_since` (the sandbox's upper dir, and for a fork the change
+        times its layers remember)."""
         upper = _changes.exists(str(self.dir / "upper"))
-        return None if upper is None else await asyncio.to_thread(
-            _changes.changed_since, upper, since)
+        if upper is None:
+            return None
+        found = await asyncio.to_thread(_changes.changed_since, upper, since)
+        if self.stack:
+            inherited = await asyncio.to_thread(_layers.changed_since, self.stack, since)
+            found = sorted({*found, *inherited})
+        return found
 
     @property
     def alive(self) -> bool:
         return not self._closed and self.proc is not None and self.proc.returncode is None
-
-    # --- forks and snapshots ------------------------------------------------------------------
-    async def snapshot(self, *, durable: bool = False) -> SandboxSnapshot:
-        """See `Sandbox.snapshot`: the upper dir copied into a layer while the sandbox's
-        processes are frozen (where its cgroup has a freezer)."""
-        self._rootdir()
-        layer = _layers.new_layer_path(self.run_id, durable=durable)
-        frozen = self.cgroup is not None and await asyncio.to_thread(self.cgroup.freeze, True)
-        try:
-            await asyncio.to_thread(_layers.copy_upper, self.dir / "upper", layer)
-        except BaseException:
-            _layers.remove_layer(layer)
-            raise
-        finally:
-            if frozen:
-                await asyncio.to_thread(self.cgroup.freeze, False)  # type: ignore[union-attr]
-        return await self._snapshot_on(layer, durable)
-
-    async def _snapshot_on(self, layer: Path, durable: bool) -> SandboxSnapshot:
-        stack = await asyncio.to_thread(_layers.stack_for, layer, self.stack, self.run_id,
-                                        durable=durable)
-        _layers.hold(stack)
-        return SandboxSnapshot(
-            backend=self.backend, owner=f"{__name__}:BwrapBackend", ref=str(stack[0]),
-            spec=self.spec.model_dump(mode="json"),
-            run=self.run_id, env_id=self.env_id, durable=durable,
-            extra={"image": self.image, "below": [str(p) for p in stack[1:]]})
-
-    async def fork(self, n: int, *, keep_parent: bool = True) -> list[Sandbox]:
-        """See `Sandbox.fork`. Keeping the parent costs one copy of its upper dir (shared by
-        every child); `keep_parent=False` moves the upper dir instead (no copy)."""
-        if n < 1:
-            raise ValueError(f"fork(n) needs n >= 1, not {n}")
-        if keep_parent:
-            snap = await self.snapshot()
-        else:
-            self._rootdir()
-            layer = _layers.new_layer_path(self.run_id, durable=False)
-            await self._stop()
-            await asyncio.to_thread(_layers.adopt_upper, self.dir / "upper", layer)
-            snap = await self._snapshot_on(layer, False)
-            await self.close()
-        try:
-            return await _start_all([self._boot(self.spec, self.image, self.run_id,
-                                                self.env_id, snapshot_stack(snap))
-                                     for _ in range(n)])
-        finally:
-            await BwrapBackend.discard_snapshot(snap)
 
     async def _stop(self) -> None:
         """Kill everything in the sandbox and drop its cgroup; its dirs stay. Idempotent."""
@@ -593,7 +480,7 @@ class BwrapSandbox(Sandbox):
                 pass
             await _reap(self.proc, 5.0)
         if self.cgroup:
-            await asyncio.to_thread(_wait_empty, self.cgroup)
+            await asyncio.to_thread(wait_empty, self.cgroup)
             self.cgroup.remove()
         if not self.cgroup or not any(d.exists() for d in self.cgroup.dirs):
             cgroup_record(self.dir.name).unlink(missing_ok=True)
@@ -613,27 +500,6 @@ class BwrapSandbox(Sandbox):
                 self.mnt.rmdir()
 
 
-def snapshot_stack(snapshot: SandboxSnapshot) -> list[Path]:
-    """The layers (top first) a bwrap snapshot's sandboxes run on; SandboxError when one is
-    gone (discarded, or reaped after its process died)."""
-    stack = [Path(snapshot.ref), *map(Path, snapshot.extra.get("below", ()))]
-    for layer in stack:
-        if not layer.is_dir():
-            raise SandboxError(f"the bwrap snapshot's layer {layer} is gone (discarded, or "
-                               "reaped after the process that made it died)")
-    return stack
-
-
-async def _start_all(starts: list[Any]) -> list[Sandbox]:
-    """Await sandbox starts together; if one fails, close those that started and raise it."""
-    results = await asyncio.gather(*starts, return_exceptions=True)
-    failed = [r for r in results if isinstance(r, BaseException)]
-    if failed:
-        await asyncio.gather(*(r.close() for r in results if isinstance(r, Sandbox)))
-        raise failed[0]
-    return list(results)
-
-
 async def _reap(proc: asyncio.subprocess.Process, limit: float) -> bool:
     """Wait until `proc` exited (not `proc.wait()`: that also waits for every holder of its
     pipes, e.g. a service started in the sandbox), then drop our pipe ends."""
@@ -644,20 +510,6 @@ async def _reap(proc: asyncio.subprocess.Process, limit: float) -> bool:
         return False
     proc._transport.close()  # type: ignore[attr-defined]  # our pipe ends; exit is known
     return True
-
-
-def _wait_empty(cgroup: Cgroup, limit: float = 5.0) -> None:
-    """Wait until the kernel has reaped every process of the cgroup (rmdir needs it empty)."""
-    deadline = time.monotonic() + limit
-    for d in cgroup.dirs:
-        procs = d / "cgroup.procs"
-        while procs.exists() and procs.read_text().strip() and time.monotonic() < deadline:
-            for pid in procs.read_text().split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            time.sleep(0.005)
 
 
 class BwrapConfig(BackendConfig):
@@ -684,8 +536,7 @@ class BwrapBackend(ImageBackend):
     @classmethod
     async def discard_snapshot(cls, snapshot: SandboxSnapshot) -> None:
         """See `Backend.discard_snapshot`: its layers go once no sandbox runs on them."""
-        stack = [Path(snapshot.ref), *map(Path, snapshot.extra.get("below", ()))]
-        await asyncio.to_thread(_layers.unhold, stack, sandboxes_dir())
+        await _bwrapfork.discard(snapshot, sandboxes_dir())
 
     async def image_for(self, spec: Terminal, env_id: str, build: bool) -> str:
         if not spec.dockerfile and cached_rootfs(spec.image) is not None:

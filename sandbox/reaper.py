@@ -13,6 +13,12 @@ Both also prune the bwrap backend's rootfs cache: the exports of images the loca
 longer holds (`rootfs.prune_exports`), but those a live sandbox runs on or used in the last
 `EXPORT_GRACE_S`, so a cache that every rebuilt image adds to does not fill the disk.
 
+Forked and snapshot layers of the bwrap backend (`_layers`) go with their owner too, once no
+live sandbox runs on them: `gc_layers`; so do the docker backend's committed fork images
+(`gc_images`, after the containers, which may run on them). A durable snapshot (its layer and
+the layers under it, or its image) outlives its owner, for a resume; only `gc(run=RUN)` removes
+it.
+
 `reap_run(RUN)` is what a run calls before it starts (a resume after a crash or SIGKILL): the
 sandboxes of RUN whose creating process is gone (containers by the `corral.run` label, bwrap
 dirs by their owner record, and their cgroups), sparing those of a live process that shares the
@@ -39,11 +45,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import SandboxError
+from . import _layers
 from ._procs import owner_alive
 from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
                     sandboxes_dir)
 from .base import BackendConfig
-from .docker import LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN, DockerConfig, io_root
+from ._dockerfork import changes_dir, changes_file
+from .containers import LABEL_FORK, LABEL_OWNER, LABEL_OWNER_START, LABEL_RUN, io_root, remove_image
+from .docker import DockerConfig
 from .fleet import (DockerHost, DockerHostConfig, configured_hosts, default_host, shared_host,
                     unreachable)
 from .daemon import LABEL_MANAGED
@@ -63,7 +72,9 @@ class GcReport:
     """What `gc` removed."""
 
     containers: int = 0
+    fork_images: int = 0
     bwrap_dirs: int = 0
+    bwrap_layers: int = 0
     cgroups: int = 0
     rootfs_exports: int = 0
 
@@ -142,6 +153,53 @@ def _gc_host(api: Any, kept: set[str], run: str | None, everything: bool, orphan
     return removed
 
 
+def gc_images(run: str | None = None, orphans_only: bool = False, mine: bool = False,
+              hosts: Sequence[str | DockerHostConfig] | None = None) -> int:
+    """Remove the committed images of docker forks and snapshots (`LABEL_FORK`) whose owner
+    died (or of `run`, as `gc_containers`), on every Docker host that answers; durable ones
+    only with `run` and not `orphans_only`. One a container still runs on stays for the next
+    gc. Returns the count removed."""
+    removed, complete = 0, True
+    held: set[str] = set()  # the fork images the hosts still have
+    for host in docker_hosts(hosts):
+        try:
+            if not host.check():
+                complete = False
+                continue
+            images = host.client().api.images(filters={"label": LABEL_FORK})
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            complete = False
+            continue
+        held |= {image["Id"] for image in images}
+        for image in images:
+            labels = image.get("Labels") or {}
+            if run:
+                doomed = labels.get(LABEL_RUN) == run and (not orphans_only
+                                                           or _orphaned(labels, mine))
+            else:
+                doomed = _orphaned(labels)
+            if labels.get(LABEL_FORK) == "durable" and (run is None or orphans_only):
+                doomed = False
+            if doomed and remove_image(host, image["Id"]):
+                changes_file(image["Id"]).unlink(missing_ok=True)
+                held.discard(image["Id"])
+                removed += 1
+    if complete:
+        _gc_changes_files(held)
+    return removed
+
+
+def _gc_changes_files(kept: set[str]) -> None:
+    """Remove the change-time files of committed images no host holds any more (an image
+    removed by other means); one younger than the grace period may be being made."""
+    root = changes_dir()
+    for record in root.glob("*.json") if root.is_dir() else []:
+        if record.stem.replace("_", ":", 1) not in kept and _age(record) > OWNERLESS_GRACE_S:
+            record.unlink(missing_ok=True)
+
+
 def _gc_io_dirs(kept: set[str]) -> None:
     """Remove the shell pipe dirs of containers not in `kept` (a killed run's). A dir younger
     than the grace period may belong to a container being created."""
@@ -204,6 +262,45 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
                 owner_record(d).unlink(missing_ok=True)
                 dirs += existed
     return dirs, cgroups
+
+
+def gc_layers(run: str | None = None, orphans_only: bool = False, mine: bool = False) -> int:
+    """Remove the bwrap layers (`_layers`) no live sandbox runs on whose owner died (or of
+    `run`; with `orphans_only` those of `run` whose owner died), sparing durable snapshots'
+    but with `run` and not `orphans_only`. Returns how many were removed."""
+    root = _layers.layers_dir()
+    if not root.is_dir():
+        return 0
+    names = {e.name[1:-len(_layers.RECORD_SUFFIX)] if e.name.startswith(".") else e.name
+             for e in root.iterdir() if e.is_dir() or e.name.endswith(_layers.RECORD_SUFFIX)}
+    in_use: set[str] = set()
+    for sandbox_dir in _sandbox_dirs(sandboxes_dir()):
+        try:
+            owner = json.loads(owner_record(sandbox_dir).read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(owner) and not (mine and owner.get("pid") == os.getpid()):
+            in_use.update(owner.get("layers", ()))
+    doomed = {name for name in names if _layer_doomed(root / name, run, orphans_only, mine)}
+    for name in names - doomed:  # a kept durable snapshot keeps the layers under it
+        record = _layers.read_record(root / name) or {}
+        in_use.update(record.get("below", ()) if record.get("durable") else ())
+    removed = 0
+    for name in sorted(doomed - in_use):
+        existed = (root / name).exists()
+        _layers.remove_layer(root / name)
+        removed += existed
+    return removed
+
+
+def _layer_doomed(layer: Path, run: str | None, orphans_only: bool, mine: bool) -> bool:
+    record = _layers.layer_record(layer)
+    if not record.exists():  # made by a process killed before its record (never: written first)
+        return _age(layer) > OWNERLESS_GRACE_S
+    if not _stale_record(record, run, orphans_only, mine):
+        return False
+    durable = bool((_layers.read_record(layer) or {}).get("durable"))
+    return not durable or (run is not None and not orphans_only)
 
 
 def _gc_cgroup_records(parents: list[Path], prefix: str | None, run: str | None,
@@ -311,9 +408,11 @@ def gc(run: str | None = None, everything: bool = False, docker: bool = True,
     if docker:
         try:
             report.containers = gc_containers(run, everything, hosts=hosts)
+            report.fork_images = gc_images(run, hosts=hosts)
         except SandboxError as exc:  # no daemon: nothing of docker's to collect
             log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run)
+    report.bwrap_layers = gc_layers(run)
     report.rootfs_exports = prune_rootfs()
     return report
 
@@ -329,9 +428,12 @@ def reap_run(run: str, *, mine: bool = False,
     try:
         report.containers = gc_containers(run, orphans_only=True, mine=mine,
                                           hosts=hosts_of(backend))
+        report.fork_images = gc_images(run, orphans_only=True, mine=mine,
+                                       hosts=hosts_of(backend))
     except SandboxError as exc:
         log.info("skipping containers: %s", exc)
     report.bwrap_dirs, report.cgroups = gc_bwrap(run, orphans_only=True, mine=mine)
+    report.bwrap_layers = gc_layers(run, orphans_only=True, mine=mine)
     report.rootfs_exports = prune_rootfs()
     if report.containers or report.bwrap_dirs or report.cgroups:
         log.warning("run %s: reaped %d containers, %d bwrap dirs and %d cgroups left by a "
@@ -340,5 +442,5 @@ def reap_run(run: str, *, mine: bool = False,
     return report
 
 
-__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "prune_rootfs",
-           "reap_run"]
+__all__ = ["GcReport", "docker_hosts", "gc", "gc_bwrap", "gc_containers", "gc_images",
+           "gc_layers", "prune_rootfs", "reap_run"]

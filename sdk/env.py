@@ -202,6 +202,51 @@ class Env(gymnasium.Env[str, str]):
         elif hasattr(sandbox, "close"):
             await sandbox.close()
 
+    # --- forks (`Sandbox.fork`: what a child sandbox needs beyond the parent's files) ---------
+    async def on_fork(self, sandbox: Any, task: Task) -> None:
+        """Restart, in a sandbox forked from this episode's, what its filesystem does not
+        carry: the processes `setup` started (services). Called once in each child before the
+        agent acts there (`fork_sandbox`). Default: nothing, which is right for an env whose
+        setup leaves no process running; one whose setup does and that does not override this
+        is not forkable (`forkable`)."""
+
+    def restarts_setup_processes(self) -> bool:
+        """Whether this env can stand up in a fork what setup left running: it overrides
+        `on_fork`, or its setup leaves nothing running (terminal envs know it from the verify
+        baseline)."""
+        return type(self).on_fork is not Env.on_fork
+
+    def forkable(self) -> bool:
+        """Whether the current episode can go on in forks of its sandbox: it has none, or its
+        backend forks (`can_fork`) and `restarts_setup_processes()`."""
+        sandbox = self._require_episode().sandbox
+        if sandbox is None:
+            return True
+        return bool(getattr(sandbox, "can_fork", False)) and self.restarts_setup_processes()
+
+    async def fork_sandbox(self, n: int, *, keep_parent: bool = True) -> list[Sandbox]:
+        """`n` forks of the current episode's sandbox (`Sandbox.fork`), each with `on_fork`
+        run in it. AuthoringError when setup's processes cannot be restarted (`forkable`),
+        SandboxError when the backend cannot fork; the caller closes the children."""
+        episode = self._require_episode()
+        if episode.sandbox is None:
+            raise AuthoringError(f"{self.env_id or type(self).__name__} has no sandbox to fork")
+        if not getattr(episode.sandbox, "can_fork", False):
+            raise episode.sandbox.unforkable()
+        if not self.restarts_setup_processes():
+            raise AuthoringError(f"{self.env_id or type(self).__name__} is not forkable: its "
+                                 "setup leaves processes running and it defines no on_fork() "
+                                 "to start them again in a fork")
+        children = await episode.sandbox.fork(n, keep_parent=keep_parent)
+        try:
+            for child in children:
+                await self.on_fork(child, episode.task)
+        except BaseException:
+            for child in children:
+                await child.close()
+            raise
+        return children
+
     # --- the episode -------------------------------------------------------------------------
     def pick_task(self, options: dict[str, Any] | None) -> Task:
         options = options or {}

@@ -303,6 +303,13 @@ class TerminalEnv(Env):
     async def _after_setup(self, episode: Episode) -> None:
         self._baseline: Baseline = await note_setup(episode.sandbox)
 
+    def restarts_setup_processes(self) -> bool:
+        """See `Env.restarts_setup_processes`: setup's processes are those of the verify
+        baseline."""
+        baseline = getattr(self, "_baseline", None)
+        return super().restarts_setup_processes() or (baseline is not None
+                                                      and not baseline.processes)
+
     async def _verify(self, episode: Episode) -> float:
         """Isolate the sandbox (`verify.isolate`), then run the final rewards there or in a
         fresh sandbox; a tampering agent scores 0 without a verifier run."""

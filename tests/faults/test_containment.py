@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from corral.errors import SandboxError
-from corral.sandbox import open_sandbox
-from corral.sandbox.docker import CAP_ADD
+from corral.sandbox import open_sandbox, restore_sandbox
+from corral.sandbox.containers import CAP_ADD
 from corral.sandbox.spec import Terminal
 from corral.verify import reset_locations
 
@@ -30,12 +30,38 @@ CAP_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, 
 HARMLESS_CAPS = sum(1 << CAP_BITS[name] for name in CAP_ADD)
 
 
-@pytest.fixture(params=BACKENDS)
-async def sb(request: pytest.FixtureRequest, base_image: str, run_id: str):
-    """A fresh sandbox with the default (closed) spec, its agent running as root: the
-    strongest position an agent gets."""
-    sandbox = await open_sandbox(Terminal(image=base_image), request.param, run_id=run_id,
-                                 env_id="tests/faults")
+@pytest.fixture(scope="module")
+async def snapshots(base_image: str, run_id: str):
+    """A snapshot per backend of a sandbox that ran a command (then closed): the forked
+    sandboxes of the suite start from them, as `Sandbox.fork` starts its children."""
+    made = {}
+    try:
+        for backend in BACKENDS:
+            parent = await open_sandbox(Terminal(image=base_image), backend, run_id=run_id,
+                                        env_id="tests/faults")
+            try:
+                await parent.exec("echo parent > /tmp/parent")
+                made[backend] = await parent.snapshot()
+            finally:
+                await parent.close()
+        yield made
+    finally:
+        for snap in made.values():
+            await snap.discard()
+
+
+@pytest.fixture(params=[*BACKENDS, *(f"{b}-fork" for b in BACKENDS)])
+async def sb(request: pytest.FixtureRequest, base_image: str, run_id: str, snapshots):
+    """A sandbox with the default (closed) spec, its agent running as root: the strongest
+    position an agent gets. Fresh, or (`-fork`) forked from a sandbox that ran before: a fork
+    must contain the agent exactly as a fresh sandbox does (issue 32)."""
+    backend, _, forked = request.param.partition("-")
+    if forked:
+        sandbox = await restore_sandbox(snapshots[backend], run_id=run_id)
+        assert (await sandbox.read_file("/tmp/parent")) == b"parent\n"
+    else:
+        sandbox = await open_sandbox(Terminal(image=base_image), backend, run_id=run_id,
+                                     env_id="tests/faults")
     try:
         yield sandbox
     finally:

@@ -379,7 +379,7 @@ async def test_kill_without_a_baseline_keeps_the_sandbox_up(make_sandbox, backen
     init and main process survive (in a container the main process is not pid 2 inside:
     tini's start takes a few), from the host and, in a container, from inside alike (the way
     used where the daemon is remote)."""
-    from corral.sandbox.docker import _INSIDE_KILL
+    from corral.sandbox._dockerkill import INSIDE_KILL
 
     sb = await make_sandbox(backend)
     for kill in ("host", "inside") if backend == "docker" else ("host",):
@@ -388,7 +388,7 @@ async def test_kill_without_a_baseline_keeps_the_sandbox_up(make_sandbox, backen
         if kill == "host":
             await sb.kill_agent_processes()
         else:
-            await sb.exec(["sh", "-c", _INSIDE_KILL], timeout=30, user="0")
+            await sb.exec(["sh", "-c", INSIDE_KILL], timeout=30, user="0")
         result = await sb.exec("pgrep -xa sleep; echo up")
         assert result.exit_code == 0 and "sleep 1000" not in result.stdout, (kill, result)
         assert "up" in result.stdout and sb.alive

@@ -142,7 +142,7 @@ async def test_gc_removes_a_runs_orphans(base_image, run_id):
 
 async def test_gc_spares_live_sandboxes_and_reaps_dead_owners(base_image, run_id):
     from corral.sandbox.bwrap import sandboxes_dir
-    from corral.sandbox.docker import io_root
+    from corral.sandbox.containers import io_root
     from corral.sandbox.reaper import gc
 
     dead_run = f"{run_id}-dead"
