@@ -131,8 +131,7 @@ class Boundaries:
             durable = self.turnlog is not None and getattr(sandbox, "backend", None) in \
                 PER_TURN_SNAPSHOTS
             snap = None
-            if sandbox is not None and getattr(sandbox, "can_fork", False) and (
-                    durable or growing):
+            if sandbox is not None and _forkable(env) and (durable or growing):
                 snap = await sandbox.snapshot(durable=durable)
                 boundary.snapshot = snap.to_json()
             if self.turnlog is not None:
@@ -213,6 +212,14 @@ class Boundaries:
         """Close the turn log."""
         if self.turnlog is not None:
             self.turnlog.close()
+
+
+def _forkable(env: Any) -> bool:
+    """Whether `env`'s episode can go on in a sandbox restored from a snapshot of its own: its
+    backend snapshots (`Sandbox.can_fork`). Not `Env.forkable()`: a pooled terminal sandbox's
+    shell session is in the verify baseline and makes it False for every such env, though no
+    service of setup's runs (a restored sandbox starts a fresh shell; `on_fork` runs there)."""
+    return bool(getattr(env.episode.sandbox, "can_fork", False))
 
 
 async def _discard(snap: Any) -> None:
