@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
@@ -132,7 +133,9 @@ class Boundaries:
                 PER_TURN_SNAPSHOTS
             snap = None
             if sandbox is not None and _forkable(env) and (durable or growing):
-                snap = await sandbox.snapshot(durable=durable)
+                # shielded: a snapshot freezes the sandbox while it copies, and one cut by a
+                # cancellation (the runner closing) must still thaw it
+                snap = await asyncio.shield(sandbox.snapshot(durable=durable))
                 boundary.snapshot = snap.to_json()
             if self.turnlog is not None:
                 await self.turnlog.record(item.id, boundary)

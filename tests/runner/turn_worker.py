@@ -1,8 +1,9 @@
-"""A collector for the turn-resume test: `python turn_worker.py RUN_DIR N GROUP LATENCY CAP`.
+"""A collector for the turn-resume test: `python turn_worker.py RUN_DIR N GROUP LATENCY CAP`
 
 Collects N trajectories of the multi-turn `Steps` env in bubblewrap sandboxes into RUN_DIR
 (as `corral collect` does: a named run directory, crash-safe), with a scripted policy taking
-LATENCY seconds per generation and CAP sandboxes at once, so the parent can SIGKILL it mid-batch and run it again.
+LATENCY seconds per generation and CAP sandboxes at once, so the parent can SIGKILL it
+mid-batch and run it again.
 Prints the runner's counts as JSON at the end.
 """
 
