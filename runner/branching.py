@@ -13,9 +13,10 @@
   branch point (after turn k, or the first high-entropy turn with `tree_branch="entropy"`) its
   sandbox is snapshotted and the tree's other samples are launched from that boundary; the
   root itself plays on as the first branch. Every sample of the tree then names the shared node
-  in `metadata["tree"]` (`corral.trainer.tree`). A root that ends before its branch point
-  branches from its last boundary; one that ended in its first turn leaves the others to start
-  afresh (a flat group).
+  in `metadata["tree"]` (`corral.trainer.tree`). The root's sandbox is snapshotted at the
+  branch point only. A root that ends before it branches from its last boundary where that one
+  has a snapshot (the turn log's) or the env has no sandbox; otherwise (or when it ended in its
+  first turn) the others start afresh (a flat group).
 """
 
 from __future__ import annotations
@@ -128,11 +129,12 @@ class Boundaries:
             boundary = capture_boundary(env, run.traj, transcript.messages, run.turn)
             boundary.attempt, boundary.restart = run.traj.attempts, item.restart
             growing = root is not None and root.node is None  # a root before its branch point
+            branch = growing and self._branches_here(run.turn, gen)
             sandbox = getattr(env.episode, "sandbox", None)
             durable = self.turnlog is not None and getattr(sandbox, "backend", None) in \
                 PER_TURN_SNAPSHOTS
             snap = None
-            if sandbox is not None and _forkable(env) and (durable or growing):
+            if sandbox is not None and _forkable(env) and (durable or branch):
                 # shielded: a snapshot freezes the sandbox while it copies, and one cut by a
                 # cancellation (the runner closing) must still thaw it
                 snap = await asyncio.shield(sandbox.snapshot(durable=durable))
@@ -140,10 +142,8 @@ class Boundaries:
             if self.turnlog is not None:
                 await self.turnlog.record(item.id, boundary)
             if growing and root is not None:
-                if root.last is not None and root.last.snapshot and not durable:
-                    await _discard_json(root.last.snapshot)  # superseded, never branched on
-                root.last = boundary
-                if self._branches_here(run.turn, gen):
+                root.last = boundary  # (snapshotted only with the turn log)
+                if branch:
                     self._branch(root, boundary)
                     return False  # the tree owns this snapshot now
             if durable and snap is not None:
@@ -184,6 +184,7 @@ class Boundaries:
         if tree.node is None and item.id == tree.root.id:
             last = tree.last
             if last is not None and (last.snapshot is not None or not tree.pooled):
+                self._snapshots.pop(item.id, None)  # the tree owns that snapshot now
                 self._branch(tree, last)  # it ended before its branch point
             else:  # it ended in its first turn (or cannot snapshot): nothing to share
                 for member in tree.waiting:
