@@ -52,7 +52,7 @@ class Tree:
     waiting: list[WorkItem]
     node: str | None = None           # the shared node, once branched
     boundary: TurnBoundary | None = None
-    last: TurnBoundary | None = None  # the root's latest boundary (snapshotted)
+    last: TurnBoundary | None = None  # the root's latest boundary (before branching)
     open_branches: set[str] = field(default_factory=set)
     pooled: bool = True               # its env runs in a sandbox
     root_done: bool = False
@@ -124,7 +124,7 @@ class Boundaries:
         if self.turnlog is None and root is None:
             return None
 
-        async def at_boundary(run: Any, transcript: Any, gen: Any) -> bool:
+        async def at_boundary(run: Any, transcript: Any, gen: Any) -> None:
             env = run.env
             boundary = capture_boundary(env, run.traj, transcript.messages, run.turn)
             boundary.attempt, boundary.restart = run.traj.attempts, item.restart
@@ -145,10 +145,9 @@ class Boundaries:
                 root.last = boundary  # (snapshotted only with the turn log)
                 if branch:
                     self._branch(root, boundary)
-                    return False  # the tree owns this snapshot now
+                    return  # the tree owns this snapshot now
             if durable and snap is not None:
                 await self._replace_snapshot(item.id, snap)
-            return False
 
         return at_boundary
 

@@ -96,9 +96,10 @@ class EpisodeLimits:
                                  f"{value!r}")
 
 
-BoundaryHook = Callable[["_Episode", ChatTranscript, Generation], Awaitable[bool]]
-"""Called at every turn boundary (after the env's answer is in the transcript); True stops
-the episode there (status PARTIAL, a tree group's branch point)."""
+BoundaryHook = Callable[["_Episode", ChatTranscript, Generation], Awaitable[None]]
+"""Called at every turn boundary, after the env's answer is in the transcript (the episode,
+its transcript, and the turn's generation): where the runner records a boundary, snapshots the
+sandbox and branches a tree group."""
 Restore = Callable[[TurnBoundary], Awaitable[Any]]
 """Starts the sandbox an episode continuing from a boundary runs in (from its snapshot)."""
 
@@ -249,9 +250,8 @@ class _Episode:
             # the env appended our assistant message, then tool results / its reply
             new_ids = transcript.add_messages(env.episode.messages[before + 1:])
             traj.append(new_ids, generated=False)
-            if self.at_boundary is not None and await self.at_boundary(self, transcript, gen):
-                traj.status = Status.PARTIAL
-                return
+            if self.at_boundary is not None:
+                await self.at_boundary(self, transcript, gen)
 
     async def begin(self) -> tuple[ChatTranscript, asyncio.Future[Generation | None]]:
         """Reset the env; the transcript of its first messages and the first generation."""
@@ -290,8 +290,7 @@ async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeL
     first generation has started and held while the episode uses its sandbox (a slot of the
     executor's sandbox capacity): the first turn decodes while the episode waits for it.
     `start`: continue from this turn boundary, in a sandbox `restore` starts from it (no
-    reset, no setup); `at_boundary`: called after every turn, may stop the episode there
-    (`BoundaryHook`)."""
+    reset, no setup); `at_boundary`: called after every turn (`BoundaryHook`)."""
     traj = Trajectory(id=item.id, env_id=item.env_id, task_id="", group_id=item.group_id,
                       attempts=attempt,
                       metadata={"task_index": item.task_index, "sample": item.sample,
