@@ -192,9 +192,15 @@ class LocalExecutor:
         (None for an env without a sandbox), labelled with this run; closed when released."""
         if boundary.snapshot is None:
             return None
+        from corral.errors import SandboxError
         from corral.sandbox import SandboxSnapshot
 
-        return await self.pool.sandboxes.restore(SandboxSnapshot.from_json(boundary.snapshot))
+        snapshot = SandboxSnapshot.from_json(boundary.snapshot)
+        limit = float(snapshot.spec.get("startup_timeout", 60.0)) + 5  # as the pool's starts
+        try:  # a start that never finishes must not hold its group forever
+            return await asyncio.wait_for(self.pool.sandboxes.restore(snapshot), timeout=limit)
+        except TimeoutError:
+            raise SandboxError(f"restoring a snapshot took over {limit:g} s") from None
 
     def demand(self, spec: Any) -> Callable[[], int]:
         """How many work items needing `spec` are on deck without a slot (decoding their first
