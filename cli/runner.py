@@ -127,6 +127,14 @@ def register(app: typer.Typer) -> None:
         report: bool = typer.Option(True, help="Write report.html at the end."),
         agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
         agent_command: str = typer.Option(None, help=AGENT_COMMAND_HELP),
+        resume: bool = typer.Option(False, "--resume", help="RUN_DIR must hold a run: keep "
+                                    "its stored trajectories and continue its half-finished "
+                                    "episodes from their last completed turn (rerunning "
+                                    "without --resume does the same, and also starts a new "
+                                    "run in an empty RUN_DIR)."),
+        turn_snapshots: bool = typer.Option(True, help="Record each running episode's last "
+                                            "turn (tokens and a sandbox snapshot) so a killed "
+                                            "run resumes mid-episode."),
     ) -> None:
         """Collect trajectories into RUN_DIR (crash-safe; rerun to resume), then report."""
         from corral.runner import AssemblyConfig, Status
@@ -137,6 +145,8 @@ def register(app: typer.Typer) -> None:
         check_backend_option(sandbox_backend, flag="--sandbox-backend")
         player = external_agent(agent, agent_command)
         check_run_dir(run_dir)
+        if resume and not (run_dir / MANIFEST).is_file():
+            fail(f"--resume: {run_dir} holds no run (no {MANIFEST}); drop --resume to start one")
         # an unknown env or a broken manifest fails before the model loads (seconds to minutes)
         for env_id in env_ids:
             registry.spec(env_id)
@@ -153,7 +163,8 @@ def register(app: typer.Typer) -> None:
         model = make_policy(policy, tokenizer=tokenizer, device=device)
         kwargs = dict(seed=seed, sandbox_capacity=sandbox_capacity,
                       inference_concurrency=inference_concurrency, limits=limits,
-                      assembly=AssemblyConfig(**({} if retries is None else {"retries": retries})),
+                      assembly=AssemblyConfig(turn_snapshots=turn_snapshots,
+                                              **({} if retries is None else {"retries": retries})),
                       sandbox_backend=sandbox_backend, agent=player)
         started = time.perf_counter()
         try:

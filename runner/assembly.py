@@ -103,7 +103,42 @@ class AssemblyConfig:
     all got equal rewards (all solved or all failed) is drawn again with probability
     `dynamic_sampling ** n` (a redraw takes another task); 1 draws every task alike."""
 
+    tree_turns: int = 0
+    """Tree-shaped groups: a group's samples share their first `tree_turns` turns (one
+    sandbox, one generation), then the sandbox is snapshotted and each other sample continues
+    from that turn boundary in its own sandbox restored from it (`corral.runner.boundary`);
+    the trainer computes advantages per branch point (`corral.trainer.tree`). 0: flat groups,
+    exactly as before. Needs a backend that can snapshot (`Sandbox.can_fork`; bubblewrap,
+    Docker) or an env without a sandbox; elsewhere samples start afresh."""
+    tree_roots: int = 1
+    """Independent first turns per tree group (the group size must be a multiple): the
+    group's samples split into `tree_roots` trees of `group // tree_roots` branches, so the
+    shared turns themselves are compared too (1: they all share one, and its tokens get
+    advantage 0)."""
+    tree_branch: str = "fixed"
+    """Where a tree branches: "fixed", after turn `tree_turns`; "entropy", after the first of
+    the first `tree_turns` turns whose generated tokens' mean surprisal (-log p per token, an
+    estimate of the policy's entropy there) reaches `tree_entropy` (else after turn
+    `tree_turns`)."""
+    tree_entropy: float = 1.0
+    """Nats per token at which `tree_branch="entropy"` branches."""
+    turn_snapshots: bool = True
+    """With a run directory: record every running episode's last turn boundary (tokens,
+    transcript, a durable sandbox snapshot where the backend can make one) in
+    `RUN_DIR/turns.jsonl`, so that a resumed run continues half-finished episodes from their
+    last completed turn instead of starting them again."""
+
     def __post_init__(self) -> None:
+        if not (isinstance(self.tree_turns, int) and self.tree_turns >= 0):
+            raise ValueError(f"tree_turns must be an int >= 0, got {self.tree_turns!r}")
+        if not (isinstance(self.tree_roots, int) and self.tree_roots >= 1):
+            raise ValueError(f"tree_roots must be an int >= 1, got {self.tree_roots!r}")
+        if self.tree_branch not in ("fixed", "entropy"):
+            raise ValueError(f"tree_branch must be 'fixed' or 'entropy', got "
+                             f"{self.tree_branch!r}")
+        if not 0 <= self.tree_entropy < math.inf:
+            raise ValueError(f"tree_entropy must be a finite number >= 0, got "
+                             f"{self.tree_entropy!r}")
         if not (isinstance(self.retries, int) and self.retries >= 0):
             raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
         if not 0 <= self.overprovision < math.inf:  # NaN fails too

@@ -42,6 +42,9 @@ class TrajectoryDigest:
     generated_tokens: int
     spans: list[tuple[str, float, float]] = field(default_factory=list)  # phase, start, end
     rewards: dict[str, float] = field(default_factory=dict)  # each reward function's value
+    resumed_at: int | None = None     # continued after a crash from this turn's boundary
+    restarted_after: int | None = None  # started again after a crash cut it after this turn
+    tree: bool = False                # a sample of a tree-shaped group
 
     def phase_seconds(self) -> dict[str, float]:
         """Total seconds spent per phase."""
@@ -70,7 +73,8 @@ def digest_line(raw: bytes) -> TrajectoryDigest | None:
             attempts=int(data.get("attempts", 1)),
             generated_tokens=mask.group(1).count(b"1") if mask else 0,  # 0/1 values only
             spans=[(s["phase"], s["start"], s["end"]) for s in data.get("spans", [])],
-            rewards={str(k): float(v) for k, v in (data.get("rewards") or {}).items()})
+            rewards={str(k): float(v) for k, v in (data.get("rewards") or {}).items()},
+            **_turn_fields(data.get("metadata")))
     except (TypeError, ValueError, KeyError) as exc:
         raise ValueError(f"trajectory {data['id']} cannot be read "
                          f"({type(exc).__name__}: {exc})") from None
@@ -110,3 +114,13 @@ class StoreDigest:
                     self.by_id[traj.id] = traj
             self.offset += end
         return list(self.by_id.values())
+
+
+def _turn_fields(metadata: Any) -> dict[str, Any]:
+    """The digest's turn-boundary fields of a stored trajectory's metadata."""
+    if not isinstance(metadata, dict):
+        return {}
+    resumed, restarted = metadata.get("resumed_at_turn"), metadata.get("restarted_after_turn")
+    return {"resumed_at": int(resumed) if isinstance(resumed, int) else None,
+            "restarted_after": int(restarted) if isinstance(restarted, int) else None,
+            "tree": bool(metadata.get("tree"))}

@@ -28,9 +28,10 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from corral.errors import AgentError, EpisodeTruncated, InfraError
+from corral.runner.boundary import TurnBoundary, adopt_boundary
 from corral.runner.policy import ChatTranscript, Generation, GenerationRequest, Policy
 from corral.runner.policy.base import checked_generation
 from corral.runner.policy.sampling import check_max_tokens, check_temperature, check_top_p
@@ -38,7 +39,7 @@ from corral.runner.pool import span_sink
 from corral.runner.trajectory import Span, Status, Trajectory
 from corral.toolcalls import parse_openai_tool_calls
 
-__all__ = ["EpisodeLimits", "WorkItem", "run_episode"]
+__all__ = ["BoundaryHook", "EpisodeLimits", "Restore", "WorkItem", "run_episode"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,14 @@ class EpisodeLimits:
                                  f"{value!r}")
 
 
+BoundaryHook = Callable[["_Episode", ChatTranscript, Generation], Awaitable[None]]
+"""Called at every turn boundary, after the env's answer is in the transcript (the episode,
+its transcript, and the turn's generation): where the runner records a boundary, snapshots the
+sandbox and branches a tree group."""
+Restore = Callable[[TurnBoundary], Awaitable[Any]]
+"""Starts the sandbox an episode continuing from a boundary runs in (from its snapshot)."""
+
+
 class _Deadline(Exception):
     def __init__(self, which: str) -> None:
         super().__init__(f"{which} deadline reached")
@@ -120,8 +129,11 @@ class _Episode:
     """State of one attempt (kept off the Trajectory so the dataclass stays a record)."""
 
     def __init__(self, env: Any, policy: Policy, item: WorkItem, limits: EpisodeLimits,
-                 inference: asyncio.Semaphore, traj: Trajectory, attempt: int) -> None:
+                 inference: asyncio.Semaphore, traj: Trajectory, attempt: int,
+                 start: TurnBoundary | None = None, restore: Restore | None = None,
+                 at_boundary: BoundaryHook | None = None) -> None:
         self.env, self.policy, self.item, self.limits = env, policy, item, limits
+        self.start, self.restore, self.at_boundary = start, restore, at_boundary
         self.inference, self.traj = inference, traj
         restart = f"#r{item.restart}" if item.restart else ""
         self.session = f"{item.id}{restart}#a{attempt}"  # one router session per episode
@@ -196,19 +208,28 @@ class _Episode:
             first.cancel()  # no-op when it finished
             await asyncio.gather(first, return_exceptions=True)
 
+    async def resume(self, boundary: TurnBoundary) -> ChatTranscript:
+        """Continue from `boundary`: its sandbox restored (`restore`), the env's episode, the
+        trajectory's tokens and the transcript as they were after its turn."""
+        if self.restore is None:
+            raise InfraError("an episode continuing from a turn boundary needs a restore")
+        began = time.time()
+        sandbox = await self.restore(boundary)
+        await adopt_boundary(self.env, boundary, sandbox, self.item.task_index)
+        self.traj.spans.append(Span("setup", began, time.time()))
+        boundary.fill(self.traj)
+        self.traj.task_id = boundary.task_id
+        self.turn = boundary.turn
+        return ChatTranscript.resume(self.policy.tokenizer, boundary.transcript,
+                                     boundary.token_ids, tools=self.env.tool_schemas() or None)
+
     async def play(self) -> None:
         env, traj = self.env, self.traj
-        assert self.predicted is not None, "run_episode starts the first generation first"
-        tools = env.tool_schemas() or None
-        await self.reset()
-        transcript, first = self.transcript, self.first
-        if transcript is None or env.episode.messages != self.predicted:
-            await self.drop_first_generation()  # the instruction depended on setup after all
-            transcript = ChatTranscript(self.policy.tokenizer, env.episode.messages, tools=tools)
-            first = asyncio.ensure_future(self.generate(transcript))
-        self.first = None
-        traj.append(list(transcript.ids), generated=False)
-        pending: asyncio.Future[Generation | None] | None = first
+        pending: asyncio.Future[Generation | None] | None = None
+        if self.start is not None:
+            transcript = await self.resume(self.start)
+        else:
+            transcript, pending = await self.begin()
         while True:
             async with _deadline(self.limits.turn_deadline, "turn"):
                 if pending is not None:
@@ -229,6 +250,23 @@ class _Episode:
             # the env appended our assistant message, then tool results / its reply
             new_ids = transcript.add_messages(env.episode.messages[before + 1:])
             traj.append(new_ids, generated=False)
+            if self.at_boundary is not None:
+                await self.at_boundary(self, transcript, gen)
+
+    async def begin(self) -> tuple[ChatTranscript, asyncio.Future[Generation | None]]:
+        """Reset the env; the transcript of its first messages and the first generation."""
+        env, traj = self.env, self.traj
+        assert self.predicted is not None, "run_episode starts the first generation first"
+        tools = env.tool_schemas() or None
+        await self.reset()
+        transcript, first = self.transcript, self.first
+        if transcript is None or env.episode.messages != self.predicted:
+            await self.drop_first_generation()  # the instruction depended on setup after all
+            transcript = ChatTranscript(self.policy.tokenizer, env.episode.messages, tools=tools)
+            first = asyncio.ensure_future(self.generate(transcript))
+        self.first = None
+        traj.append(list(transcript.ids), generated=False)
+        return transcript, first
 
     async def truncate(self, why: str) -> None:
         """End the episode early (deadline, context) and still compute its rewards."""
@@ -245,11 +283,14 @@ async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeL
                       inference: asyncio.Semaphore, *, attempt: int = 1,
                       spans: list[Span] | None = None,
                       admission: contextlib.AbstractAsyncContextManager[Any] | None = None,
-                      ) -> Trajectory:
+                      start: TurnBoundary | None = None, restore: Restore | None = None,
+                      at_boundary: BoundaryHook | None = None) -> Trajectory:
     """One attempt at `item` with `env` (an instance the caller does not share meanwhile);
     `spans` are phases already spent on it. `admission`, when given, is entered after the
     first generation has started and held while the episode uses its sandbox (a slot of the
-    executor's sandbox capacity): the first turn decodes while the episode waits for it."""
+    executor's sandbox capacity): the first turn decodes while the episode waits for it.
+    `start`: continue from this turn boundary, in a sandbox `restore` starts from it (no
+    reset, no setup); `at_boundary`: called after every turn (`BoundaryHook`)."""
     traj = Trajectory(id=item.id, env_id=item.env_id, task_id="", group_id=item.group_id,
                       attempts=attempt,
                       metadata={"task_index": item.task_index, "sample": item.sample,
@@ -257,10 +298,12 @@ async def run_episode(env: Any, policy: Policy, item: WorkItem, limits: EpisodeL
     if limits.max_turns is not None:
         env.max_turns = limits.max_turns
     traj.spans.extend(spans or ())
-    run = _Episode(env, policy, item, limits, inference, traj, attempt)
+    run = _Episode(env, policy, item, limits, inference, traj, attempt, start, restore,
+                   at_boundary)
     token = span_sink.set(traj.spans)
     try:
-        run.start_first_generation()
+        if start is None:
+            run.start_first_generation()
         async with admission if admission is not None else contextlib.nullcontext():
             try:
                 async with _deadline(limits.episode_deadline, "episode"):

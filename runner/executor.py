@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from corral.errors import CorralError
-from corral.runner.episode import EpisodeLimits, WorkItem, run_episode
+from corral.runner.boundary import TurnBoundary
+from corral.runner.episode import BoundaryHook, EpisodeLimits, WorkItem, run_episode
 from corral.runner.policy import Policy
 from corral.runner.pool import SandboxPool, span_sink, spec_key
 from corral.runner.trajectory import Span, Trajectory
@@ -141,13 +142,20 @@ class LocalExecutor:
         self.made += 1
         return self._attach(self.sources[index].factory())
 
-    async def run(self, item: WorkItem, attempt: int) -> Trajectory:
+    async def run(self, item: WorkItem, attempt: int, *, start: TurnBoundary | None = None,
+                  at_boundary: BoundaryHook | None = None) -> Trajectory:
+        """One attempt at `item`; `start`: continue from this turn boundary in a sandbox
+        restored from its snapshot (no pool sandbox is wanted for it); `at_boundary`: the
+        episode's boundary hook (`corral.runner.episode.BoundaryHook`)."""
         env = self._checkout(item.env_index)
-        play = run_episode
+        play: Any = run_episode
         if self.agent is not None:
             from corral.runner.agents.external import run_agent_episode
 
             play = functools.partial(run_agent_episode, agent=self.agent, proxy=self.proxy)
+        elif start is not None or at_boundary is not None:
+            play = functools.partial(run_episode, start=start, restore=self._restore,
+                                     at_boundary=at_boundary)
         try:
             if not self.sources[item.env_index].pooled:
                 return await play(env, self.policy, item, self.limits, self.inference,
@@ -155,9 +163,10 @@ class LocalExecutor:
             key = spec_key(self.sources[item.env_index].spec)
             async with on_deck(self.deck) as spans:
                 self._arrived = True
-                self._waiting[key] += 1  # on deck: its sandbox is wanted from now on
-                self.pool.refill(self.sources[item.env_index].spec)
-                unslotted = [True]
+                unslotted = [start is None]
+                if start is None:  # on deck: its sandbox is wanted from now on
+                    self._waiting[key] += 1
+                    self.pool.refill(self.sources[item.env_index].spec)
                 try:
                     return await play(env, self.policy, item, self.limits, self.inference,
                                       attempt=attempt, spans=spans,
@@ -170,12 +179,28 @@ class LocalExecutor:
 
     @contextlib.asynccontextmanager
     async def _admitted(self, key: str, unslotted: list[bool]) -> AsyncIterator[None]:
-        """The slot of an episode counted in `_waiting` since it went on deck: it stops
-        counting there once the slot is granted."""
+        """The slot of an episode counted in `_waiting` since it went on deck (if it was): it
+        stops counting there once the slot is granted."""
         async with admission_slot(self.admission):
+            if unslotted[0]:
+                self._waiting[key] -= 1
             unslotted[0] = False
-            self._waiting[key] -= 1
             yield
+
+    async def _restore(self, boundary: TurnBoundary) -> Any:
+        """The sandbox an episode continues in from `boundary`: restored from its snapshot
+        (None for an env without a sandbox), labelled with this run; closed when released."""
+        if boundary.snapshot is None:
+            return None
+        from corral.errors import SandboxError
+        from corral.sandbox import SandboxSnapshot
+
+        snapshot = SandboxSnapshot.from_json(boundary.snapshot)
+        limit = float(snapshot.spec.get("startup_timeout", 60.0)) + 5  # as the pool's starts
+        try:  # a start that never finishes must not hold its group forever
+            return await asyncio.wait_for(self.pool.sandboxes.restore(snapshot), timeout=limit)
+        except TimeoutError:
+            raise SandboxError(f"restoring a snapshot took over {limit:g} s") from None
 
     def demand(self, spec: Any) -> Callable[[], int]:
         """How many work items needing `spec` are on deck without a slot (decoding their first

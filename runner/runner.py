@@ -49,6 +49,8 @@ from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 from corral.errors import CorralError, InfraError
 from corral.runner.assembly import AssemblyConfig, RolloutTally, batch_summary
+from corral.runner.boundary import TurnBoundary
+from corral.runner.branching import Boundaries
 from corral.runner.episode import EpisodeLimits, WorkItem
 from corral.runner.executor import EnvFactory, EnvSource, Executor, LocalExecutor, resolve_envs
 from corral.runner.metrics import RunMetrics, policy_stats
@@ -57,6 +59,7 @@ from corral.runner.pool import SandboxPool
 from corral.fileio import write_json_atomic
 from corral.runner.store import METRICS, TrajectoryStore
 from corral.runner.trajectory import Batch, Status, Trajectory
+from corral.runner.turnlog import TurnLog
 from corral.sandbox import check_backend
 from corral.sandbox.base import BackendConfig
 from corral.sandbox.reaper import reap_run
@@ -175,6 +178,10 @@ class Runner:
                 raise TypeError(f"agent must be an ExternalAgent, got {type(agent).__name__}")
             if backend != "asyncio":
                 raise ValueError("an external agent runs on the asyncio backend only")
+        if assembly is not None and assembly.tree_turns and (agent is not None
+                                                             or backend != "asyncio"):
+            raise ValueError("tree groups (assembly.tree_turns) run on the asyncio backend with "
+                             "the native episode loop only")
         self.agent = agent
         self.proxy: Any = None
         if sandbox_capacity < 1 or inference_concurrency < 1:
@@ -213,6 +220,7 @@ class Runner:
         self._own_pool = pool is None
         self.executor: Executor | None = None
         self.store: TrajectoryStore | None = None
+        self.boundaries: Boundaries | None = None
         self.counts = {"launched": 0, "finished": 0, "resumed": 0, "cut": 0, "batches": 0,
                        "resampled": 0}
         self._flights: dict[str, _Flight] = {}
@@ -288,6 +296,12 @@ class Runner:
             if stored:
                 log.info("resuming %s: %d trajectories stored, %d groups consumed",
                          self.run_dir, len(stored), len(self._consumed))
+        turns = (TurnLog(self.run_dir) if self.run_dir is not None and self.assembly.turn_snapshots
+                 and self.agent is None and self.backend == "asyncio" else None)
+        self.boundaries = Boundaries(self.assembly, turns, self._spawn)
+        if self.boundaries.recorded:
+            log.info("resuming %s: %d episodes stopped mid-way", self.run_dir,
+                     len(self.boundaries.recorded))
         if self._named:  # a killed earlier process of this run may have left sandboxes
             await asyncio.to_thread(reap_run, self.run_id, backend=self.sandbox_backend)
         if self.pool is None:
@@ -380,6 +394,8 @@ class Runner:
             await asyncio.to_thread(self.write_metrics)
         if self.store is not None:
             self.store.close()
+        if self.boundaries is not None:
+            self.boundaries.close()
 
     # --- planning ------------------------------------------------------------------------------
     def plan_group(self, group: int) -> tuple[int, int]:
@@ -429,6 +445,7 @@ class Runner:
         items = self.work_items(group, size)
         if group not in self._collect_groups:
             self.assembler.expect(group, size)
+        fresh = []
         for item in items:
             stored = self._stored.pop(item.id, None)
             if stored is not None and (stored.env_id, stored.metadata.get("task_index")) != (
@@ -438,11 +455,16 @@ class Runner:
                 self.counts["resumed"] += 1
                 self._accept(stored, item)
             else:
-                self._spawn(item)
+                fresh.append(item)
+        assert self.boundaries is not None
+        pooled = self.sources[items[0].env_index].pooled if items else False
+        # a tree group when none of it was stored (its trees branch at their roots' turns)
+        for item in self.boundaries.plan(fresh, pooled) if len(fresh) == len(items) else fresh:
+            self._spawn(item, self.boundaries.start_for(item, pooled))
         return items
 
-    def _spawn(self, item: WorkItem) -> None:
-        task = asyncio.ensure_future(self._run_item(item))
+    def _spawn(self, item: WorkItem, start: TurnBoundary | None = None) -> None:
+        task = asyncio.ensure_future(self._run_item(item, start))
         flight = _Flight(item, task, self.policy.version)
         self._flights[item.id] = flight
         self.counts["launched"] += 1
@@ -461,13 +483,21 @@ class Runner:
             self._crash = exc
             self._notify()
 
-    async def _run_item(self, item: WorkItem) -> None:
-        assert self.executor is not None
+    async def _run_item(self, item: WorkItem, start: TurnBoundary | None = None) -> None:
+        assert self.executor is not None and self.boundaries is not None
         causes: list[str] = []
         backoff = self.assembly.backoff()
         first_failure: float | None = None
         for attempt in itertools.count(1):
-            traj = await self.executor.run(item, attempt)
+            # a tree's root retried after it branched continues from its branch point
+            start = self.boundaries.retry_start(item, start)
+            hook = self.boundaries.hook(item)
+            options: dict[str, Any] = {}
+            if start is not None:
+                options["start"] = start
+            if hook is not None:
+                options["at_boundary"] = hook
+            traj = await self.executor.run(item, attempt, **options)
             if traj.status is not Status.INFRA_ERROR:
                 break
             causes.append(traj.error or "unknown infrastructure error")
@@ -484,9 +514,15 @@ class Runner:
             await asyncio.sleep(pause)
         if causes:
             traj.metadata["infra_causes"] = causes
+        if start is not None and item.id not in self.boundaries.trees:
+            traj.metadata["resumed_at_turn"] = start.turn  # continued after a crash
+        if item.id in self.boundaries.restarted:  # its backend could not snapshot
+            traj.metadata["restarted_after_turn"] = self.boundaries.restarted.pop(item.id)
+        await self.boundaries.finished(item, traj)
         self._note_infra(traj)
         if self.store is not None:
             await self.store.append(traj)
+        await self.boundaries.stored(item)
         self.counts["finished"] += 1
         self._accept(traj, item)
 
@@ -552,10 +588,13 @@ class Runner:
         try:
             while (len(self.assembler.groups) < ahead
                    or (len(self.assembler.ready) < needed
-                       and len(self._flights) < saturation)):
+                       and len(self._flights) + self._tree_waiting() < saturation)):
                 self._launch_group(self._next_free_group(), group)
         finally:
             self._topping_up = False
+
+    def _tree_waiting(self) -> int:
+        return self.boundaries.waiting() if self.boundaries is not None else 0
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -707,7 +746,8 @@ class Runner:
 
     def stats(self) -> dict[str, Any]:
         """Counters, assembly totals, executor/pool stats and policy/router stats."""
-        return {"counts": dict(self.counts, inflight=len(self._flights)),
+        turns = self.boundaries.counts if self.boundaries is not None else {}
+        return {"counts": dict(self.counts, **turns, inflight=len(self._flights)),
                 "assembly": self.assembler.totals.as_dict(),
                 "executor": self.executor.stats() if self.executor is not None else {},
                 "policy": policy_stats(self.policy)}

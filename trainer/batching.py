@@ -11,11 +11,13 @@ Advantages are group-normalised from the trajectory rewards (GRPO)::
 
 with the population standard deviation over the trainable members of the group. A group whose
 rewards are all equal carries no signal: its advantages are exactly zero and it is counted.
+A tree group (members naming shared segments in `metadata["tree"]`) gets advantages per
+branch point instead, one per token (`token_advantages`), and the nodes its rows share
+(`shares`); see `corral.trainer.tree`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +26,7 @@ import torch
 from corral.runner.trajectory import ENV_VERSION, Batch, Trajectory
 
 from .config import StepConfig
+from .tree import Share, group_advantages, shares_of, tree_advantages
 
 __all__ = ["TensorBatch", "build_tensor_batch", "group_advantages"]
 
@@ -44,6 +47,8 @@ class TensorBatch:
     sample_ids: list[str] = field(default_factory=list)
     zero_variance_groups: int = 0
     excluded: int = 0                 # trajectories not trainable (partial, infra error)
+    token_advantages: torch.Tensor | None = None  # [B, T] float32, tree groups only
+    shares: list[Share] = field(default_factory=list)  # nodes rows share (tree groups)
 
     @property
     def size(self) -> int:
@@ -53,6 +58,12 @@ class TensorBatch:
         """The samples at `index` (a 1-D long tensor), trimmed to their longest length."""
         index = index.to(torch.long)
         width = int(self.lengths[index].max().item()) if index.numel() else 0
+        new_row = {old: new for new, old in enumerate(index.tolist())}
+        shares = []
+        for share in self.shares:
+            rows = tuple(new_row[r] for r in share.rows if r in new_row)
+            if len(rows) > 1:
+                shares.append(Share(share.node, rows, share.start, share.end))
         return TensorBatch(
             input_ids=self.input_ids[index, :width],
             attention_mask=self.attention_mask[index, :width],
@@ -66,27 +77,10 @@ class TensorBatch:
             sample_ids=[self.sample_ids[i] for i in index.tolist()],
             zero_variance_groups=self.zero_variance_groups,
             excluded=self.excluded,
+            token_advantages=(None if self.token_advantages is None
+                              else self.token_advantages[index, :width]),
+            shares=shares,
         )
-
-
-def group_advantages(rewards: Sequence[float], *, norm: str = "mean_std",
-                     eps: float = 1e-6) -> tuple[list[float], bool]:
-    """Advantages of one group and whether the group had zero reward variance.
-
-    A NaN reward propagates to NaN advantages on purpose: the trainer then stops the step and
-    reports it instead of training on a silently repaired number.
-    """
-    n = len(rewards)
-    if n == 0:
-        return [], True
-    mean = sum(rewards) / n
-    var = sum((r - mean) ** 2 for r in rewards) / n
-    if not math.isnan(var) and var <= 1e-12:
-        return [0.0] * n, True
-    if norm == "mean":
-        return [r - mean for r in rewards], False
-    std = math.sqrt(var)
-    return [(r - mean) / (std + eps) for r in rewards], False
 
 
 def build_tensor_batch(batch: Batch | Sequence[Sequence[Trajectory]],
@@ -97,11 +91,27 @@ def build_tensor_batch(batch: Batch | Sequence[Sequence[Trajectory]],
     samples: list[Trajectory] = []
     advantages: list[float] = []
     group_index: list[int] = []
+    spans: list[list[tuple[int, int, float]]] = []  # per sample; tree groups only
+    shares: list[Share] = []
     zero_var = excluded = 0
     for g, group in enumerate(groups):
         members = [t for t in group if t.trainable]
         excluded += len(group) - len(members)
         if not members:
+            continue
+        if any(t.metadata.get("tree") for t in members):
+            tree = tree_advantages(members, norm=config.adv_norm, eps=config.adv_eps)
+            zero_var += int(tree.flat)
+            for t in members:
+                if len(t.segments()) > 1:
+                    raise ValueError(f"trajectory {t.id!r} has both tree segments and a "
+                                     "rewritten history; a tree group's samples are native")
+            shares.extend(shares_of(range(len(samples), len(samples) + len(members)), members))
+            spans.extend([[]] * (len(samples) - len(spans)))  # flat rows before it
+            spans.extend(tree.spans)
+            samples.extend(members)
+            advantages.extend(s[-1][2] for s in tree.spans)  # the leaf's own, for logs
+            group_index.extend([g] * len(members))
             continue
         adv, flat = group_advantages([t.reward for t in members], norm=config.adv_norm,
                                      eps=config.adv_eps)
@@ -131,6 +141,12 @@ def build_tensor_batch(batch: Batch | Sequence[Sequence[Trajectory]],
     if width:
         loss_mask[:, 0] = 0.0  # the first token has no prediction to train
     behaviour = behaviour * loss_mask  # engine logprobs only where they mean something
+    token_adv = None
+    if spans:  # a tree group is in the batch: every row gets per-token advantages
+        token_adv = torch.zeros(size, width, dtype=torch.float32)
+        for i, (t, row) in enumerate(zip(samples, spans + [[]] * (size - len(spans)))):
+            for start, end, value in row or [(0, len(t.token_ids), advantages[i])]:
+                token_adv[i, start:end] = value
     return TensorBatch(
         input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,
         behaviour_logprobs=behaviour, versions=versions,
@@ -138,7 +154,8 @@ def build_tensor_batch(batch: Batch | Sequence[Sequence[Trajectory]],
         rewards=torch.tensor([t.reward for t in samples], dtype=torch.float32),
         group_index=torch.tensor(group_index, dtype=torch.long),
         lengths=torch.tensor([len(t.token_ids) for t in samples], dtype=torch.long),
-        sample_ids=[t.id for t in samples], zero_variance_groups=zero_var, excluded=excluded)
+        sample_ids=[t.id for t in samples], zero_variance_groups=zero_var, excluded=excluded,
+        token_advantages=token_adv, shares=shares)
 
 
 def _check_lengths(t: Trajectory) -> None:

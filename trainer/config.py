@@ -220,6 +220,19 @@ class TrainConfig(BaseModel):
         "sampling: a task whose last n groups all got equal rewards (all solved or all "
         "failed) is drawn again with probability dynamic_sampling**n, so training spends "
         "its rollouts where they carry signal; 1 draws every task alike")
+    tree_turns: int = Field(
+        0, ge=0, description="tree-shaped groups: a group's samples share their first "
+        "tree_turns turns (one sandbox, one generation), then branch from a snapshot of that "
+        "turn; the trainer computes advantages per branch point and counts shared tokens "
+        "once (corral.trainer.tree); 0: flat GRPO groups")
+    tree_roots: int = Field(1, ge=1, description="independent shared beginnings per tree "
+                            "group (group must be a multiple): >1 also compares the shared "
+                            "turns with each other")
+    tree_branch: Literal["fixed", "entropy"] = Field(
+        "fixed", description="'fixed': branch after turn tree_turns; 'entropy': after the "
+        "first of those turns whose generated tokens' mean -log p reaches tree_entropy")
+    tree_entropy: float = Field(1.0, ge=0, description="nats per token at which "
+                                "tree_branch='entropy' branches")
     rft_rounds: int = Field(
         0, ge=0, description="rejection-sampling fine-tuning before RL: each round collects "
         "rft_episodes episodes of the training tasks with the current policy, keeps those "
@@ -306,6 +319,9 @@ class TrainConfig(BaseModel):
         if self.sft_from and not self.sft_steps:  # it would be read and never trained on
             raise ValueError("--sft-from needs --sft-steps N, the supervised steps to take "
                              "on it")
+        if self.tree_turns and self.group % self.tree_roots:
+            raise ValueError(f"group size {self.group} (--group) must be a multiple of "
+                             f"tree_roots {self.tree_roots} (--tree-roots)")
         if self.inference_concurrency is None:  # a whole batch's rollouts decode together
             self.inference_concurrency = self.batch_size
         return self

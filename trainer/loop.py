@@ -189,7 +189,9 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
                         filter_zero_variance=config.filter_zero_variance,
                         first_signal_groups=(config.zero_signal_groups
                                              if config.zero_signal == "stop" else None),
-                        dynamic_sampling=config.dynamic_sampling),
+                        dynamic_sampling=config.dynamic_sampling,
+                        tree_turns=config.tree_turns, tree_roots=config.tree_roots,
+                        tree_branch=config.tree_branch, tree_entropy=config.tree_entropy),
                     run_dir=run_dir, seed=config.seed, env_weights=config.env_weights(),
                     agent=agent)
     if config.zero_signal == "warn":

@@ -168,15 +168,16 @@ def policy_loss(logp: torch.Tensor, logp_prox: torch.Tensor, advantages: torch.T
                 num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate loss with importance weights; returns (loss, metrics).
 
-    `logp` [B, T] carries the gradient; `logp_prox` [B, T] is detached; `advantages` and
-    `sample_weights` are [B]; `is_weights` [B, T] defaults to 1 (pure on-policy PPO).
+    `logp` [B, T] carries the gradient; `logp_prox` [B, T] is detached; `advantages` is [B],
+    or [B, T] for one per token (tree groups, `corral.trainer.tree`); `sample_weights` is
+    [B]; `is_weights` [B, T] defaults to 1 (pure on-policy PPO).
     Metrics (floats): `clip_frac` (share of loss tokens where the clipped branch is active),
     `ratio_mean`, `ratio_max`, `is_weight_mean`, `loss_tokens`.
     """
     on = loss_mask > 0
     log_rho = torch.where(on, logp - logp_prox.detach(), torch.zeros_like(logp))
     rho = torch.exp(log_rho.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-    adv = advantages.unsqueeze(-1).to(rho.dtype)
+    adv = (advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)).to(rho.dtype)
     unclipped = rho * adv
     clipped = rho.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv
     surrogate = torch.minimum(unclipped, clipped)

@@ -44,6 +44,7 @@ from .numerics import NumericsReport, numerics_report
 from .prefix import cache_keyword, shared_prefix_length, suffix_logits
 from .sft import SFTExample, encode_example
 from .staleness import StalenessReport, ThrottleController, ThrottleSignal, assess_staleness
+from .tree import signal_rows, tree_token_weights
 
 __all__ = ["LossFn", "NonFinite", "Publisher", "StepResult", "Trainer", "merge_parts",
            "resolve_dtype"]
@@ -120,7 +121,8 @@ class Trainer:
             "zero_variance_groups": float(full.zero_variance_groups),
             "reward_mean": float(full.rewards.mean()) if full.size else 0.0,
         }
-        tb = full.select(torch.nonzero(full.advantages != 0).flatten())  # NaN stays in
+        tb = full.select(signal_rows(full.advantages, full.token_advantages, full.group_index,
+                                     full.loss_mask))  # NaN stays in
         metrics["zero_advantage_samples"] = float(full.size - tb.size)
         if tb.size == 0 or not bool((tb.loss_mask > 0).any()):
             return self._skip("no learnable signal (all advantages are zero or no generated "
@@ -165,10 +167,23 @@ class Trainer:
         num_tokens = float(on[keep].sum())
         num_seqs = float((on[keep].any(dim=-1)).sum())
         metrics["loss_tokens"] = num_tokens
+        token_w = None
+        if tb.token_advantages is not None:  # tree groups: shared tokens once, summed weights
+            token_w = tree_token_weights(isw.weights * weights.unsqueeze(-1), tb.loss_mask,
+                                         tb.shares, cfg.loss_agg)
+            keep = (token_w != 0).any(dim=-1)
+            metrics["tree_shared_tokens"] = float(sum(
+                (s.end - s.start) * (len(s.rows) - 1) for s in tb.shares))
 
         def loss_fn(mb: TensorBatch, logp: torch.Tensor, idx: torch.Tensor
                     ) -> tuple[torch.Tensor, dict[str, float]]:
             width = logp.shape[1]
+            if token_w is not None:
+                return policy_loss(
+                    logp, prox[idx, :width], mb.token_advantages, mb.loss_mask,
+                    is_weights=token_w[idx, :width], clip_eps_low=cfg.clip_eps_low,
+                    clip_eps_high=cfg.clip_eps_high, agg=cfg.loss_agg, num_tokens=num_tokens,
+                    num_seqs=num_seqs)
             return policy_loss(
                 logp, prox[idx, :width], mb.advantages, mb.loss_mask,
                 is_weights=isw.weights[idx, :width], sample_weights=weights[idx],
@@ -473,5 +488,7 @@ def _to_device(tb: TensorBatch, device: torch.device) -> TensorBatch:
     moved = {name: getattr(tb, name).to(device) for name in (
         "input_ids", "attention_mask", "loss_mask", "behaviour_logprobs", "versions",
         "advantages", "rewards", "group_index", "lengths")}
+    token_adv = None if tb.token_advantages is None else tb.token_advantages.to(device)
     return TensorBatch(**moved, sample_ids=tb.sample_ids,
-                       zero_variance_groups=tb.zero_variance_groups, excluded=tb.excluded)
+                       zero_variance_groups=tb.zero_variance_groups, excluded=tb.excluded,
+                       token_advantages=token_adv, shares=tb.shares)

@@ -357,6 +357,20 @@ class ChatTranscript:
         self.ids: list[int] = encode_prompt(tokenizer, self.messages, tools=self.tools)
         self._last_generated: list[int] | None = None
 
+    @classmethod
+    def resume(cls, tokenizer: Tokenizer, messages: Sequence[dict[str, Any]],
+               ids: Sequence[int], *, tools: Sequence[dict[str, Any]] | None = None,
+               ) -> "ChatTranscript":
+        """The transcript as it was at a turn boundary (its messages, and `ids` ending with the
+        generation prompt), without encoding anything again: the ids stay the ones stored."""
+        self = cls.__new__(cls)
+        self.tokenizer = tokenizer
+        self.tools = list(tools) if tools else None
+        self.messages = [dict(m) for m in messages]
+        self.ids = list(ids)
+        self._last_generated = None
+        return self
+
     def add_generation(self, token_ids: Sequence[int], text: str) -> ParsedMessage:
         """Record the model's tokens and its parsed message; returns the parse."""
         parsed = parse_assistant_text(text)

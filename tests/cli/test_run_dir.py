@@ -130,3 +130,14 @@ def test_engine_log_dir_that_is_a_file_and_a_bare_group(tmp_path: Path) -> None:
     assert line.startswith(f"error: --log-dir {tmp_path / 'a-file'}: not a directory"), line
     bare = corral("engine")  # help, then no empty "error:" line
     assert bare.returncode == 2 and "start" in bare.stdout and bare.stderr.strip() == "", bare
+
+
+def test_collect_resume_needs_a_run_to_resume(tmp_path: Path) -> None:
+    """`--resume` insists on a run: an empty run directory is an error naming the flag, and
+    nothing is created in it."""
+    out = corral("collect", "corral/arithmetic-v0", "--resume", "--no-report",
+                 "--run-dir", str(tmp_path / "run"))
+    line = one_line(out, 1)
+    assert line == (f"error: --resume: {tmp_path / 'run'} holds no run (no manifest.json); "
+                    "drop --resume to start one"), line
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,52 @@
+"""A multi-turn terminal env for the turn-boundary tests (resume, tree groups) and its solver.
+
+Every turn the agent appends the turn's number to /tmp/log (and, from turn 3 on, a number
+drawn from its sampling seed to /tmp/pick); the reward checks that /tmp/log holds 1..n in
+order, once each (a sandbox restored from the wrong turn, or a turn replayed, fails it), and
+pays for an even last pick. The solver reads the turn from the transcript (the tool outputs
+`L<lines>L`), so it works for an episode that continues from a stored turn.
+"""
+
+from __future__ import annotations
+
+import re
+
+import corral as cr
+from corral.runner.policy import ScriptedCall
+
+from runner_helpers import tool_call
+
+
+class Steps(cr.TerminalEnv):
+    """Count to `n`, one line per turn, then pick a number."""
+
+    env_id = "test/steps-v0"
+    tasks = cr.Dataset.from_list([{"n": 6}, {"n": 6}, {"n": 6}])
+    max_turns = 6
+
+    def instruction(self, task: cr.Task) -> str:
+        return f"Append 1 to {task.n} to /tmp/log, one number per turn."
+
+    @cr.reward
+    async def counted(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> float:
+        log = (await sandbox.exec("cat /tmp/log")).stdout.split()
+        pick = (await sandbox.exec("tail -n1 /tmp/pick 2>/dev/null")).stdout.strip()
+        ordered = log == [str(i) for i in range(1, task.n + 1)]
+        return float(ordered) * (0.5 + 0.5 * float(pick.isdigit() and int(pick) % 2 == 0))
+
+
+def steps_solver(call: ScriptedCall) -> str:
+    """Turn t (1-based, from the outputs so far) appends t; from turn 3 a seeded number."""
+    turn = len(re.findall(r"L\d+L", call.prompt)) + 1
+    pick = (call.request.seed or 0) % 1000
+    extra = f" && echo {pick} >> /tmp/pick" if turn >= 3 else ""
+    return tool_call(f"echo {turn} >> /tmp/log{extra} && printf 'L%sL' $(wc -l < /tmp/log)",
+                     name="bash")
+
+
+class ShortSteps(Steps):
+    """`Steps` in four turns (the tree-group test)."""
+
+    env_id = "test/short-steps-v0"
+    tasks = cr.Dataset.from_list([{"n": 4}, {"n": 4}])
+    max_turns = 4
