@@ -42,17 +42,9 @@ class BwrapForks:
         processes are frozen (where its cgroup has a freezer)."""
         self._rootdir()
         layer = _layers.new_layer_path(self.run_id, durable=durable)
-        cgroup = self.cgroup
-        try:
-            if cgroup is not None:
-                await asyncio.to_thread(cgroup.freeze, True)
-            await asyncio.to_thread(_layers.copy_upper, self.dir / "upper", layer)
-        except BaseException:
-            _layers.remove_layer(layer)
-            raise
-        finally:
-            if cgroup is not None:  # also after a freeze that timed out half-way
-                await asyncio.to_thread(cgroup.freeze, False)
+        # one thread freezes, copies and thaws: a cancelled await (a runner closing) leaves
+        # the thread to finish, so the sandbox is never left frozen
+        await asyncio.to_thread(_copy_frozen, self.cgroup, self.dir / "upper", layer)
         return await self._snapshot_on(layer, durable)
 
     async def _snapshot_on(self, layer: Path, durable: bool) -> SandboxSnapshot:
@@ -102,3 +94,18 @@ async def discard(snapshot: SandboxSnapshot, sandboxes: Path) -> None:
     the bwrap sandbox dirs, whose owner records say which layers live sandboxes use)."""
     stack = [Path(snapshot.ref), *map(Path, snapshot.extra.get("below", ()))]
     await asyncio.to_thread(_layers.unhold, stack, sandboxes)
+
+
+def _copy_frozen(cgroup: "Cgroup | None", upper: Path, layer: Path) -> None:
+    """Copy `upper` into `layer` with the cgroup's processes frozen (where it has a freezer);
+    thawed whatever happens, and no half layer left behind."""
+    try:
+        if cgroup is not None:
+            cgroup.freeze(True)
+        _layers.copy_upper(upper, layer)
+    except BaseException:
+        _layers.remove_layer(layer)
+        raise
+    finally:
+        if cgroup is not None:  # also after a freeze that timed out half-way
+            cgroup.freeze(False)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .spec import Terminal, parse_size
 
-__all__ = ["CGROUP_ROOT", "Cgroup", "wait_empty"]
+__all__ = ["CGROUP_ROOT", "Cgroup", "thaw", "wait_empty"]
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,20 @@ class Cgroup:
                 log.warning("cgroup %s still busy; `corral sandbox gc` removes it later", d)
 
 
+def thaw(dirs: list[Path]) -> None:
+    """Thaw whichever of `dirs` is frozen (a snapshot cut by a SIGKILL of its runner leaves its
+    sandbox frozen): a frozen process takes no SIGKILL until thawed, so a kill would hang."""
+    for d in dirs:
+        for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+            try:
+                (d / name).write_text(value)
+            except OSError:  # no freezer here, or the cgroup went away
+                continue
+
+
 def wait_empty(cgroup: Cgroup, limit: float = 5.0) -> None:
     """Wait until the kernel has reaped every process of the cgroup (rmdir needs it empty)."""
+    thaw(cgroup.dirs)
     deadline = time.monotonic() + limit
     for d in cgroup.dirs:
         procs = d / "cgroup.procs"

@@ -49,6 +49,7 @@ from typing import Any, Sequence
 
 from ..errors import SandboxError
 from . import _layers
+from ._cgroup import thaw
 from ._procs import owner_alive
 from .services import remove_networks
 from .bwrap import (CGROUP_ROOT, MOUNT_ROOT, OWNER_SUFFIX, cgroup_record, owner_record,
@@ -240,6 +241,7 @@ def gc_bwrap(run: str | None = None, orphans_only: bool = False,
             pids = (cg / "cgroup.procs").read_text().split()
         except FileNotFoundError:
             continue  # its sandbox closed meanwhile
+        thaw([p / cg.name for p in parents])  # every controller's, before any kill
         for pid in pids:
             try:  # an orphaned sandbox still running: its owner is gone
                 os.kill(int(pid), signal.SIGKILL)

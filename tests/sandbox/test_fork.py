@@ -185,11 +185,23 @@ REAPED = textwrap.dedent("""
             made[backend] = {"fork": sorted({getattr(k, "forked_from", "") or str(k.stack[0])
                                              for k in kids}),
                              "durable": durable.to_json(), "lost": lost.ref}
+            if backend == "bwrap":  # as if killed mid-snapshot: its processes left frozen
+                assert sb.cgroup.freeze(True)
+                procs = sb.cgroup.dirs[0] / "cgroup.procs"
+                made["bwrap"]["frozen_pids"] = procs.read_text().split()
         print(json.dumps(made), flush=True)
         await asyncio.sleep(600)
 
     asyncio.run(main())
 """)
+
+
+def _running(pid: str) -> bool:
+    """The process runs (a zombie, dead but not yet waited for by init, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _images(run: str) -> set[str]:
@@ -214,8 +226,13 @@ async def test_the_reaper_removes_forked_layers_after_a_sigkill(base_image, run_
     assert all(p.is_dir() for p in (fork_layer, lost, kept))
     assert _images(run) == {*made["docker"]["fork"], made["docker"]["lost"],
                             durable["docker"].ref}
+    frozen_pids = made["bwrap"]["frozen_pids"]
+    assert frozen_pids
     report = reap_run(run)  # what a resumed run does first: durable snapshots stay
     assert report.bwrap_dirs == 3 and report.containers == 3
+    # a frozen sandbox takes no SIGKILL: the reaper thaws it first, then its processes die
+    assert report.cgroups >= 3
+    assert not [pid for pid in frozen_pids if _running(pid)]
     assert report.bwrap_layers == 1 and report.fork_images == 2
     assert not lost.exists() and not _layers.layer_record(lost).exists()
     assert kept.is_dir() and fork_layer.is_dir()  # the durable one needs the layer below it
