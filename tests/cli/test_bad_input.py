@@ -252,3 +252,14 @@ def test_an_entry_point_that_is_no_env_is_one_line_in_info_and_run(tmp_path: Pat
         line = one_line(corral("-i", "badenvs.py", command, "acme/plain-v1", cwd=tmp_path), 1)
         assert line.startswith("error: acme/plain-v1: entry point badenvs:Plain is the class "
                                "Plain, which is not an Env subclass"), line
+
+
+def test_demo_with_an_unknown_model_fails_before_any_work(tmp_path: Path) -> None:
+    """`corral demo --model NAME` resolves the model first: a bad name is one line naming the
+    known models, before the run directory is replaced or any env is validated."""
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "keep.txt").write_text("x")
+    line = one_line(corral("demo", "--model", "no-such-model", "--run-dir", "demo",
+                           cwd=tmp_path), 1)
+    assert "no-such-model" in line and "smollm2-135m-instruct" in line, line
+    assert (tmp_path / "demo" / "keep.txt").exists()
