@@ -464,76 +464,16 @@ def _mirror(env_id: str, spec: EnvSpec | None) -> None:
 _registered = False
 
 
-class _LazyRegistry(dict):  # type: ignore[type-arg]
-    """Gymnasium's registry, filled with the Corral ids the first time anything reads it: so
-    `import corral` reads no catalog source (built-in manifests, installed releases) and
-    `gymnasium.make(id)` still finds every Corral env. Writes go straight in."""
-
-    _filled = False  # the Corral ids are in
-    _busy = False  # being put in (a read from inside the fill sees what is there)
-    _lock = threading.RLock()  # a second thread's first read waits for the fill
-
-    def _fill(self) -> None:
-        if self._filled:
-            return
-        with self._lock:
-            if self._busy:
-                return
-            self._busy = True
-            _mirror_catalog()
-            self._filled = True
-
-
-def _filling(name: str) -> Callable[..., Any]:
-    """`dict.<name>`, after the registry's fill."""
-    method = getattr(dict, name)
-
-    def fill_then(self: _LazyRegistry, *args: Any) -> Any:
-        self._fill()
-        return method(self, *args)
-
-    fill_then.__name__ = name
-    return fill_then
-
-
-# every way to read it fills it first (writes need not: `__setitem__`, `__delitem__`)
-for _name in ("__getitem__", "get", "__contains__", "__iter__", "__len__", "__repr__", "keys",
-              "values", "items", "copy"):
-    setattr(_LazyRegistry, _name, _filling(_name))
-del _name
-
-
-def _install_lazy_registry() -> bool:
-    """Put a `_LazyRegistry` where Gymnasium keeps its registry (the module global its
-    functions read, the names `gymnasium` and `gymnasium.envs` export, `pprint_registry`'s
-    default), holding what was there. False, and nothing changed, if Gymnasium keeps it
-    elsewhere than this version does."""
-    from gymnasium.envs import registration
-
-    current = registration.registry
-    defaults = registration.pprint_registry.__defaults__ or ()
-    if (type(current) is not dict or gymnasium.registry is not current
-            or gymnasium.envs.registry is not current
-            or not any(d is current for d in defaults)):
-        return False
-    lazy = _LazyRegistry(current)
-    registration.registry = gymnasium.registry = gymnasium.envs.registry = lazy
-    registration.pprint_registry.__defaults__ = tuple(lazy if d is current else d
-                                                      for d in defaults)
-    return True
-
-
 def register_gymnasium_envs() -> None:
-    """Mirror the default catalog into Gymnasium's registry, for every registration from now
-    on and, at the registry's first read, for the catalog's sources (built-in manifests,
-    installed releases: read then, not at `import corral`). Idempotent."""
+    """Mirror the default catalog into Gymnasium's registry: its sources now (built-in
+    manifests, installed releases, read once), and every registration from now on.
+    Idempotent."""
     global _registered
     if _registered:
         return
     _registered = True
     default_catalog.add_listener(_mirror)
-    if not _install_lazy_registry():
-        _mirror_catalog()
+    _mirror_catalog()
 
 
 def _mirror_catalog() -> None:

@@ -213,13 +213,16 @@ def test_checker_catches_an_upward_import_and_a_cycle() -> None:
 
 
 def test_facade_is_lazy_and_complete() -> None:
-    """`import corral` loads no upper layer and reads no catalog source (Gymnasium's registry
-    gets the Corral ids when it is first read); every facade name resolves; dir() lists them."""
+    """`import corral` loads no upper layer beyond the catalog's sources; every facade name
+    resolves; dir() lists them. (It reads the catalog once, through the registry's
+    `corral.catalog` plugin, to put every env id in Gymnasium's registry; the registry's
+    server, client and curation stay unloaded.)"""
     code = """
 import sys, corral as cr
 upper = [m for m in sys.modules if m.split('.')[:2] in (['corral', 'runner'],
          ['corral', 'trainer'], ['corral', 'cli'], ['corral', 'serve'],
-         ['corral', 'integrations'], ['corral', 'registry'])]
+         ['corral', 'integrations'])
+         or m in ('corral.registry.server', 'corral.registry.client', 'corral.registry.curation')]
 assert not upper, upper
 for name in cr.__all__:
     getattr(cr, name)
