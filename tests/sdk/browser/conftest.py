@@ -119,7 +119,7 @@ def chromium_processes() -> set[int]:
     return {pid for pid in descendants(os.getpid()) if "chromium" in executable(pid)}
 
 
-def still_running(pids: set[int], within: float = 5.0) -> set[int]:
+def still_running(pids: set[int], within: float = 15.0) -> set[int]:
     """Those of `pids` still alive after waiting up to `within` s for them to exit (helpers a
     closed Chromium leaves, reparented away from this process, take a moment to go)."""
     deadline = time.monotonic() + within
