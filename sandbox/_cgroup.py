@@ -3,6 +3,7 @@ one dir per controller, or v2), a freezer for snapshots, and draining one before
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -111,8 +112,6 @@ def wait_empty(cgroup: Cgroup, limit: float = 5.0) -> None:
         procs = d / "cgroup.procs"
         while procs.exists() and procs.read_text().strip() and time.monotonic() < deadline:
             for pid in procs.read_text().split():
-                try:
+                with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
             time.sleep(0.005)

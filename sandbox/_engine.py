@@ -4,6 +4,7 @@ and the thread pool the blocking docker SDK calls run on (`blocking`)."""
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import functools
 import json
@@ -133,10 +134,8 @@ class DockerTransport(Transport):
     async def close(self) -> None:
         self._pump.cancel()
         self._writer.close()
-        try:
+        with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
 
 
 async def spawn_exec(host: DockerHost, version: str, container: str, argv: list[str], *,

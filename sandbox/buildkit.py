@@ -25,6 +25,7 @@ is not replaced, so installing `ca-certificates` keeps working.
 
 from __future__ import annotations
 
+import contextlib
 import base64
 import configparser
 import json
@@ -312,10 +313,8 @@ class _Session:
                 conn.send_headers(stream_id, [("grpc-status", "0")], end_stream=True)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._sock.close()
         self._thread.join(timeout=5)
 

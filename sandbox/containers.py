@@ -5,6 +5,7 @@ snapshot starts children from (`commit`, `remove_image`)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -133,10 +134,8 @@ def remove(client: Any, container: str) -> None:
     """Remove `container` (force) if it exists."""
     import docker
 
-    try:
+    with contextlib.suppress(docker.errors.NotFound):
         client.api.remove_container(container, force=True)
-    except docker.errors.NotFound:
-        pass
 
 
 def discard(host: DockerHost, container: str) -> None:
@@ -162,10 +161,8 @@ def discard(host: DockerHost, container: str) -> None:
 def _remove_api(api: Any, container: str) -> None:
     import docker
 
-    try:
+    with contextlib.suppress(docker.errors.NotFound):
         api.remove_container(container, force=True)
-    except docker.errors.NotFound:
-        pass
 
 
 def io_root() -> Path:

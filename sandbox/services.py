@@ -19,6 +19,7 @@ and a run's reaper remove what a killed process left (`remove_networks`).
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import os
 import secrets
@@ -189,10 +190,8 @@ class ComposeRun:
             import docker
 
             for container in containers:
-                try:
+                with contextlib.suppress(docker.errors.NotFound):
                     c.api.remove_container(container, force=True)
-                except docker.errors.NotFound:
-                    pass
             if network is not None:
                 _remove_network(c.api, network)
 
@@ -205,10 +204,8 @@ def _remove_network(api: Any, network: str) -> None:
 
     try:
         for container in (api.inspect_network(network).get("Containers") or {}):
-            try:
+            with contextlib.suppress(docker.errors.APIError):
                 api.disconnect_container_from_network(container, network, force=True)
-            except docker.errors.APIError:
-                pass
         api.remove_network(network)
     except docker.errors.NotFound:
         pass
