@@ -89,16 +89,24 @@ def elements(env: BrowserEnv) -> dict[str, str]:
     return found
 
 
-def descendants(pid: int) -> set[int]:
-    """Every process started (directly or not) by `pid`, from /proc."""
-    children: dict[int, list[int]] = {}
+def parents() -> dict[int, int]:
+    """`pid -> parent pid` of every process, from /proc."""
+    found: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                found[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue  # the process ended while we looked
-            children.setdefault(ppid, []).append(int(entry.name))
+    return found
+
+
+def descendants(pid: int, parent_of: dict[int, int] | None = None) -> set[int]:
+    """Every process started (directly or not) by `pid`."""
+    children: dict[int, list[int]] = {}
+    for child, parent in (parent_of or parents()).items():
+        children.setdefault(parent, []).append(child)
     found, todo = set(), [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -117,6 +125,16 @@ def executable(pid: int) -> str:
 def chromium_processes() -> set[int]:
     """This test process's Chromium descendants (browsers, renderers, helpers)."""
     return {pid for pid in descendants(os.getpid()) if "chromium" in executable(pid)}
+
+
+def chromium_started_since(before: set[int]) -> set[int]:
+    """The Chromium processes started since `before` was taken, less those that Chromiums
+    already running then started since (a browser of another test's pool spawns a spare
+    renderer when it likes: that one is not this test's)."""
+    parent_of = parents()
+    pids = {pid for pid in descendants(os.getpid(), parent_of) if "chromium" in executable(pid)}
+    inherited = set().union(*(descendants(old, parent_of) for old in before))
+    return pids - before - inherited
 
 
 def still_running(pids: set[int], within: float = 15.0) -> set[int]:

@@ -9,7 +9,7 @@ import re
 from corral.runner import EpisodeLimits, Runner, ScriptedPolicy, Status
 from corral.runner.policy import ScriptedCall
 
-from .conftest import chromium_processes, still_running
+from .conftest import chromium_processes, chromium_started_since, still_running
 
 ENV_ID = "corral/web-click-button-v0"
 
@@ -58,12 +58,12 @@ async def test_runner_collects_browser_episodes_concurrently() -> None:
         assert runner.pool is not None
         browser = runner.pool.sandboxes.backends["browser"]
         browsers = sum(pool.browsers for pool in browser.pools.values())
-        started = chromium_processes() - before
+        started = chromium_started_since(before)
         assert started  # the run's Chromium (browser, zygotes, renderers) is up while it runs
         pooled = runner.pool.stats
     # closing a Runner closes its sandbox pool, and the pool its browsers: nothing outlives it
     assert still_running(started) == set()
-    assert chromium_processes() - before == set()
+    assert chromium_started_since(before) == set()
     assert pooled.acquires == 2 and pooled.starts >= 2  # contexts came through the pool
     assert [t.status for t in trajs] == [Status.COMPLETE] * 6, [t.error for t in trajs]
     assert [t.reward for t in trajs] == [1.0] * 6
