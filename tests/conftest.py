@@ -55,6 +55,12 @@ def base_image(dockerd: None) -> str:
 
 
 @pytest.fixture(scope="session")
+def sandboxes(base_image: str, run_id: str) -> str:
+    """Both terminal backends ready (daemon up, base image present); the session's run label."""
+    return run_id
+
+
+@pytest.fixture(scope="session")
 def run_id(dockerd: None) -> str:
     """This session's label; asserts at the end that nothing labelled with it remains."""
     rid = f"test-{uuid.uuid4().hex[:10]}"

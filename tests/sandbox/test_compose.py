@@ -1,7 +1,7 @@
 """Compose projects: a compose file read and checked (`corral.sandbox.compose`), its services
 started on an internal network of their own through the Engine API (`corral.sandbox.services`),
 and what a killed process left found by the reaper. A Harbor task with a service beside the
-agent's container is in tests/sdk/terminal/test_harbor_steps.py."""
+agent's container is in tests/integrations/test_harbor_steps.py."""
 
 from __future__ import annotations
 
