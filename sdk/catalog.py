@@ -446,8 +446,8 @@ def gymnasium_spec(env_id: str, kwargs: dict[str, Any] | None = None,
 
 def _mirror(env_id: str, spec: EnvSpec | None) -> None:
     """Keep Gymnasium's registry in step with one id of the default catalog. An id Gymnasium
-    already holds for another package's env is left alone. Read as a plain dict: a code
-    registration does not fill a `_LazyRegistry` (that reads every catalog source)."""
+    already holds for another package's env is left alone. Read with `dict.get`, so a
+    registry subclass's own lookup logic (another package may install one) is not run."""
     registry = gymnasium.envs.registration.registry
     current = dict.get(registry, env_id)
     ours = current is not None and isinstance(current.entry_point, GymEntry)
