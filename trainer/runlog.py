@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from corral.fileio import write_json_atomic
-from corral.runner.trajectory import Batch, Trajectory
+from corral.runner.eval.heldout import reward_by_env
+from corral.runner.trajectory import Batch
 
 from .trainer import StepResult
 
@@ -105,14 +106,6 @@ def step_record(result: StepResult, batch: Batch, timing: dict[str, float],
     if result.numerics is not None:
         record["numerics"] = _jsonable(result.numerics)
     return record
-
-
-def reward_by_env(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Mean reward per env (the report draws one curve per env)."""
-    sums: dict[str, list[float]] = {}
-    for traj in trajectories:
-        sums.setdefault(traj.env_id, []).append(traj.reward)
-    return {env: sum(v) / len(v) for env, v in sums.items()}
 
 
 def _hist(hist: tuple[Any, Any]) -> dict[str, list[float]]:
