@@ -3,6 +3,7 @@
 * `evaluation`: `evaluate` / `aevaluate` (avg@k and pass@k on an env's eval split), `EvalResult`,
   the resumable run directory's plan and summary;
 * `stats`: pass@k, failure categories, per-task and per-env summaries;
+* `examples`: a few sample outputs per task, in `eval.json` and on `eval.html`;
 * `report`: `eval.html` and the comparison page;
 * `profile`: per-task pass rates under a model, for the dataset card (`corral profile`);
 * `runs`: re-verifying and comparing finished eval runs;

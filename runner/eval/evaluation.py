@@ -10,7 +10,8 @@ choices). Group `g` of the run is planned task `g` (`_PlannedRunner`), with `sam
 so the run is the same trajectory store as `corral collect`: a killed evaluation resumes from
 it, re-running only what was not stored. The plan goes to `RUN_DIR/eval_plan.json` (tasks as
 data, pass thresholds, families): statistics, `--reverify` and `--compare` read it back without
-the model. Results: `RUN_DIR/eval.json` (see `corral.runner.eval.stats`) and `eval.html`.
+the model. Results: `RUN_DIR/eval.json` (see `corral.runner.eval.stats`; a few sample
+outputs per task, `corral.runner.eval.examples`) and `eval.html`.
 `RUN_DIR/eval_time.json` keeps the wall time of every invocation that ran the evaluation, so a
 resumed one reports its total (`EvalResult.total_seconds`).
 """
@@ -29,20 +30,26 @@ from typing import Any, Callable, Sequence
 from corral.errors import CorralError
 from corral.fileio import write_json_atomic
 from corral.runner.episode import EpisodeLimits
+from corral.runner.eval.examples import task_examples
 from corral.runner.eval.stats import Sample, ks_for, summarize_samples, to_sample
 from corral.runner.policy import Policy
 from corral.runner.policy.loading import checkpoint_parts, load_policy  # noqa: F401  (re-exported)
 from corral.runner.policy.models import is_model_name
 from corral.runner.runner import Runner
 from corral.runner.store import load_run
+from corral.runner.trajectory import Trajectory
 
-__all__ = ["EvalClock", "EvalResult", "FAMILY_FIELDS", "PLAN", "RESULT", "TIMES", "aevaluate",
-           "evaluate", "model_key", "plan_eval", "plan_samples", "read_plan", "summarize_run"]
+__all__ = ["EvalClock", "EvalResult", "FAMILY_FIELDS", "PLAN", "PhaseCallback", "RESULT", "TIMES",
+           "aevaluate", "evaluate", "model_key", "plan_eval", "plan_samples", "planned",
+           "read_plan", "summarize_run"]
 
 PLAN = "eval_plan.json"
 RESULT = "eval.json"
 TIMES = "eval_time.json"
 FAMILY_FIELDS = ("family", "category", "template")  # as the registry's dataset cards read them
+# `on_phase(what, total)`: what a long call runs now and the count its progress bar goes to
+# (episodes for `aevaluate`, RL steps for `corral.trainer.train`), for the CLIs' bars
+PhaseCallback = Callable[[str, int], None]
 
 
 @dataclass
@@ -181,7 +188,7 @@ async def aevaluate(envs: Sequence[str], model: str | Policy = "tiny", *, tasks:
                     inference_concurrency: int = 32, seed: int = 0,
                     family_field: str | None = None, where: Sequence[str] = (),
                     report: bool = True, listener: Any = None,
-                    on_phase: Callable[[str, int], None] | None = None,
+                    on_phase: PhaseCallback | None = None,
                     agent: Any = None) -> EvalResult:
     """Evaluate `model` on `envs` (module docstring); returns the summary and writes
     `eval_plan.json`, `eval.json` and (with `report`) `eval.html` into `run_dir`. `where`
@@ -270,10 +277,10 @@ def read_plan(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def plan_samples(plan: dict[str, Any], trajectories: Sequence[Any],
-                 rewards: dict[str, float] | None = None) -> list[Sample]:
-    """The planned trajectories as `Sample`s (with `rewards`, trajectory id → a rescored
-    reward, in place of the stored one)."""
+def planned(plan: dict[str, Any], trajectories: Sequence[Trajectory],
+            rewards: dict[str, float] | None = None) -> list[tuple[Trajectory, Sample]]:
+    """The planned trajectories, each with its `Sample` (with `rewards`, trajectory id → a
+    rescored reward, in place of the stored one)."""
     import dataclasses
 
     out = []
@@ -283,17 +290,26 @@ def plan_samples(plan: dict[str, Any], trajectories: Sequence[Any],
             continue  # not part of this plan (cannot happen in a run dir of one evaluation)
         if rewards is not None and traj.id in rewards:
             traj = dataclasses.replace(traj, reward=rewards[traj.id])
-        out.append(to_sample(traj, entry["threshold"], entry["families"][traj.task_id]))
+        out.append((traj, to_sample(traj, entry["threshold"], entry["families"][traj.task_id])))
     return out
 
 
+def plan_samples(plan: dict[str, Any], trajectories: Sequence[Trajectory],
+                 rewards: dict[str, float] | None = None) -> list[Sample]:
+    """The planned trajectories as `Sample`s (`rewards` as in `planned`)."""
+    return [sample for _, sample in planned(plan, trajectories, rewards)]
+
+
 def summarize_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Statistics of an evaluation run directory; also written to `RUN_DIR/eval.json`."""
+    """Statistics of an evaluation run directory, with a few sample outputs per task
+    (`examples`, `corral.runner.eval.examples`); also written to `RUN_DIR/eval.json`."""
     plan = read_plan(run_dir)
     _, trajectories = load_run(run_dir)
-    summary = summarize_samples(plan_samples(plan, trajectories), ks_for(plan["samples"]))
+    pairs = planned(plan, trajectories)
+    summary = summarize_samples([sample for _, sample in pairs], ks_for(plan["samples"]))
     summary.update(model=plan["model"], samples_per_task=plan["samples"],
                    splits={k: {"split": v["split"], "rule": v["rule"]}
-                           for k, v in plan["envs"].items()})
+                           for k, v in plan["envs"].items()},
+                   examples=task_examples(pairs))
     write_json_atomic(Path(run_dir) / RESULT, summary)
     return summary

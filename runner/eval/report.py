@@ -21,7 +21,8 @@ __all__ = ["AGGREGATE_HEAD", "STYLE", "aggregate_head", "aggregate_rows", "compo
 STYLE = """<style>body{font-family:sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;
 padding:3px 8px;text-align:left}img{max-width:100%}.why{color:#666;font-style:italic}
-.up{color:#2e7d32}.down{color:#c62828}</style>"""
+.up{color:#2e7d32}.down{color:#c62828}
+.samples td:last-child{white-space:pre-wrap;font-family:monospace}</style>"""
 
 
 def fmt(value: Any) -> str:
@@ -68,6 +69,18 @@ def _bars(values: dict[str, float], *, title: str, xlabel: str) -> str:
                      xlabel=xlabel, ylabel="samples", why_empty="nothing to count yet")
 
 
+def _examples(summary: dict[str, Any]) -> str:
+    """The sample outputs of every task (`corral.runner.eval.examples`), escaped, as written."""
+    rows = [[key, ex["sample"], fmt(ex["reward"]), components(ex),
+             "solved" if ex["solved"] else ex["failure"] or "-", ex["output"]]
+            for key, examples in summary.get("examples", {}).items() for ex in examples]
+    if not rows:
+        return ('<p class="why">No sample outputs: no trajectory stored yet, or a summary '
+                'written before eval.json carried them.</p>')
+    head = ["task", "sample", "reward", "rewards", "outcome", "output"]
+    return f'<div class="samples">{html_table(rows, head)}</div>'
+
+
 def write_eval_report(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     """Write `RUN_DIR/eval.html` for an evaluation summary."""
     root = Path(run_dir)
@@ -96,6 +109,7 @@ def write_eval_report(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     task_head = ["task", "usable", "solved", "avg@k", *(f"pass@{k}" for k in ks), "rewards",
                  "failures"]
     sections.append(f"<h2>Per task</h2>{html_table(task_rows, task_head)}")
+    sections.append(f"<h2>Sample outputs</h2>{_examples(summary)}")
     splits = [[env, s["split"], s["rule"]] for env, s in summary.get("splits", {}).items()]
     sections.append(f"<h2>Splits</h2>{html_table(splits, ['env', 'split', 'rule'])}")
     title = f"Evaluation: {summary.get('model', '?')} ({root.name})"

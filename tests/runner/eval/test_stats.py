@@ -96,3 +96,51 @@ async def test_eval_shows_each_reward_component_per_task_env_and_report(tmp_path
     assert f"correct 1.000, format {env['components']['format']:.3f}" in row
     page = (tmp_path / "eval.html").read_text()
     assert page.count("correct 1.000, format") >= 1 + 4  # the env row and every task's
+
+
+async def test_eval_keeps_a_few_escaped_sample_outputs_per_task(tmp_path) -> None:
+    """eval.html showed no answers: now the first samples of each task (at most PER_TASK,
+    clipped to about CHARS characters) with their rewards, in eval.json and escaped on the
+    page."""
+    import json
+    import re
+
+    from corral.runner.eval.evaluation import aevaluate
+    from corral.runner.eval.examples import CHARS, PER_TASK
+    from corral.runner.policy import ScriptedPolicy
+    from corral.runner.store import load_run
+
+    def answer(call) -> str:
+        expression = re.search(r"Compute (.+?)\. Reply", call.prompt)[1]
+        value = eval(expression, {"__builtins__": {}})  # the env's own arithmetic
+        # markup a model may well write, and more text than the page keeps
+        return str(value) if call.request.seed % 2 else f"<script>{value}</script>{'y' * 2000}"
+
+    result = await aevaluate(["corral/arithmetic-v0"], ScriptedPolicy(answer), tasks=2,
+                             samples=PER_TASK + 1, run_dir=tmp_path)
+    examples = result.summary["examples"]
+    assert examples == json.loads((tmp_path / "eval.json").read_text())["examples"]
+    assert set(examples) == set(result.summary["tasks"])
+    _, stored = load_run(tmp_path)
+    by_id = {t.id: t for t in stored}
+    for key, shown in examples.items():
+        trajs = [by_id[e["sample"]] for e in shown]
+        assert [t.metadata["sample"] for t in trajs] == list(range(PER_TASK))  # the first ones
+        assert all(f"{t.env_id}::{t.task_id}" == key for t in trajs)
+        for example, traj in zip(shown, trajs):
+            assert (example["reward"], example["components"]) == (traj.reward, traj.rewards)
+            assert example["solved"] == (example["failure"] is None)
+            text = traj.messages[-1]["content"]
+            if len(text) <= CHARS:
+                assert example["output"] == text
+            else:  # clipped: its head and tail kept, the cut said
+                assert len(example["output"]) < CHARS + 60 and "characters omitted" in \
+                    example["output"] and example["output"].startswith(text[:CHARS // 2])
+    outputs = [e["output"] for shown in examples.values() for e in shown]
+    assert any("<script>" in o for o in outputs) and any(len(o) < 10 for o in outputs)
+    page = (tmp_path / "eval.html").read_text()
+    section = page.split("<h2>Sample outputs</h2>")[1].split("<h2>")[0]
+    assert section.count("<tr>") == 1 + 2 * PER_TASK  # the header and every example
+    assert "<script>" not in page and "&lt;script&gt;" in section
+    shown = next(iter(examples.values()))[0]
+    assert f"correct {shown['components']['correct']:.3f}, format" in section
