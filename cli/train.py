@@ -16,10 +16,12 @@ import functools
 import inspect
 import os
 import sys
+import time
 from typing import Any
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from corral.suggest import closest
@@ -124,20 +126,29 @@ def step_line(record: dict[str, Any]) -> str:
 
 
 def run_training(config: Any, *, resume: bool) -> Any:
-    """Run `train` with a progress bar of steps; returns the `TrainResult`."""
+    """Run `train` with a progress bar of steps; returns the `TrainResult`. Until the first
+    step the bar says what runs (the model loading, the engine starting, the warm-up, the
+    step-0 evaluation), and each of those is also printed as a line with its start time, so a
+    log that is not a terminal shows them too."""
     from corral.trainer.loop import train
 
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn())
     if int(os.environ.get("RANK", "0")) > 0:  # a data-parallel rank > 0 shows no progress
         return asyncio.run(train(config, resume=resume))
+    started = time.perf_counter()
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("train", total=config.steps, info="starting")
+
+        def on_phase(what: str, steps: int) -> None:
+            progress.update(task, total=steps, info=escape(what))
+            progress.console.print(f"train {time.perf_counter() - started:6.1f} s  "
+                                   f"{escape(what)}", highlight=False)
 
         def on_step(record: dict[str, Any]) -> None:
             progress.update(task, completed=record["step"] + 1, info=step_line(record))
 
-        return asyncio.run(train(config, resume=resume, on_step=on_step))
+        return asyncio.run(train(config, resume=resume, on_step=on_step, on_phase=on_phase))
 
 
 def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:

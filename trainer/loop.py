@@ -43,6 +43,7 @@ import torch
 
 from corral.errors import CorralError
 from corral.fileio import write_json_atomic
+from corral.runner.eval.evaluation import PhaseCallback
 
 from . import distributed
 from .config import TrainConfig
@@ -66,10 +67,13 @@ log = logging.getLogger(__name__)
 
 
 async def train(config: TrainConfig, *, resume: bool = False,
-                on_step: StepCallback | None = None, agent: Any = None) -> TrainResult:
+                on_step: StepCallback | None = None, agent: Any = None,
+                on_phase: PhaseCallback | None = None) -> TrainResult:
     """Run (or, with `resume`, continue) a training run; see the module docstring. `agent`:
     an `ExternalAgent` playing the episodes (default: `config.external_agent()`, else the
-    native episode loop; docs/agents.md). Launched
+    native episode loop; docs/agents.md). `on_step(record)` hears every RL step;
+    `on_phase(what, steps)` what runs before the first one (the model loading, the engine
+    starting, the warm-up, the step-0 evaluation, the first batch) and `config.steps`. Launched
     as several ranks (`corral train --nproc N`, torchrun), rank 0 runs the loop and the others
     follow its trainer calls (`corral.trainer.distributed`)."""
     if distributed.world_size() > 1:  # before joining: every rank refuses alike, none waits
@@ -91,7 +95,8 @@ async def train(config: TrainConfig, *, resume: bool = False,
                 return TrainResult(run_dir=config.run_dir, steps=steps, version=version)
         async with AsyncExitStack() as stack:  # a vLLM engine stops with it, even on errors
             result = await _train(config, resume, on_step, stack,
-                                  agent if agent is not None else config.external_agent())
+                                  agent if agent is not None else config.external_agent(),
+                                  on_phase or (lambda _what, _steps: None))
         failed = False
         return result
     finally:
@@ -99,14 +104,18 @@ async def train(config: TrainConfig, *, resume: bool = False,
 
 
 async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None,
-                 stack: AsyncExitStack, agent: Any = None) -> TrainResult:
+                 stack: AsyncExitStack, agent: Any, on_phase: PhaseCallback) -> TrainResult:
     from corral.runner import AssemblyConfig, Runner, load_model
     from corral.runner.policy.models import resolve_model_path
+
+    def phase(what: str) -> None:
+        on_phase(what, config.steps)
 
     started = time.perf_counter()
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     env_ids = config.env_ids()
+    phase("preparing the envs")
     if config.env_servers:  # envs hosted by `corral serve-env`: corral.trainer.remote
         from .remote import remote_envs
 
@@ -155,14 +164,17 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
     eval_log.on_append, sft_log.on_append = sinks.log_eval, sinks.log_sft
     step_log.on_append = lambda record: (sinks.log_step(record), refresher.poke())
 
+    phase(f"loading {config.model}")
     model, tokenizer = await asyncio.to_thread(load_model, source)
     if config.lora is not None:  # only the adapter trains; the engines get it after each step
         from .lora import apply_lora
 
         model = apply_lora(model, config.lora)
+    phase(f"starting the {config.engine} engine")
     policy, publish = await rollout_engine(config, source, model, tokenizer, stack)
     result = TrainResult(run_dir=run_dir, steps=0, version=0)
     if resume and has_ckpt:
+        phase("restoring the checkpoint")
         trainer = await asyncio.to_thread(distributed.build_trainer, model, tokenizer,
                                           config.step_config(), publish, ckpt_dir)
         rewind(run_dir, trainer.extra)
@@ -176,9 +188,10 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
         trainer = await asyncio.to_thread(distributed.build_trainer, model, tokenizer,
                                           config.step_config(), publish)
         await warm_up(config, trainer, policy, model, tokenizer, train_envs, eval_envs,
-                      sft_log, eval_log, result)
+                      sft_log, eval_log, result, phase)
     ev_every = config.eval_every
     if ev_every and result.resumed_from is None:
+        phase("held-out evaluation at step 0")
         result.evals.append(await held_out_eval(config, policy, 0, eval_envs))
         eval_log.append(result.evals[-1])
 
@@ -203,6 +216,9 @@ async def _train(config: TrainConfig, resume: bool, on_step: StepCallback | None
                                     runner.store.manifest)
         sampler = asyncio.ensure_future(UsageSampler(run_dir, runner.stats).run())
         stack.callback(sampler.cancel)  # CPU / GPU / sandbox samples for the report
+        # on_step takes over from the batch's step on
+        phase("collecting the first batch" if result.resumed_from is None
+              else "collecting the next batch")
         from corral.runner.runner import NoTrainableGroups
 
         try:

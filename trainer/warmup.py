@@ -10,7 +10,7 @@ counted from 0.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 from corral.errors import CorralError
 
@@ -26,13 +26,17 @@ __all__ = ["warm_up"]
 
 async def warm_up(config: TrainConfig, trainer: Trainer, policy: Any, model: Any,
                   tokenizer: Any, train_envs: list[EnvEntry], eval_envs: list[EnvEntry],
-                  sft_log: RunLog, eval_log: RunLog, result: TrainResult) -> None:
-    """Run the configured warm-up on a fresh run's trainer, logging into `result`."""
+                  sft_log: RunLog, eval_log: RunLog, result: TrainResult,
+                  phase: Callable[[str], None] = lambda _what: None) -> None:
+    """Run the configured warm-up on a fresh run's trainer, logging into `result`; `phase`
+    hears each part as it starts."""
     warm = config.sft_steps or config.rft_rounds
     if warm and config.eval_every:  # the warm-up's own gain, reported apart
+        phase("held-out evaluation before the warm-up")
         result.evals.append(await held_out_eval(config, policy, 0, eval_envs, "before_sft"))
         eval_log.append(result.evals[-1])
     if config.sft_steps:
+        phase(f"supervised warm-up: {config.sft_steps} steps")
         if config.sft_from:
             from .sft import dataset_examples
 
@@ -57,6 +61,7 @@ async def warm_up(config: TrainConfig, trainer: Trainer, policy: Any, model: Any
 
         rft_log = RunLog(config.run_dir / "rft.jsonl")
         for index in range(1, config.rft_rounds + 1):
+            phase(f"RFT round {index} of {config.rft_rounds}")
             record = await rft_round(config, index, policy, trainer, train_envs,
                                      lambda rec: (sft_log.append(rec), result.sft.append(rec)))
             rft_log.append(record)

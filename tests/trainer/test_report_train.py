@@ -55,8 +55,10 @@ def _wandb_history(path: Path) -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[int, str]]]:
-    """One CLI run with both sinks; the report pages seen while it ran (step, html)."""
+def trained(tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[Path, list[tuple[int, str]], str]:
+    """One CLI run with both sinks; the report pages seen while it ran (step, html) and what
+    it printed."""
     run = tmp_path_factory.mktemp("train") / "run"
     proc = subprocess.Popen([*CLI, "--run-dir", str(run), "--log-to", "tensorboard",
                              "--log-to", "wandb"], stdout=subprocess.PIPE,
@@ -73,11 +75,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[
         time.sleep(0.05)
     out, err = proc.communicate()
     assert proc.returncode == 0, err[-3000:]
-    return run, seen
+    return run, seen, out
 
 
 def test_report_is_written_as_the_run_goes_and_filled_at_the_end(trained) -> None:
-    run, seen = trained
+    run, seen, _ = trained
     mid = [step for step, _ in seen if step < STEPS]
     assert mid, [s for s, _ in seen]  # the page existed before the last step
     page = (run / "report.html").read_text()
@@ -102,10 +104,25 @@ def test_report_is_written_as_the_run_goes_and_filled_at_the_end(trained) -> Non
                and r["generated_tokens"] > 0 for r in steps)
 
 
+def test_cli_prints_each_phase_before_the_first_step(trained) -> None:
+    """It sat at "0/N starting" for minutes while the model loaded, the warm-up and the
+    step-0 evaluation ran: each phase is now a line (with the seconds since the start) even
+    where stdout is not a terminal, as here."""
+    _, _, out = trained
+    lines = re.findall(r"^train +([\d.]+) s  (.+?)\s*$", out, re.M)
+    assert [what for _, what in lines] == [
+        "preparing the envs", "loading tiny", "starting the local engine",
+        "held-out evaluation before the warm-up", "supervised warm-up: 2 steps",
+        "held-out evaluation at step 0", "collecting the first batch"], out
+    times = [float(t) for t, _ in lines]
+    assert times == sorted(times) and times[-1] > times[0], out
+    assert f"trained to step {STEPS}" in out
+
+
 def test_tensorboard_event_files_hold_every_step(trained) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run, _ = trained
+    run, _, _ = trained
     steps = [json.loads(x) for x in (run / "train.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(run / "tb"))
     events.Reload()
@@ -121,7 +138,7 @@ def test_tensorboard_event_files_hold_every_step(trained) -> None:
 
 
 def test_wandb_offline_run_holds_the_metrics(trained) -> None:
-    run, _ = trained
+    run, _, _ = trained
     files = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
     history = list(_wandb_history(files[0]))

@@ -26,7 +26,8 @@ async def test_rft_rounds_fine_tune_on_the_policys_own_solved_episodes(tmp_path)
     config = TrainConfig(envs=["rfttest/any-digit-v0"], steps=1, batch_size=8, group=4,
                          run_dir=tmp_path, max_tokens=8, rft_rounds=2, rft_episodes=32,
                          rft_steps=4, sft_batch=8, sft_lr=3e-3, eval_every=1, eval_tasks=8)
-    result = await train(config)
+    phases: list[tuple[str, int]] = []
+    result = await train(config, on_phase=lambda what, steps: phases.append((what, steps)))
     rounds = [json.loads(x) for x in (tmp_path / "rft.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2] and rounds == result.rft
     for r in rounds:
@@ -38,6 +39,12 @@ async def test_rft_rounds_fine_tune_on_the_policys_own_solved_episodes(tmp_path)
     assert [s["stage"] for s in steps] == ["rft-1"] * 4 + ["rft-2"] * 4
     # the fine-tuning's own gain is measured apart: held out before it, then at RL step 0
     assert [e["stage"] for e in result.evals] == ["before_sft", "rl", "rl"]
+    # and `on_phase` says what runs before RL's first step, each round apart
+    assert [what for what, _ in phases] == [
+        "preparing the envs", "loading tiny", "starting the local engine",
+        "held-out evaluation before the warm-up", "RFT round 1 of 2", "RFT round 2 of 2",
+        "held-out evaluation at step 0", "collecting the first batch"]
+    assert {steps for _, steps in phases} == {1}
     assert result.steps == 1
 
 
