@@ -7,12 +7,16 @@
   with a durable snapshot of its sandbox; the previous turn's snapshot is discarded. When a
   resumed run launches a work item that has no stored result but a boundary, the item
   continues from it (`resumed_turns`) if the boundary could be snapshotted or the env has no
-  sandbox, else starts again (`restarted`), as every item did before.
+  sandbox, else starts again (`restarted`), as every item did before. A boundary is
+  snapshotted only where the env's episode can go on in a restored sandbox (`Env.forkable()`:
+  its backend snapshots, and setup left no process running or the env restarts them in
+  `on_fork`).
 - **Trees.** With `AssemblyConfig.tree_turns = k`, a group of G samples is `tree_roots` trees
   of G / tree_roots samples. Only each tree's first sample (its root) is launched; at its
   branch point (after turn k, or the first high-entropy turn with `tree_branch="entropy"`) its
   sandbox is snapshotted and the tree's other samples are launched from that boundary; the
-  root itself plays on as the first branch. Every sample of the tree then names the shared node
+  root itself plays on as the first branch. Where it cannot be snapshotted (not
+  `Env.forkable()`) the others start afresh at that point (a flat group). Every sample of the tree then names the shared node
   in `metadata["tree"]` (`corral.trainer.tree`). The root's sandbox is snapshotted at the
   branch point only. A root that ends before it branches from its last boundary where that one
   has a snapshot (the turn log's) or the env has no sandbox; otherwise (or when it ended in its
@@ -128,7 +132,8 @@ class Boundaries:
             env = run.env
             boundary = capture_boundary(env, run.traj, transcript.messages, run.turn)
             boundary.attempt, boundary.restart = run.traj.attempts, item.restart
-            growing = root is not None and root.node is None  # a root before its branch point
+            # a root before its branch point (with none of its samples launched afresh)
+            growing = root is not None and root.node is None and bool(root.waiting)
             branch = growing and self._branches_here(run.turn, gen)
             sandbox = getattr(env.episode, "sandbox", None)
             durable = self.turnlog is not None and getattr(sandbox, "backend", None) in \
@@ -143,9 +148,11 @@ class Boundaries:
                 await self.turnlog.record(item.id, boundary)
             if growing and root is not None:
                 root.last = boundary  # (snapshotted only with the turn log)
-                if branch:
+                if branch and (snap is not None or sandbox is None):
                     self._branch(root, boundary)
                     return  # the tree owns this snapshot now
+                if branch:  # no sandbox state to share: the others play the whole episode
+                    self._start_afresh(root)
             if durable and snap is not None:
                 await self._replace_snapshot(item.id, snap)
 
@@ -156,6 +163,12 @@ class Boundaries:
             return True
         return (self.assembly.tree_branch == "entropy"
                 and surprisal(list(gen.logprobs)) >= self.assembly.tree_entropy)
+
+    def _start_afresh(self, tree: Tree) -> None:
+        """Launch the tree's waiting samples from scratch (the tree is a flat group)."""
+        waiting, tree.waiting = tree.waiting, []
+        for member in waiting:
+            self.launch(member, None)
 
     def _branch(self, tree: Tree, boundary: TurnBoundary) -> None:
         """Launch the tree's waiting samples from `boundary`."""
@@ -180,15 +193,13 @@ class Boundaries:
         tree = self.trees.get(item.id)
         if tree is None:
             return
-        if tree.node is None and item.id == tree.root.id:
+        if tree.node is None and item.id == tree.root.id and tree.waiting:
             last = tree.last
             if last is not None and (last.snapshot is not None or not tree.pooled):
                 self._snapshots.pop(item.id, None)  # the tree owns that snapshot now
                 self._branch(tree, last)  # it ended before its branch point
             else:  # it ended in its first turn (or cannot snapshot): nothing to share
-                for member in tree.waiting:
-                    self.launch(member, None)
-                tree.waiting = []
+                self._start_afresh(tree)
         shared = tree.boundary.token_ids if tree.boundary is not None else None
         if tree.node is not None and shared and traj.token_ids[:len(shared)] == shared:
             # (a sample cut and restarted from scratch, max_staleness, shares nothing)
@@ -218,11 +229,11 @@ class Boundaries:
 
 
 def _forkable(env: Any) -> bool:
-    """Whether `env`'s episode can go on in a sandbox restored from a snapshot of its own: its
-    backend snapshots (`Sandbox.can_fork`). Not `Env.forkable()`: a pooled terminal sandbox's
-    shell session is in the verify baseline and makes it False for every such env, though no
-    service of setup's runs (a restored sandbox starts a fresh shell; `on_fork` runs there)."""
-    return bool(getattr(env.episode.sandbox, "can_fork", False))
+    """Whether `env`'s episode can go on in a sandbox restored from a snapshot of its own
+    (`Env.forkable()`): its backend snapshots (`Sandbox.can_fork`), and what setup left running
+    is nothing or is restarted by the env's `on_fork` (a restored sandbox runs no process of
+    the old one; without its services the episode would go on silently broken)."""
+    return bool(env.forkable())
 
 
 async def _discard(snap: Any) -> None:

@@ -100,9 +100,21 @@ class DockerKills:
 
     # --- the verify phase -----------------------------------------------------------------
     async def process_keys(self) -> frozenset[tuple[int, int]] | None:
-        """See `Sandbox.process_keys` (the container's cgroup, read on the host)."""
+        """See `Sandbox.process_keys` (the container's cgroup, read on the host), less the
+        container's own: tini, its main process, the shells that one started on FIFOs (its
+        children, opened or still waiting for the host) and the Docker exec shells."""
         pids = _procs.container_pids(self.id)
-        return None if pids is None else frozenset(filter(None, map(_procs.process_key, pids)))
+        if pids is None:
+            return None
+        keys = set(filter(None, map(_procs.process_key, pids)))
+        own = _procs.init_and_first_child(keys)
+        main = {pid for pid, _ in own if _procs.inner_pid(pid) != 1}
+        own |= {k for k in keys if (_procs.parent(k[0]) or 0) in main}
+        for session in (self._shell, self._control):
+            root = await session.host_pid() if session is not None else None
+            shell = None if root is None else _procs.session_process(root, pids)
+            own |= {k for k in keys if k[0] == shell}
+        return frozenset(keys - own)
 
     async def kill_agent_processes(self, spare: frozenset[tuple[int, int]] = frozenset()) -> int:
         """See `Sandbox.kill_agent_processes`. tini and the container's main process (the

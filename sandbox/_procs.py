@@ -34,6 +34,12 @@ def parse_stat(raw: str) -> tuple[int, int] | None:
     return ppid, pgid
 
 
+def parent(pid: int) -> int | None:
+    """The parent of a live host pid; None if it is gone."""
+    st = _stat(pid)
+    return None if st is None else st[0]
+
+
 def children(pid: int) -> list[int]:
     """Direct children of a host pid."""
     out: list[int] = []
@@ -240,6 +246,17 @@ def namespace_pids(pid: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def session_process(root: int, inside: Iterable[int]) -> int | None:
+    """The process of a shell session in a sandbox whose processes are `inside` (host pids):
+    the session's host pid `root` itself when it runs there (a Docker exec or FIFO shell),
+    else its first descendant that does (a launcher's, like nsenter's, shell); None when none
+    does. Its own jobs are below it, so they are not the result."""
+    members = set(inside)
+    if root in members:
+        return root
+    return next((pid for pid in descendants(root) if pid in members), None)
 
 
 def kill_all(listing: Callable[[], Iterable[int]], keep: frozenset[tuple[int, int]],

@@ -264,6 +264,12 @@ class ShellSession(Shell):
             self._transport = await self._start()
         return self._transport
 
+    async def host_pid(self) -> int | None:
+        """The host pid of the session's process (the shell or its launcher); None while the
+        session is not running, or runs on another host."""
+        transport = self._transport
+        return None if transport is None else await transport.host_pid()
+
     @property
     def busy(self) -> bool:
         """Whether a command is running (or waiting) in this session now."""

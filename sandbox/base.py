@@ -218,9 +218,11 @@ class Sandbox(abc.ABC):
 
     # --- the verify phase (what a verifier needs to trust the sandbox after the agent) -------
     async def process_keys(self) -> frozenset[tuple[int, int]] | None:
-        """(host pid, start time) of every process in the sandbox now, so a later
-        `kill_agent_processes` can spare what runs already (setup's services); None where this
-        backend cannot see its processes."""
+        """(host pid, start time) of every process in the sandbox now but the sandbox's own
+        (its init and main process, its shell sessions, which `kill_agent_processes` spares or
+        ends by itself), so a later `kill_agent_processes` can spare what runs already, and an
+        env can tell whether setup left processes running (`Env.restarts_setup_processes`);
+        None where this backend cannot see its processes."""
         return None
 
     async def kill_agent_processes(self, spare: frozenset[tuple[int, int]] = frozenset()) -> int:

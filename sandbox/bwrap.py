@@ -432,8 +432,14 @@ class BwrapSandbox(BwrapForks, Sandbox):
         return sorted(p for p in found - {self.pid} if _procs.inner_pid(p) != 1)
 
     async def process_keys(self) -> frozenset[tuple[int, int]] | None:
-        """See `Sandbox.process_keys`."""
-        return frozenset(filter(None, map(_procs.process_key, self._inside())))
+        """See `Sandbox.process_keys` (`_inside`, less the persistent shell: a pooled sandbox
+        starts it before setup, and it is nobody's service)."""
+        inside = self._inside()
+        root = await self._shell.host_pid() if self._shell is not None else None
+        shell = None if root is None else await asyncio.to_thread(
+            _procs.session_process, root, inside)
+        return frozenset(filter(None, map(_procs.process_key,
+                                          (p for p in inside if p != shell))))
 
     async def kill_agent_processes(self, spare: frozenset[tuple[int, int]] = frozenset()) -> int:
         """See `Sandbox.kill_agent_processes`."""

@@ -4,7 +4,6 @@ tree-shaped groups share their first turns and train with advantages per branch 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ from corral.runner import AssemblyConfig, Runner, ScriptedPolicy, Status
 from corral.runner.store import load_run
 from corral.runner.turnlog import TURNS, TurnLog
 
-from turn_envs import ShortSteps, steps_solver
+from turn_envs import RestartingServiceSteps, ServiceSteps, ShortSteps, steps_solver
 
 HERE = Path(__file__).parent
 N, GROUP = 4, 2
@@ -32,15 +31,6 @@ def _worker(run_dir: Path, latency: float, capacity: int = 2) -> subprocess.Pope
     return subprocess.Popen([sys.executable, str(HERE / "turn_worker.py"), str(run_dir), str(N),
                              str(GROUP), str(latency), str(capacity)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def _thaw(run_id: str) -> None:
-    """Thaw the run's frozen bwrap cgroups: a SIGKILL during a snapshot (which freezes the
-    sandbox while it copies) leaves them frozen, and the next run's reaper cannot kill a
-    frozen process (reported to the sandbox layer; its maintainers know)."""
-    for state in Path("/sys/fs/cgroup/freezer/corral").glob(f"{run_id}*/freezer.state"):
-        with contextlib.suppress(OSError):
-            state.write_text("THAWED")
 
 
 def _stored_ids(run_dir: Path) -> set[str]:
@@ -68,9 +58,9 @@ def test_sigkill_mid_batch_then_resume_continues_from_the_last_turn(tmp_path: Pa
         else:
             pytest.fail("the collector never got half-way")
     finally:
+        # a kill during a snapshot leaves that sandbox frozen: the rerun's reaper thaws it
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        _thaw(run_dir.name)
     before = _stored_ids(run_dir)
     boundaries = {i: b for i, b in TurnLog(run_dir).open().items() if i not in before}
     assert boundaries and all(b.snapshot for b in boundaries.values())
@@ -189,6 +179,41 @@ async def test_a_sandbox_that_cannot_snapshot_restarts_and_the_report_counts_bot
     rollouts = dict(runner_sections(run_dir))["Rollouts"]
     assert "<td>restarted after a crash (no snapshot)</td><td>2</td>" in rollouts
     assert "<td>resumed mid-episode after a crash</td><td>0</td>" in rollouts
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("env", [ServiceSteps, RestartingServiceSteps])
+async def test_a_setup_service_without_on_fork_is_never_snapshotted(tmp_path: Path,
+                                                                    env: type) -> None:
+    """Setup starts a service the reward needs. Without `on_fork` the env is not forkable: no
+    boundary is snapshotted, its tree group plays flat (every sample with its own setup) and a
+    crash restarts its episodes. With `on_fork` boundaries are snapshotted and the group
+    branches, each branch with the service started again."""
+    forkable = env is RestartingServiceSteps
+    run_dir = tmp_path / f"service-{uuid.uuid4().hex[:8]}"
+    assembly = AssemblyConfig(tree_turns=2, filter_zero_variance=False, overprovision=0.0)
+
+    async def collect() -> tuple[list, dict[str, int]]:
+        async with Runner([env], ScriptedPolicy(steps_solver), sandbox_backend="bwrap",
+                          sandbox_capacity=2, seed=4, run_dir=run_dir,
+                          assembly=assembly) as runner:
+            return await runner.collect(2, group=2), runner.stats()["counts"]
+
+    trajs, counts = await collect()
+    assert all(t.reward >= 0.5 for t in trajs)  # 1..4 in order, and the service up at the end
+    assert counts["tree_branches"] == int(forkable)
+    assert all(("tree" in t.metadata) is forkable for t in trajs)
+    boundaries = TurnLog(run_dir).open()
+    assert sorted(boundaries) == sorted(t.id for t in trajs)
+    assert all((b.snapshot is not None) is forkable for b in boundaries.values())
+    if forkable:  # (its snapshots are discarded once the results are stored)
+        return
+    (run_dir / "trajectories.jsonl").unlink()  # "crashed" before the results were stored
+    trajs, counts = await collect()
+    assert counts["restarted"] == 2 and counts["resumed_turns"] == 0
+    assert [t.metadata.get("restarted_after_turn") for t in trajs] == [
+        boundaries[t.id].turn for t in trajs]
+    assert all(t.reward >= 0.5 and "resumed_at_turn" not in t.metadata for t in trajs)
 
 
 def test_the_entropy_rule_branches_at_the_first_uncertain_turn() -> None:

@@ -1,10 +1,12 @@
-"""A multi-turn terminal env for the turn-boundary tests (resume, tree groups) and its solver.
+"""Multi-turn terminal envs for the turn-boundary tests (resume, tree groups) and its solver.
 
 Every turn the agent appends the turn's number to /tmp/log (and, from turn 3 on, a number
 drawn from its sampling seed to /tmp/pick); the reward checks that /tmp/log holds 1..n in
 order, once each (a sandbox restored from the wrong turn, or a turn replayed, fails it), and
-pays for an even last pick. The solver reads the turn from the transcript (the tool outputs
-`L<lines>L`), so it works for an episode that continues from a stored turn.
+pays for an even last pick. `ServiceSteps` and `RestartingServiceSteps` add a background
+service started in setup, without and with the `on_fork` that starts it again. The solver
+reads the turn from the transcript (the tool outputs `L<lines>L`), so it works for an episode
+that continues from a stored turn.
 """
 
 from __future__ import annotations
@@ -50,3 +52,33 @@ class ShortSteps(Steps):
     env_id = "test/short-steps-v0"
     tasks = cr.Dataset.from_list([{"n": 4}, {"n": 4}])
     max_turns = 4
+
+
+# a service setup starts: it rewrites /tmp/beat every 50 ms while it runs
+SERVICE = "nohup sh -c 'while :; do date +%s%N > /tmp/beat; sleep 0.05; done' >/dev/null 2>&1 &"
+
+
+class ServiceSteps(ShortSteps):
+    """`ShortSteps` whose setup starts a background service, without an `on_fork` to start it
+    again (not forkable); the reward also wants the service up at the end."""
+
+    env_id = "test/service-steps-v0"
+
+    async def setup(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> None:
+        await sandbox.exec(SERVICE)
+
+    @cr.reward
+    async def counted(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> float:
+        """`Steps.counted`, 0 where the service is not running."""
+        beating = await sandbox.exec("a=$(cat /tmp/beat) && sleep 0.3 && "
+                                     "[ \"$(cat /tmp/beat)\" != \"$a\" ]")
+        return float(beating.ok) * await Steps.counted(self, sandbox, task)
+
+
+class RestartingServiceSteps(ServiceSteps):
+    """`ServiceSteps` with the `on_fork` that starts the service again (forkable)."""
+
+    env_id = "test/restarting-service-steps-v0"
+
+    async def on_fork(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> None:
+        await sandbox.exec(SERVICE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -392,3 +393,28 @@ async def test_kill_without_a_baseline_keeps_the_sandbox_up(make_sandbox, backen
         result = await sb.exec("pgrep -xa sleep; echo up")
         assert result.exit_code == 0 and "sleep 1000" not in result.stdout, (kill, result)
         assert "up" in result.stdout and sb.alive
+
+
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+async def test_process_keys_are_setups_processes_not_the_sandboxs_own(make_sandbox,
+                                                                     backend: str) -> None:
+    """`process_keys` lists what setup may have left running, never the sandbox's own
+    processes: with its shells started (as a pooled sandbox's are, before setup) it is empty;
+    a detached service and a job of the persistent shell are listed; the shell itself is not,
+    and the kill spares what the list names."""
+    sb = await make_sandbox(backend)
+    await sb.prepare()
+    assert (await (await sb.shell()).run("true")).ok
+    assert await sb.process_keys() == frozenset()
+    # each returns once its background fork has become sleep
+    became = 'until [ "$(cat /proc/$!/comm)" = sleep ]; do :; done'
+    await sb.exec(f"nohup sleep 1001 >/dev/null 2>&1 & {became}; disown", timeout=10)
+    assert (await (await sb.shell()).run(f"sleep 1002 >/dev/null 2>&1 & {became}",
+                                         timeout=10)).ok
+    keys = await sb.process_keys()
+    assert keys is not None
+    by_command = {Path(f"/proc/{pid}/cmdline").read_bytes(): (pid, start) for pid, start in keys}
+    assert sorted(by_command) == [b"sleep\x001001\x00", b"sleep\x001002\x00"]
+    await sb.kill_agent_processes(frozenset({by_command[b"sleep\x001001\x00"]}))
+    left = (await sb.exec("pgrep -xa sleep")).stdout
+    assert "sleep 1001" in left and "sleep 1002" not in left and sb.alive
