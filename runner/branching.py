@@ -16,11 +16,11 @@
   branch point (after turn k, or the first high-entropy turn with `tree_branch="entropy"`) its
   sandbox is snapshotted and the tree's other samples are launched from that boundary; the
   root itself plays on as the first branch. Where it cannot be snapshotted (not
-  `Env.forkable()`) the others start afresh at that point (a flat group). Every sample of the tree then names the shared node
-  in `metadata["tree"]` (`corral.trainer.tree`). The root's sandbox is snapshotted at the
-  branch point only. A root that ends before it branches from its last boundary where that one
-  has a snapshot (the turn log's) or the env has no sandbox; otherwise (or when it ended in its
-  first turn) the others start afresh (a flat group).
+  `Env.forkable()`) the others start afresh at that point (a flat group). Every sample of the
+  tree then names the shared node in `metadata["tree"]` (`corral.trainer.tree`). The root's
+  sandbox is snapshotted at the branch point only. A root that ends before it branches from
+  its last boundary where that one has a snapshot (the turn log's) or the env has no sandbox;
+  otherwise (or when it ended in its first turn) the others start afresh (a flat group).
 """
 
 from __future__ import annotations
