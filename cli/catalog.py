@@ -13,8 +13,8 @@ from rich.table import Table
 from corral.agents import AGENTS, EpisodeResult, make_agent, play
 from corral.errors import CorralError
 
-from .common import (AGENT_COMMAND_HELP, backend_help, check_backend_option, console,
-                     external_agent, fail)
+from .common import (AGENT_COMMAND_HELP, AGENT_ENV_HELP, AGENT_INSIDE_HELP, backend_help,
+                     check_backend_option, console, external_agent, fail)
 
 __all__ = ["dataset_summary", "info", "list_envs", "register", "release_card", "run"]
 
@@ -173,6 +173,8 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
         backend: str = typer.Option(None, "--backend",
                                     help=f"Sandbox backend: {backend_help()}."),
         agent_command: str = typer.Option(None, help=AGENT_COMMAND_HELP),
+        agent_inside: bool = typer.Option(False, "--agent-inside", help=AGENT_INSIDE_HELP),
+        agent_env: list[str] = typer.Option([], metavar="KEY=VALUE", help=AGENT_ENV_HELP),
         model: str = typer.Option("tiny", "--model", "-m", help="With an external agent "
                                   "(--agent mini-swe-agent, --agent-command): the policy behind "
                                   "its proxy, 'tiny' or a local model directory.")) -> None:
@@ -191,11 +193,15 @@ def run(env_id: str = typer.Argument(..., help="Environment id."),
     if agent_command is not None or agent in AGENT_NAMES:
         if agent_command is not None and agent != "oracle":
             fail("--agent and --agent-command: give one of them", code=2)
-        player = external_agent(None if agent_command else agent, agent_command)
+        player = external_agent(None if agent_command else agent, agent_command, agent_inside,
+                                agent_env)
         registry.spec(env_id)  # an unknown env fails before the model loads
         results = asyncio.run(_external_episodes(env_id, player, model, n, seed, backend))
         agent = player.label
     else:
+        if agent_inside or agent_env:
+            fail(f"--agent {agent}: --agent-inside and --agent-env apply to --agent-command",
+                 code=2)
         probe = registry.make(env_id) if agent.startswith("adversary:") else None
         try:  # an unknown name fails here, with the closest known ones (a usage error)
             make_agent(agent, probe)

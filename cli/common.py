@@ -16,11 +16,11 @@ from rich.markup import escape
 
 from corral.errors import CorralError
 
-__all__ = ["AGENT_COMMAND_HELP", "AGENT_HELP", "FlagError", "backend_help", "build_image",
-           "check_backend_option", "check_device_option", "check_listen", "check_run_dir",
-           "console", "env_folder_of", "episode_limits", "err_console", "error_text",
-           "external_agent", "fail", "import_user_modules", "model_names_help", "prepare_model",
-           "serve_group"]
+__all__ = ["AGENT_COMMAND_HELP", "AGENT_ENV_HELP", "AGENT_HELP", "AGENT_INSIDE_HELP", "FlagError",
+           "backend_help", "build_image", "check_backend_option", "check_device_option",
+           "check_listen", "check_run_dir", "console", "env_folder_of", "episode_limits",
+           "err_console", "error_text", "external_agent", "fail", "import_user_modules",
+           "model_names_help", "prepare_model", "serve_group"]
 
 console = Console()
 # emoji=False: an error line quotes user input as it is ("http://a b:x" lost its ":x" to ❌)
@@ -200,28 +200,39 @@ def episode_limits(**values: Any) -> Any:
 
 AGENT_HELP = ("An external agent plays the episodes through the recording proxy: "
               "mini-swe-agent (docs/agents.md).")
-AGENT_COMMAND_HELP = ("An external agent command (shell words, run on the host; it reads "
-                      "OPENAI_BASE_URL) plays the episodes (docs/agents.md).")
+AGENT_COMMAND_HELP = ("An external agent command (shell words; it reads OPENAI_BASE_URL) "
+                      "plays the episodes: run on the host, or in the sandbox with "
+                      "--agent-inside (docs/agents.md).")
+AGENT_INSIDE_HELP = ("Run --agent-command inside the episode's sandbox (it must be in the "
+                     "env's image): it reaches the recording proxy and nothing else.")
+AGENT_ENV_HELP = "KEY=VALUE: an environment variable of --agent-command (repeatable)."
 
 
-def external_agent(name: str | None, command: str | None) -> Any:
+def external_agent(name: str | None, command: str | None, inside: bool = False,
+                   env: list[str] | None = None) -> Any:
     """The `ExternalAgent` of `--agent NAME` (a built-in one) or `--agent-command "CMD ARGS"`
-    (None without either); a bad value exits 2 with one line naming its flag."""
+    with `--agent-inside` and `--agent-env KEY=VALUE`s (None without an agent;
+    `agent_from_options`); a bad value exits 2 with one line naming its flag."""
     if name is not None and command is not None:
         fail("--agent and --agent-command: give one of them", code=2)
-    if name is None and command is None:
-        return None
-    import shlex
+    from corral.runner.agents.external import agent_from_options
 
-    from corral.runner.agents.external import ExternalAgent
+    from .trainflags import parse_items
 
-    flag, value = ("--agent", name) if name is not None else ("--agent-command", command)
     try:
-        if name is not None:
-            return ExternalAgent.named(name)
-        return ExternalAgent(command=shlex.split(command or ""))
+        variables = parse_items("--agent-env", list(env or ()), text=True)
+    except FlagError as exc:
+        fail(str(exc), code=2)
+    if name is not None:
+        flag = f"--agent {name}"
+    elif command is not None:
+        flag = f"--agent-command {command}"
+    else:
+        flag = "--agent-inside" if inside else "--agent-env"
+    try:
+        return agent_from_options(name, command, inside=inside, env=variables)
     except (CorralError, ValueError) as exc:
-        fail(f"{flag} {value}: {exc}", code=2)
+        fail(f"{flag}: {exc}", code=2)
 
 
 def check_device_option(device: str | None) -> None:

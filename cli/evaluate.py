@@ -14,9 +14,9 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import (AGENT_COMMAND_HELP, AGENT_HELP, check_device_option, check_run_dir,
-                     console, episode_limits, err_console, external_agent, fail,
-                     model_names_help, prepare_model)
+from .common import (AGENT_COMMAND_HELP, AGENT_ENV_HELP, AGENT_HELP, AGENT_INSIDE_HELP,
+                     check_device_option, check_run_dir, console, episode_limits, err_console,
+                     external_agent, fail, model_names_help, prepare_model)
 
 __all__ = ["register"]
 
@@ -181,6 +181,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (CI)."),
         agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
         agent_command: str = typer.Option(None, help=AGENT_COMMAND_HELP),
+        agent_inside: bool = typer.Option(False, "--agent-inside", help=AGENT_INSIDE_HELP),
+        agent_env: list[str] = typer.Option([], metavar="KEY=VALUE", help=AGENT_ENV_HELP),
         reverify_dir: Path = typer.Option(None, "--reverify", help="Rescore RUN_DIR's stored "
                                           "trajectories with the envs' current verifiers (no "
                                           "inference); report the tasks whose scores changed."),
@@ -204,7 +206,7 @@ def register(app: typer.Typer) -> None:
         limits = episode_limits(max_tokens=max_tokens, max_turns=max_turns,
                                 temperature=temperature)
         check_device_option(device)
-        player = external_agent(agent, agent_command)
+        player = external_agent(agent, agent_command, agent_inside, agent_env)
         check_run_dir(run_dir)
         prepare_model(model)
         prepare_model(tokenizer, "--tokenizer")

@@ -13,9 +13,10 @@ from rich.table import Table
 
 from corral.errors import CorralError
 
-from .common import (AGENT_COMMAND_HELP, AGENT_HELP, FlagError, backend_help,
-                     check_backend_option, check_device_option, check_run_dir, console,
-                     episode_limits, external_agent, fail, model_names_help, prepare_model)
+from .common import (AGENT_COMMAND_HELP, AGENT_ENV_HELP, AGENT_HELP, AGENT_INSIDE_HELP,
+                     FlagError, backend_help, check_backend_option, check_device_option,
+                     check_run_dir, console, episode_limits, external_agent, fail,
+                     model_names_help, prepare_model)
 
 __all__ = ["make_policy", "register"]
 
@@ -127,11 +128,14 @@ def register(app: typer.Typer) -> None:
         report: bool = typer.Option(True, help="Write report.html at the end."),
         agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
         agent_command: str = typer.Option(None, help=AGENT_COMMAND_HELP),
+        agent_inside: bool = typer.Option(False, "--agent-inside", help=AGENT_INSIDE_HELP),
+        agent_env: list[str] = typer.Option([], metavar="KEY=VALUE", help=AGENT_ENV_HELP),
         resume: bool = typer.Option(False, "--resume", help="RUN_DIR must hold a run: keep "
                                     "its stored trajectories and continue its half-finished "
-                                    "episodes from their last completed turn (rerunning "
-                                    "without --resume does the same, and also starts a new "
-                                    "run in an empty RUN_DIR)."),
+                                    "episodes from their last completed turn; an external "
+                                    "agent's half-finished episodes start again from the "
+                                    "beginning (rerunning without --resume does the same, and "
+                                    "also starts a new run in an empty RUN_DIR)."),
         turn_snapshots: bool = typer.Option(True, help="Record each running episode's last "
                                             "turn (tokens and a sandbox snapshot) so a killed "
                                             "run resumes mid-episode."),
@@ -143,7 +147,7 @@ def register(app: typer.Typer) -> None:
         from corral.runner.store import MANIFEST, StoreMismatch, check_resume, read_manifest
 
         check_backend_option(sandbox_backend, flag="--sandbox-backend")
-        player = external_agent(agent, agent_command)
+        player = external_agent(agent, agent_command, agent_inside, agent_env)
         check_run_dir(run_dir)
         if resume and not (run_dir / MANIFEST).is_file():
             fail(f"--resume: {run_dir} holds no run (no {MANIFEST}); drop --resume to start one")

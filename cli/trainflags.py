@@ -6,9 +6,9 @@ A scalar field (`int`, `float`, `str`, `bool`, `Path`, a `Literal` of choices, a
 `| None`) gets `--field-name VALUE` (bools: `--x/--no-x`; a `Literal` lists its choices); a
 list of those a repeatable option; a structured field (a `dict`, a pydantic model) a
 repeatable `--field-name KEY=VALUE` whose values are read as JSON where they parse (`3`,
-`0.5`, `true`, `[1,2]`) and as text otherwise; any other type its JSON text. Bounds and
-cross-field checks stay in the model: its errors are reported under the flag's name
-(`corral.cli.train.flag_of`).
+`0.5`, `true`, `[1,2]`) and as text otherwise (a `dict[str, str]`'s keys and values as
+written); any other type its JSON text. Bounds and cross-field checks stay in the model:
+its errors are reported under the flag's name (`corral.cli.train.flag_of`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pydantic.fields import FieldInfo
 
 from .common import FlagError
 
-__all__ = ["SCALARS", "field_kind", "field_values", "generated_options", "is_structured", "kebab",
-           "option_for", "parse_items", "unwrap_optional"]
+__all__ = ["SCALARS", "field_kind", "field_values", "generated_options", "is_structured",
+           "is_text_map", "kebab", "option_for", "parse_items", "unwrap_optional"]
 
 SCALARS = (int, float, str, bool, Path)
 
@@ -54,20 +54,31 @@ def is_structured(annotation: Any) -> bool:
         isinstance(inner, type) and issubclass(inner, BaseModel))
 
 
-def parse_items(flag: str, items: list[str]) -> dict[str, Any]:
+def parse_items(flag: str, items: list[str], text: bool = False) -> dict[str, Any]:
     """`["rank=8", "alpha=16"]` -> `{"rank": 8, "alpha": 16}` (JSON values where they parse;
-    `kebab-case` keys become `snake_case`)."""
+    `kebab-case` keys become `snake_case`). `text`: keys and values stay as written (a map of
+    names to text, such as environment variables: `N=1.50` is `{"N": "1.50"}`)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise FlagError(f"{flag} {item!r}: write KEY=VALUE")
+        if text:
+            out[key.strip()] = raw
+            continue
         try:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
         out[key.strip().replace("-", "_")] = value
     return out
+
+
+def is_text_map(info: FieldInfo) -> bool:
+    """Whether an items field maps names to text (`dict[str, str]`): its items are read
+    as written (`parse_items(text=True)`)."""
+    inner, _ = unwrap_optional(info.annotation)
+    return typing.get_origin(inner) is dict and typing.get_args(inner) == (str, str)
 
 
 def _help(info: FieldInfo, suffix: str = "") -> str:
@@ -106,7 +117,8 @@ def option_for(name: str, info: FieldInfo, flag: str) -> inspect.Parameter:
     if kind == "items":
         annotation: Any = list[str]
         default, extra = [], {"metavar": "KEY=VALUE", "show_default": False}
-        suffix = " KEY=VALUE, repeatable (values as JSON where they parse)."
+        suffix = (" KEY=VALUE, repeatable (values as text)." if is_text_map(info) else
+                  " KEY=VALUE, repeatable (values as JSON where they parse).")
     elif kind == "list":
         annotation = list[_choices(name, typing.get_args(inner)[0])]  # type: ignore[misc]
         default, suffix = None, " Repeatable."
@@ -148,7 +160,8 @@ def field_values(model: type[BaseModel], values: dict[str, Any], flags: dict[str
             continue
         kind = field_kind(model.model_fields[name])
         if kind == "items":
-            out[name] = parse_items(flags.get(name, kebab(name)), list(value))
+            out[name] = parse_items(flags.get(name, kebab(name)), list(value),
+                                    text=is_text_map(model.model_fields[name]))
         elif kind == "json":
             try:
                 out[name] = json.loads(value)

@@ -13,8 +13,6 @@ per step; each field's description says what it does and why the default is what
 
 from __future__ import annotations
 
-import shlex
-
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -282,27 +280,29 @@ class TrainConfig(BaseModel):
                               "the recording proxy: a built-in one by name (mini-swe-agent; "
                               "docs/agents.md)")
     agent_command: str | None = Field(None, description="an external agent command (shell "
-                                      "words, run on the host; it reads OPENAI_BASE_URL) that "
-                                      "plays the episodes (docs/agents.md)")
+                                      "words, run on the host unless agent_inside; it reads "
+                                      "OPENAI_BASE_URL) that plays the episodes "
+                                      "(docs/agents.md)")
+    agent_inside: bool = Field(False, description="run agent_command inside the episode's "
+                               "sandbox (it must be in the env's image), reaching only the "
+                               "recording proxy")
+    agent_env: dict[str, str] = Field(default_factory=dict, description="extra environment "
+                                      "variables of agent_command")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
         if self.agent is not None and self.agent_command is not None:
             raise ValueError("give either an agent name (--agent) or an agent command "
                              "(--agent-command), not both")
-        if self.agent is not None or self.agent_command is not None:
-            from corral.runner.agents.external import ExternalAgent, check_agent_name
-
+        if (self.agent is not None or self.agent_command is not None or self.agent_inside
+                or self.agent_env):
             try:  # checked, not built: a built-in agent imports its framework when made
-                if self.agent is not None:
-                    check_agent_name(self.agent)
-                else:
-                    ExternalAgent(command=shlex.split(self.agent_command or ""))
+                self._agent(make_named=False)
             except Exception as exc:  # a CorralError or ValueError: one line for the flag
-                flag, value = (("agent", self.agent) if self.agent is not None
-                               else ("agent_command", self.agent_command))
-                raise ValueError(f"{flag} {value!r} (--{flag.replace('_', '-')}): "
-                                 f"{exc}") from None
+                flag = next(f for f in ("agent", "agent_command", "agent_inside", "agent_env")
+                            if getattr(self, f) not in (None, False, {}))
+                raise ValueError(f"{flag} {getattr(self, flag)!r} "
+                                 f"(--{flag.replace('_', '-')}): {exc}") from None
         if not self.envs and not self.mix:
             raise ValueError("give at least one env id (--env) or a mixture (--mix)")
         if self.envs and self.mix:
@@ -340,14 +340,15 @@ class TrainConfig(BaseModel):
         return list(self.mix.values()) if self.mix else None
 
     def external_agent(self) -> Any:
-        """The `ExternalAgent` of `agent` / `agent_command` (None: the native episode loop)."""
-        from corral.runner.agents.external import ExternalAgent
+        """The `ExternalAgent` of `agent` / `agent_command` (with `agent_inside` and
+        `agent_env`); None: the native episode loop."""
+        return self._agent(make_named=True)
 
-        if self.agent is not None:
-            return ExternalAgent.named(self.agent)
-        if self.agent_command is not None:
-            return ExternalAgent(command=shlex.split(self.agent_command))
-        return None
+    def _agent(self, make_named: bool) -> Any:
+        from corral.runner.agents.external import agent_from_options
+
+        return agent_from_options(self.agent, self.agent_command, inside=self.agent_inside,
+                                  env=self.agent_env, make_named=make_named)
 
     def episode_limits(self) -> "EpisodeLimits":
         """The runner's limits for training and evaluation episodes."""

@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING
 from corral.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .external import AGENT_NAMES, AgentContext, ExternalAgent, kill_tree, run_agent_episode
+    from .external import (AGENT_NAMES, AgentContext, ExternalAgent, agent_from_options,
+                           kill_tree, run_agent_episode)
     from .proxy import AgentProxy, AgentSession
     from .record import EpisodeRecord
 
 _LAZY = {"AgentProxy": "proxy", "AgentSession": "proxy", "EpisodeRecord": "record",
          "ExternalAgent": "external", "AgentContext": "external", "AGENT_NAMES": "external",
-         "kill_tree": "external", "run_agent_episode": "external"}
+         "agent_from_options": "external", "kill_tree": "external",
+         "run_agent_episode": "external"}
 
 __all__ = ["AGENT_NAMES", "AgentContext", "AgentProxy", "AgentSession", "EpisodeRecord",
-           "ExternalAgent", "kill_tree", "run_agent_episode"]
+           "ExternalAgent", "agent_from_options", "kill_tree", "run_agent_episode"]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import tempfile
@@ -45,8 +46,8 @@ from corral.runner.policy.base import Policy
 from corral.runner.pool import span_sink
 from corral.runner.trajectory import Span, Status, Trajectory
 
-__all__ = ["AGENT_NAMES", "AgentContext", "ExternalAgent", "check_agent_name", "kill_tree",
-           "run_agent_episode"]
+__all__ = ["AGENT_NAMES", "AgentContext", "ExternalAgent", "agent_from_options",
+           "check_agent_name", "kill_tree", "run_agent_episode"]
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 600.0  # an episode deadline for agents when the run sets none
@@ -149,6 +150,30 @@ def check_agent_name(name: str) -> None:
                           f"agents: {', '.join(_BUILTIN)}")
 
 
+def agent_from_options(name: str | None = None, command: str | None = None, *,
+                       inside: bool = False, env: Mapping[str, str] | None = None,
+                       make_named: bool = True) -> ExternalAgent | None:
+    """The `ExternalAgent` that the command line (`--agent`, `--agent-command`,
+    `--agent-inside`, `--agent-env`) and `TrainConfig` (`agent`, `agent_command`,
+    `agent_inside`, `agent_env`) name: a built-in agent by `name`, or `command` (shell words)
+    run on the host or, with `inside`, in the sandbox, with the extra variables `env`. None
+    when neither is given. `make_named=False` checks a name without making its agent (a
+    built-in one imports its framework when made) and returns None for it. A `ValueError` or
+    `CorralError` says what is wrong."""
+    if name is not None and command is not None:
+        raise ValueError("give an agent name or an agent command, not both")
+    if command is None and (inside or env):
+        what = "inside" if inside else "env"
+        raise ValueError(f"{what} applies to an agent command only (a built-in agent runs on "
+                         "the host, in Python); give an agent command")
+    if name is not None:
+        check_agent_name(name)
+        return ExternalAgent.named(name) if make_named else None
+    if command is None:
+        return None
+    return ExternalAgent(command=shlex.split(command), inside=inside, env=dict(env or {}))
+
+
 def _mini_swe_agent(**options: Any) -> ExternalAgent:
     from corral.integrations.miniswe import STEP_LIMIT, preload, run_mini_swe_agent
 
@@ -246,7 +271,7 @@ async def _run_command(agent: ExternalAgent, ctx: AgentContext, outcome: dict[st
 
     pumping = asyncio.ensure_future(pump())
     try:
-        return await proc.wait()
+        return await _exit_status(proc)
     finally:  # exited, or cut at the deadline: what it left running goes too
         kill_tree(proc.pid, marker)
         with contextlib.suppress(Exception):  # its output ends once the tree is gone
@@ -255,6 +280,14 @@ async def _run_command(agent: ExternalAgent, ctx: AgentContext, outcome: dict[st
         outcome["log_tail"] = tail.decode("utf-8", "replace")
         with contextlib.suppress(OSError):
             os.unlink(fh.name)
+
+
+async def _exit_status(proc: asyncio.subprocess.Process) -> int:
+    """`proc`'s exit status once it exits. Not `proc.wait()`: that also waits for its output
+    pipe to close, which a child it left running holds open (until the deadline)."""
+    while proc.returncode is None:
+        await asyncio.sleep(0.05)
+    return proc.returncode
 
 
 async def _run_inside(agent: ExternalAgent, ctx: AgentContext, outcome: dict[str, Any],
@@ -342,7 +375,7 @@ async def run_agent_episode(env: Any, policy: Policy, item: WorkItem, limits: Ep
                 _adopt_messages(env, record)
                 traj.status = Status.COMPLETE if code == 0 else Status.AGENT_ERROR
                 if code != 0:
-                    traj.error = f"the agent exited with status {code}"
+                    traj.error = _exit_error(code)
                 async with _deadline(limits.verify_deadline, "verify"):
                     await env.afinish(truncated=False)
             except _Deadline as exc:
@@ -400,6 +433,15 @@ async def _start(env: Any, item: WorkItem, session: AgentSession, proxy: AgentPr
                "CORRAL_MODEL": MODEL_NAME, "CORRAL_INSTRUCTION": instruction,
                "CORRAL_SANDBOX_URL": sandbox_url}
     return ctx
+
+
+def _exit_error(code: int) -> str:
+    """Why an agent's episode is `AGENT_ERROR`: its exit status, or the signal that killed it
+    (a command on the host; asyncio reports it as the negative signal number)."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"the agent was killed by signal {signal.Signals(-code).name}"
+    return f"the agent exited with status {code}"
 
 
 def _stop(proxy: AgentProxy, session: AgentSession, ctx: AgentContext | None) -> None:

@@ -35,6 +35,10 @@ WRITTEN = {
     # checked against the built-in agents and PATH
     "agent": (["--agent", "mini-swe-agent"], "mini-swe-agent"),
     "agent_command": (["--agent-command", "bash -c true"], "bash -c true"),
+    # set up an agent command (alone they are a usage error); env values stay text
+    "agent_inside": (["--agent-command", "my-agent", "--agent-inside"], True),
+    "agent_env": (["--agent-command", "bash -c true", "--agent-env", "MY-FLAG=1.50",
+                   "--agent-env", "B=x=y"], {"MY-FLAG": "1.50", "B": "x=y"}),
     # --sft-from needs --sft-steps (alone it is a usage error)
     "sft_from": (["--sft-from", "parity-value", "--sft-steps", "3"], "parity-value"),
 }
@@ -132,6 +136,10 @@ def test_each_flag_reaches_its_field(name: str):
     (["--engine", "vlm"], "Invalid value for '--engine'"),
     (["--log-to", "mlflow"], "--log-to mlflow: Input should be 'tensorboard' or 'wandb'"),
     (["--mix", f"{ENV}=1"], "give either env ids (--env) or a mixture (--mix), not both"),
+    (["--agent-inside"], "agent_inside True (--agent-inside): inside applies to an agent "
+     "command only"),
+    (["--agent", "mini-swe-agent", "--agent-env", "A=1"], "agent 'mini-swe-agent' (--agent): "
+     "env applies to an agent command only"),
 ])
 def test_errors_name_the_flag(argv: list[str], expected: str):
     result = CliRunner().invoke(app, ["train", "-e", ENV, *argv, "--print-config"])

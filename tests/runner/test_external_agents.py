@@ -1,11 +1,13 @@
-"""External agents playing a terminal env through the Runner: a plain openai-SDK program,
-mini-swe-agent from PyPI, a hung agent cut at its deadline; the verifier's reward on the
-trajectory and the recorded tokens exactly the engine's."""
+"""External agents playing envs through the Runner and `evaluate`: a plain openai-SDK program,
+a Python agent, mini-swe-agent from PyPI, an agent killed by a signal, hung agents (on the
+host, in the sandbox) cut at their deadline; the verifier's reward on the trajectory and the
+recorded tokens exactly the engine's."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 import corral as cr
 from corral.runner import EpisodeLimits, Runner, ScriptedPolicy, Status
-from corral.runner.agents import ExternalAgent, kill_tree
+from corral.runner.agents import AgentContext, ExternalAgent, kill_tree
 from corral.runner.agents.external import MARKER_ENV
 
 from agent_helpers import Recorded, generated
@@ -74,22 +76,123 @@ async def test_openai_sdk_command_agent_solves_terminal_task() -> None:
         assert {"setup", "agent", "decode", "verify"} <= set(t.phase_seconds())
 
 
+def _arithmetic(call) -> str:
+    """The right answer to corral/arithmetic-v0's task in the prompt."""
+    expression = re.search(r"Compute (.+?)\. Reply", call.prompt)[1]
+    return str(eval(expression, {"__builtins__": {}}))  # the env's own arithmetic
+
+
+def _ask_once(ctx: AgentContext) -> str:
+    """A Python agent: one chat call (the openai SDK) with the task's messages; the reply."""
+    import openai
+
+    client = openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+    reply = client.chat.completions.create(model=ctx.model, messages=ctx.messages)
+    return reply.choices[0].message.content
+
+
+async def test_evaluate_with_a_python_agent(tmp_path: Path) -> None:
+    """`aevaluate(..., agent=...)` end to end on a built-in env: a Python agent answers each
+    task through the proxy; the verifier scores its reply (pass@1), every trajectory holds
+    exactly the tokens the engine sampled for it, and the plan names the agent."""
+    from corral.runner.eval.evaluation import aevaluate
+
+    engine, seen = Recorded(ScriptedPolicy(_arithmetic)), []
+    result = await aevaluate(["corral/arithmetic-v0"], engine, tasks=3, run_dir=tmp_path,
+                             agent=ExternalAgent(python=_ask_once), listener=seen.append,
+                             report=False)
+    assert result.summary["envs"]["corral/arithmetic-v0"]["pass"]["1"] == 1.0
+    assert len(seen) == len(engine.calls) == 3
+    assert [t.reward for t in seen] == [1.0] * 3 and {t.turns for t in seen} == {1}
+    by_prompt = {tuple(prompt): gen for prompt, gen in engine.calls}
+    for t in seen:
+        prompt = t.token_ids[:t.loss_mask.index(1)]
+        gen = by_prompt[tuple(prompt)]  # the prompt the engine was sent is the trajectory's
+        assert generated(t) == gen.token_ids and t.logprobs[len(prompt):] == gen.logprobs
+        assert t.metadata["agent"]["result"] == gen.text == t.messages[-1]["content"]
+    plan = json.loads((tmp_path / "eval_plan.json").read_text())
+    assert plan["agent"] == "_ask_once"
+
+
+def _leaving(pids: Path, last: str) -> list[str]:
+    """A `bash -c` agent that starts two background `sleep 300`s, one of them out of its
+    session (setsid), writes their pids to `pids`, then runs `last`."""
+    return ["bash", "-c", f"sleep 300 & echo $! >> {pids}; "
+            f"(setsid sleep 300 & echo $! >> {pids}); {last}"]
+
+
+def _assert_gone(pids: Path) -> None:
+    """Both processes `_leaving` started are gone (or zombies awaiting their reaper)."""
+    left = [int(p) for p in pids.read_text().split()]
+    assert len(left) == 2
+    for pid in left:  # both background children, the one that left the session too
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
 @pytest.mark.bwrap
 async def test_hung_agent_is_killed_at_the_deadline(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
-    script = f"sleep 300 & echo $! >> {pids}; (setsid sleep 300 & echo $! >> {pids}); sleep 300"
-    agent = ExternalAgent(command=["bash", "-c", script])
+    agent = ExternalAgent(command=_leaving(pids, "sleep 300"))
     limits = EpisodeLimits(episode_deadline=1.5)
     async with Runner([Touch], ScriptedPolicy(["x"]), agent=agent, limits=limits,
                       sandbox_backend="bwrap", sandbox_capacity=1) as runner:
         (traj,) = await runner.collect(1)
     assert traj.status is Status.TRUNCATED and traj.metadata["truncated_by"] == "episode"
     assert traj.reward == 0.0 and "verify" in traj.phase_seconds()
-    left = [int(p) for p in pids.read_text().split()]
-    assert len(left) == 2
-    for pid in left:  # both background children, the one that left the session too
-        assert not Path(f"/proc/{pid}").exists() or \
-            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    _assert_gone(pids)
+
+
+@pytest.mark.bwrap
+async def test_agent_killed_by_a_signal_ends_its_episode_with_nothing_left(
+        tmp_path: Path) -> None:
+    """An agent that dies of SIGKILL (here by its own hand) ends the episode at once as
+    AGENT_ERROR naming the signal, still scored by the verifier; the children it left
+    running, the detached one too, are killed with it."""
+    pids = tmp_path / "pids"
+    agent = ExternalAgent(command=_leaving(pids, "kill -KILL $$"))
+    async with Runner([Touch], ScriptedPolicy(["x"]), agent=agent, sandbox_backend="bwrap",
+                      sandbox_capacity=1) as runner:
+        (traj,) = await runner.collect(1)
+    assert traj.status is Status.AGENT_ERROR, traj.error
+    assert traj.error == "the agent was killed by signal SIGKILL"
+    assert traj.metadata["agent"]["exit_code"] == -9 and traj.trainable
+    assert traj.reward == 0.0 and "verify" in traj.phase_seconds()
+    assert traj.phase_seconds()["agent"] < 30  # not held to the deadline (600 s)
+    _assert_gone(pids)
+
+
+class HungInside(Touch):
+    """Touch scored by what still runs in its sandbox when the verifier does: 1.0 when no
+    process of the agent's is left (each has `sleep 301` in its command line)."""
+
+    env_id = "test/agent-inside-hung-v0"
+
+    @cr.reward
+    async def written(self, sandbox: cr.sandbox.Sandbox, task: cr.Task) -> float:
+        result = await sandbox.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+        return float(result.exit_code == 0 and "sleep 3" + "01" not in result.stdout)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("bwrap", marks=pytest.mark.bwrap),
+                                     pytest.param("docker", marks=pytest.mark.docker)])
+async def test_hung_agent_inside_the_sandbox_is_killed_at_the_deadline(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    """An in-sandbox agent that never exits (its children, one out of its session, neither)
+    is cut at the episode deadline: TRUNCATED, and when the verifier runs nothing of it is
+    left in the sandbox."""
+    if backend == "docker":
+        request.getfixturevalue("base_image")  # the env's image, built once per machine
+    script = "sleep 301 & (setsid sleep 301 &); sleep 301"
+    agent = ExternalAgent(command=["bash", "-c", script], inside=True)
+    async with Runner([HungInside], ScriptedPolicy(["x"]), agent=agent,
+                      limits=EpisodeLimits(episode_deadline=4), sandbox_backend=backend,
+                      sandbox_capacity=1) as runner:
+        (traj,) = await runner.collect(1)
+    assert traj.status is Status.TRUNCATED, (traj.error, traj.metadata["agent"])
+    assert traj.metadata["truncated_by"] == "episode"
+    assert traj.metadata["agent"]["transport"] == "socket"
+    assert traj.reward == 1.0  # the verifier found no `sleep 301` in the sandbox
 
 
 def test_kill_tree_reaches_detached_children(tmp_path: Path) -> None:
@@ -122,6 +225,24 @@ def test_agent_arguments_are_checked() -> None:
         ExternalAgent(command=["no-such-agent-binary"])
     with pytest.raises(cr.errors.CorralError, match="Did you mean 'mini-swe-agent'"):
         ExternalAgent.named("mini-swe-agnet")
+
+
+def test_train_config_builds_the_agent_the_command_line_does() -> None:
+    """`TrainConfig`'s agent fields make the `ExternalAgent` the flags make (one builder):
+    an in-sandbox command (not looked up on the host's PATH) with its variables."""
+    from corral.runner.agents import agent_from_options
+    from corral.trainer.config import TrainConfig
+
+    argv = "python3 /opt/agent.py --turns 2"
+    config = TrainConfig(envs=["corral/arithmetic-v0"], agent_command=argv, agent_inside=True,
+                         agent_env={"MY_FLAG": "1"})
+    agent = config.external_agent()
+    assert agent == agent_from_options(None, argv, inside=True, env={"MY_FLAG": "1"})
+    assert (list(agent.command), agent.inside, dict(agent.env)) == \
+        (["python3", "/opt/agent.py", "--turns", "2"], True, {"MY_FLAG": "1"})
+    with pytest.raises(ValueError, match="agent_command 'no-such-agent-binary' "
+                       r"\(--agent-command\): agent command 'no-such-agent-binary' is not"):
+        TrainConfig(envs=["corral/arithmetic-v0"], agent_command="no-such-agent-binary")
 
 
 @pytest.mark.bwrap
@@ -220,6 +341,14 @@ def _turns(traj, segment, by_prompt):
      "--agent-command no-such-agent-binary x: agent command 'no-such-agent-binary' is not"),
     (["collect", "corral/arithmetic-v0", "--run-dir", "R", "--agent", "mini-swe-agent",
       "--agent-command", "python a.py"], "--agent and --agent-command: give one of them"),
+    (["collect", "corral/arithmetic-v0", "--run-dir", "R", "--agent-inside"],
+     "--agent-inside: inside applies to an agent command only"),
+    (["eval", "corral/arithmetic-v0", "--agent", "mini-swe-agent", "--agent-env", "A=1"],
+     "--agent mini-swe-agent: env applies to an agent command only"),
+    (["eval", "corral/arithmetic-v0", "--agent-command", "bash", "--agent-env", "A"],
+     "--agent-env 'A': write KEY=VALUE"),
+    (["run", "corral/arithmetic-v0", "--agent-inside"],
+     "--agent oracle: --agent-inside and --agent-env apply to --agent-command"),
 ])
 def test_cli_agent_flags_are_usage_errors(argv: list[str], message: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
