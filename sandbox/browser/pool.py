@@ -7,7 +7,11 @@ a renderer process to start, and replaces a browser that crashed or disconnected
 acquire. A warm context is made whole ahead of time (its route, its init script, a page already
 on the task sites' origin, and in host mode the site token it will send), so a reset costs one
 navigation and one observation; a released context is closed in the background, so the episode
-that gave it back does not wait for Chromium to tear it down. Playwright objects belong to the
+that gave it back does not wait for Chromium to tear it down. A context may instead be parked
+under a key (`ContextLease.park`): an env whose episodes may start in the page its previous
+episode left (`BrowserEnv.episodes_per_page`) gets it back with `acquire(resume=key)`, so only
+the env that parked a page ever sees it again; at most `max_parked` wait (the oldest is closed
+first) and the pool closes them when it closes. Playwright objects belong to the
 event loop that made them, so a pool serves the loop it was started on; whoever makes a pool
 closes it (the browser backend, `backend.py`, does for the sandboxes it opens).
 
@@ -138,6 +142,11 @@ class ContextLease:
     viewport: Viewport = (1280, 720)
     token: str | None = None  # the site token the context already sends (host mode)
     released: bool = False
+    direct: tuple[str, ...] = ()  # the origins besides the task server's it may reach
+    episodes: int = 1  # episodes lent this context, the current one included
+    # the lending sandbox's popup bookkeeping of its first page (document id, tabs it opened),
+    # handed to the next sandbox on a parked context so old popups are not awaited again
+    popups: tuple[str, int] | None = None
 
     @property
     def browser_dead(self) -> bool:
@@ -163,6 +172,15 @@ class ContextLease:
         self.released = True
         await self.pool._give_back(self)
 
+    async def park(self, key: str) -> None:
+        """Give the context back without closing it: kept, its page as the episode left it,
+        for the next `acquire(resume=key)` (closed instead when the pool is closed, its
+        browser died, or the pool keeps no parked contexts)."""
+        if self.released:
+            return
+        self.released = True
+        await self.pool._park(self, key)
+
 
 class BrowserPool:
     """Warm browsers on one event loop. Use `lease = await pool.acquire(viewport)`, then
@@ -177,10 +195,13 @@ class BrowserPool:
 
     def __init__(self, launcher: Launcher | None = None, *, size: int = 1,
                  warm_contexts: int = 2, warm_url: str | None = None,
-                 site_origin: str | None = None) -> None:
+                 site_origin: str | None = None, max_parked: int = 16) -> None:
         self.launcher = launcher or HostLauncher()
         self.size = max(1, size)
         self.warm_contexts = max(0, warm_contexts)
+        self.max_parked = max(0, max_parked)
+        # parked contexts by key, oldest first (a dict keeps insertion order)
+        self._parked: dict[str, ContextLease] = {}
         if warm_url is None and isinstance(self.launcher, HostLauncher):
             warm_url = task_server().blank_url  # without it the pool cannot reach the task sites
         self.warm_url = warm_url
@@ -245,10 +266,19 @@ class BrowserPool:
         return self
 
     async def acquire(self, viewport: Viewport = (1280, 720),
-                      direct: tuple[str, ...] = ()) -> ContextLease:
+                      direct: tuple[str, ...] = (), resume: str | None = None) -> ContextLease:
         """A fresh isolated context with one blank page. `direct`: origins (besides the task
         server's) its pages may reach over HTTP(S) (a spec's `allowed_origins`); such a
-        context is made for the episode, not taken warm."""
+        context is made for the episode, not taken warm. `resume`: the key a context was
+        parked under; that context (its `episodes` counted up) when it is still usable for
+        the same viewport and origins, else a fresh one."""
+        parked = self._parked.pop(resume, None) if resume is not None else None
+        if parked is not None:
+            if not parked.slot.dead and parked.viewport == viewport and parked.direct == direct:
+                parked.released = False
+                parked.episodes += 1
+                return parked
+            await self._give_back(parked)
         slot = await self._slot()
         slot.contexts += 1
         try:
@@ -259,7 +289,7 @@ class BrowserPool:
             slot.contexts -= 1
             raise
         return ContextLease(made.context, made.page, made.hook, slot, self, viewport=viewport,
-                            token=made.token)
+                            token=made.token, direct=direct)
 
     async def _new_context(self, slot: BrowserSlot, viewport: Viewport, warm: bool = False,
                            direct: tuple[str, ...] = ()) -> Prepared:
@@ -342,6 +372,24 @@ class BrowserPool:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
+    async def _park(self, lease: ContextLease, key: str) -> None:
+        """Keep `lease` under `key` (replacing what was parked there), closing the oldest
+        parked contexts beyond `max_parked`."""
+        if self._closed or lease.slot.dead or self.max_parked == 0:
+            await self._give_back(lease)
+            return
+        replaced = self._parked.pop(key, None)
+        self._parked[key] = lease
+        if replaced is not None:
+            await self._give_back(replaced)
+        while len(self._parked) > self.max_parked:
+            await self._give_back(self._parked.pop(next(iter(self._parked))))
+
+    @property
+    def parked(self) -> int:
+        """Contexts parked for a later episode (`ContextLease.park`)."""
+        return len(self._parked)
+
     async def _retire(self, lease: ContextLease) -> None:
         try:
             await _quietly(lease.context.close())
@@ -377,6 +425,9 @@ class BrowserPool:
         self._closed = True
         for task in list(self._refills):
             task.cancel()
+        parked, self._parked = list(self._parked.values()), {}
+        for lease in parked:  # before their browsers go, as released contexts below
+            await _quietly(lease.context.close())
         if self._closing:  # let released contexts finish closing before their browser goes
             await asyncio.gather(*self._closing, return_exceptions=True)
         async with self._lock:

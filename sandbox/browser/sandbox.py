@@ -23,6 +23,13 @@ is closed at once, which kills its renderers, and `PageUnresponsive` is raised, 
 that ends the episode as truncated. A call cut short by the caller (an episode deadline) marks
 the page as suspect: `responsive()` then gives it `PING_TIMEOUT` to answer before its rewards
 are read.
+
+An env that lets one page serve several episodes (`BrowserEnv.episodes_per_page`) sets
+`keep_for` before the sandbox closes: a sandbox still `fit_for_reuse` then parks its context in
+the pool under that key instead of closing it (`ContextLease.park`), and the env's next sandbox
+is made on it with `create(..., resume=key)` (`resumed` is then true). Each sandbox is one
+episode's: its listeners on the context and pages are removed when it parks, and the next one
+starts with its own bookkeeping (bids, tabs, errors, sites).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Mapping, NoReturn, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from playwright.async_api import Error as PlaywrightError
@@ -99,18 +106,25 @@ class BrowserSandbox(Sandbox):
         self._requested = 0  # tabs the episode's pages asked to open
         self._opened = 0  # tabs that did open
         self._tab_opened = asyncio.Event()
+        # set by the env before close: park the context under this key if fit for reuse
+        self.keep_for: str | None = None
+        # (emitter, event, handler) of every listener this sandbox added: removed when it parks
+        self._listeners: list[tuple[Any, str, Callable[..., Any]]] = []
+        if lease.popups is not None:  # a parked context: the page's popups are counted already
+            self._popups[lease.page] = lease.popups
 
     # --- lifecycle ------------------------------------------------------------------------
     @classmethod
     async def create(cls, spec: Browser | None = None, *, pool: BrowserPool,
-                     own_pool: bool = False) -> "BrowserSandbox":
-        """A sandbox on a fresh context from `pool` (whose mode must be the spec's);
-        `own_pool=True` closes the pool with the sandbox, also when this fails."""
+                     own_pool: bool = False, resume: str | None = None) -> "BrowserSandbox":
+        """A sandbox on a fresh context from `pool` (whose mode must be the spec's), or on
+        the context parked under `resume` when there is one (`resumed`); `own_pool=True`
+        closes the pool with the sandbox, also when this fails."""
         spec = spec or Browser()
         started = time.monotonic()
         try:
             lease = await pool.acquire(tuple(spec.viewport),  # type: ignore[arg-type]
-                                       direct=tuple(spec.allowed_origins))
+                                       direct=tuple(spec.allowed_origins), resume=resume)
             sandbox = cls(spec, lease, spec.mode == "container", pool if own_pool else None)
             try:
                 await sandbox._wire()
@@ -128,9 +142,13 @@ class BrowserSandbox(Sandbox):
         ctx = self.context
         ctx.set_default_timeout(self.spec.action_timeout * 1000)
         ctx.set_default_navigation_timeout(self.spec.navigation_timeout * 1000)
-        ctx.on("page", self._on_new_page)
+        self._listen(ctx, "page", self._on_new_page)
         self.lease.hook.handler = self._on_route
         self._track(self.lease.page)
+
+    def _listen(self, emitter: Any, event: str, handler: Callable[..., Any]) -> None:
+        emitter.on(event, handler)
+        self._listeners.append((emitter, event, handler))
 
     def _track(self, page: Page) -> None:
         if page in self.pages:
@@ -139,23 +157,49 @@ class BrowserSandbox(Sandbox):
         done = asyncio.Event()
         done.set()
         self._navigating[page] = done
-        page.on("crash", lambda p: self._on_crash(p))
-        page.on("close", lambda p: self._on_close(p))
-        page.on("request", lambda r: self._on_request(page, r))
-        page.on("requestfailed", lambda r: self._on_nav_end(page, r))
-        page.on("domcontentloaded", lambda p: self._navigating[p].set())
+        self._listen(page, "crash", self._on_crash)
+        self._listen(page, "close", self._on_close)
+        self._listen(page, "request", lambda r: self._on_request(page, r))
+        self._listen(page, "requestfailed", lambda r: self._on_nav_end(page, r))
+        self._listen(page, "domcontentloaded", lambda p: self._navigating[p].set())
+
+    @property
+    def resumed(self) -> bool:
+        """Whether this sandbox's context served an earlier episode (a parked one)."""
+        return self.lease.episodes > 1
+
+    @property
+    def fit_for_reuse(self) -> bool:
+        """Whether the context may serve another episode: alive (not hung, crashed or on a
+        dead browser), no page call cut short, its first page the only tab and active, and
+        no tab the pages asked for still pending."""
+        return (self.alive and not self.interrupted and self.owned_pool is None
+                and self.pages == [self.lease.page] and self.active == 0
+                and not self.lease.page.is_closed() and self._requested == self._opened
+                and not self._new_pages)
 
     async def close(self) -> None:
-        """Stop serving its sites and give the context back (the pool closes it in the
-        background). Idempotent."""
+        """Stop serving its sites and give the context back: the pool closes it in the
+        background, or parks it when `keep_for` is set and the sandbox is `fit_for_reuse`.
+        Idempotent."""
         if self._closed:
             return
+        # decided while the sandbox still counts as alive
+        park = self.keep_for if self.fit_for_reuse else None
         self._closed = True
         server = task_server()
         for site in self.sites:
             server.close(site)
         try:
-            await self.lease.release()
+            if park is not None:
+                for emitter, event, handler in self._listeners:  # the next sandbox adds its own
+                    emitter.remove_listener(event, handler)
+                self._listeners.clear()
+                self.lease.hook.handler = None  # until the next sandbox routes: refused
+                self.lease.popups = self._popups.get(self.lease.page)
+                await self.lease.park(park)
+            else:
+                await self.lease.release()
         finally:
             if self.owned_pool is not None:
                 await self.owned_pool.close()

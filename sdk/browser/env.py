@@ -29,6 +29,13 @@ Pages that run their own episode (MiniWoB's) are driven with two more hooks: `st
 runs JavaScript in the start page once it has loaded, and `done_script(task)` is read after
 every step and ends the episode when true; `js_reward(expression)` reads a reward from the page.
 
+Such pages can also start many episodes in one load, as MiniWoB++'s own runner does: with
+`episodes_per_page = N` (N > 1) an episode that ended cleanly leaves its context parked in the
+browser pool, its page at the start URL, and this env's next episode with the same start path
+starts there: no navigation; the bids the previous episode put in the page, its focus, text
+selection and scroll position are cleared, then the start script (which must therefore start a new episode in a page that already ran one). After
+N episodes, or after an episode that did not end cleanly, the next one gets a fresh context.
+
 A page that stops responding (a script that never yields) is killed when a call into it
 outlives `action_timeout` (`BrowserSandbox.call`): `reset` raises `PageUnresponsive`, a step
 returns truncated, and the rewards are not computed (0, with the reason in `info["errors"]`).
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Any, Awaitable, Callable, ClassVar, Mapping
 
 from playwright.async_api import Error as PlaywrightError
@@ -52,6 +60,8 @@ from ..tools import tool
 from ..types import Task, ToolCall
 from ..sandbox.opener import SandboxOpener
 from ..sandbox.browser.observe import Observation
+from ..sandbox.browser.backend import BrowserBackend
+from ..sandbox.browser.observe import BID_ATTR
 from ..sandbox.browser.pool import BrowserPool
 from ..sandbox.browser.sandbox import BrowserSandbox
 from ..sandbox.browser.site import Page
@@ -68,9 +78,16 @@ class BrowserEnv(Env):
     """Base class of browser environments. Author hooks: `site(task)` (the pages),
     `start_path(task)`, `start_script(task)`, `done_script(task)`, `instruction(task)`,
     `@cr.reward`s (they may ask for `page`, `site`, `sandbox`; `js_reward` reads one from the
-    page), and `solution(task)` (ToolCalls; `Ref(role, name)` or `Ref(css=...)` for bids)."""
+    page), and `solution(task)` (ToolCalls; `Ref(role, name)` or `Ref(css=...)` for bids).
+    `episodes_per_page` lets one loaded start page serve several episodes (module docstring)."""
 
     kind: ClassVar[str] = "browser"
+    # How many episodes one loaded start page may serve, one after another, in this env
+    # instance: 1 (the default) gives every episode a fresh context; N > 1 lets an episode
+    # start in the page the previous one left, for pages whose start script starts a new
+    # episode in place (MiniWoB++'s). Envs that get sandboxes from a provider (the runner's
+    # pool) always start fresh.
+    episodes_per_page: ClassVar[int] = 1
     instruction_is_first_message: ClassVar[bool] = False  # the first message holds the page
     sandbox_spec = Browser()
     max_turns = 10
@@ -87,6 +104,9 @@ class BrowserEnv(Env):
         # Without a pool or a provider the env owns one opener, so its episodes share one warm
         # Chromium (a context each) instead of launching a browser per reset; closed by aclose.
         self._opener: SandboxOpener | None = None
+        # this instance's part of the keys its pages are parked under: no other env (another
+        # instance of the same class included) can resume them
+        self._page_key = secrets.token_hex(8)
 
     # --- author hooks -------------------------------------------------------------------------
     def site(self, task: Task) -> Mapping[str, Page]:
@@ -118,14 +138,20 @@ class BrowserEnv(Env):
         pages = self.site(task)
         if not pages:
             return
-        session = await sandbox.open_site(pages)
+        session = await sandbox.open_site(pages)  # same token, so a resumed page's URL holds
         url = session.url(self.start_path(task))
-        try:
-            await sandbox.page.goto(url, wait_until="commit")
-        except PlaywrightError as exc:  # the task's own site failed: not the agent's doing
-            sandbox.check()
-            raise BrowserError(f"the task's start page {url} did not load: "
-                               f"{str(exc).strip().splitlines()[0]}") from exc
+        if sandbox.resumed and sandbox.page.url == url:
+            # the page the previous episode left: its bids, focus, selection and scroll go,
+            # so this episode's observations read it as a freshly loaded page's
+            await sandbox.call(sandbox.page.evaluate(RESUME_JS, BID_ATTR),
+                               "clearing the previous episode's marks")
+        else:
+            try:
+                await sandbox.page.goto(url, wait_until="commit")
+            except PlaywrightError as exc:  # the task's own site failed: not the agent's doing
+                sandbox.check()
+                raise BrowserError(f"the task's start page {url} did not load: "
+                                   f"{str(exc).strip().splitlines()[0]}") from exc
         script = self.start_script(task)
         if script is not None and self.episode is not None:
             self.episode.state["start_script"] = await _start(sandbox, script)
@@ -136,13 +162,40 @@ class BrowserEnv(Env):
         own warm Chromium (opened on first use, closed by `aclose`). In a run the runner's pool
         provides sandboxes instead and this is not called."""
         spec = self.sandbox_spec if isinstance(self.sandbox_spec, Browser) else Browser()
+        resume = self._park_key(task) if self.episodes_per_page > 1 else None
         if self.pool is not None:
-            return await BrowserSandbox.create(spec, pool=self.pool)
+            return await BrowserSandbox.create(spec, pool=self.pool, resume=resume)
         if self._opener is None:
             self._opener = SandboxOpener(run_id=str(self.config.get("run_id") or default_run_id()))
-        sandbox = await self._opener.open(spec, env_id=self.env_id or type(self).__name__)
+        backend = await self._opener.backend_for(spec)
+        if isinstance(backend, BrowserBackend):  # its pool, so a parked page can be resumed
+            return await BrowserSandbox.create(spec, pool=await backend.pool_for(spec),
+                                               resume=resume)
+        sandbox = await backend.open(spec, env_id=self.env_id or type(self).__name__)
         assert isinstance(sandbox, BrowserSandbox)
         return sandbox
+
+    def _park_key(self, task: Task) -> str:
+        """The key this env parks (and resumes) a page of `task`'s start path under."""
+        return f"{self._page_key} {self.start_path(task)}"
+
+    async def _release(self, episode: Episode) -> None:
+        """Park the episode's page for this env's next episode when `episodes_per_page`
+        allows and the episode ended cleanly (terminated, no error) on its start URL in its
+        only tab; otherwise the context is closed as usual."""
+        sandbox = episode.sandbox
+        if isinstance(sandbox, BrowserSandbox) and self._page_reusable(episode, sandbox):
+            sandbox.keep_for = self._park_key(episode.task)
+        await super()._release(episode)
+
+    def _page_reusable(self, episode: Episode, sandbox: BrowserSandbox) -> bool:
+        if self.episodes_per_page <= 1 or self.sandbox_provider is not None:
+            return False
+        if not episode.done or episode.truncated or episode.errored or not sandbox.sites:
+            return False
+        if sandbox.lease.episodes >= self.episodes_per_page or not sandbox.fit_for_reuse:
+            return False
+        return sandbox.lease.page.url == sandbox.sites[0].url(self.start_path(episode.task))
 
     async def aclose(self) -> None:
         """Release the episode's sandbox, then the env's own browser if it opened one."""
@@ -423,6 +476,19 @@ class BrowserEnv(Env):
         if self.episode is None:
             raise AgentError("no episode is running")
         self.episode.done = True
+
+
+# A reused page made to look as freshly loaded to the observation: no bids (numbered from a1
+# again), nothing focused or selected, scrolled to the top.
+RESUME_JS = """attr => {
+  for (const el of document.querySelectorAll('[' + attr + ']')) el.removeAttribute(attr);
+  window.__corralNext = 0;
+  if (document.activeElement && document.activeElement !== document.body)
+    document.activeElement.blur();
+  const selection = getSelection();
+  if (selection) selection.removeAllRanges();
+  scrollTo(0, 0);
+}"""
 
 
 async def _start(sandbox: BrowserSandbox, script: str | tuple[str, Any]) -> Any:

@@ -10,6 +10,12 @@ is the page's `core.getUtterance()`. The episode ends when the page calls `core.
 the reward is the value it passed (`raw`, in [-1, 1]), and MiniWoB's time-scaled reward (the
 raw one times `1 - seconds / 10` where the page asks for it) is recorded beside it
 (`time_scaled`, weight 0). The page's START cover, shown once it is over, starts nothing.
+
+As in MiniWoB++'s own runner, one loaded page serves many episodes (`episodes_per_page`): an
+episode that ended cleanly leaves the page for the env's next one, which is started in it by the
+same start script (idempotent: the stylesheet and the `core.endEpisode` wrapper are added once,
+`window.__corralWob` is cleared); a fresh context loads the page again after
+`EPISODES_PER_PAGE` episodes.
 """
 
 from __future__ import annotations
@@ -24,32 +30,42 @@ from corral.errors import AuthoringError, NoOracle
 from .oracles import ORACLES
 from .pages import html_root
 
-__all__ = ["MINIWOB_MAX_TIME_MS", "MiniWoB", "MiniWoBTask", "SIZE", "START_JS", "TIMER_OFF_MS",
+__all__ = ["EPISODES_PER_PAGE", "MINIWOB_MAX_TIME_MS", "MiniWoB", "MiniWoBTask", "SIZE", "START_JS", "TIMER_OFF_MS",
            "make_task"]
 
 SIZE = 10_000
 MINIWOB_MAX_TIME_MS = 10_000  # MiniWoB's own episode time, used only for `time_scaled`
 TIMER_OFF_MS = 2 ** 31 - 1  # the longest setTimeout: the page's timer never fires
+# Episodes one page load serves. MiniWoB++'s runner never reloads by default (`refresh_freq=0`);
+# a bound keeps whatever a page accumulates over episodes (its JS heap) bounded.
+EPISODES_PER_PAGE = 20
 
 START_JS = r"""
 async ([seed, maxTime, scaleMs]) => {
   if (document.readyState !== 'complete')
     await new Promise(r => addEventListener('load', r, {once: true}));
   await new Promise(r => setTimeout(r, 0));  // after the page's own onload (core.startEpisode)
-  const style = document.createElement('style');
-  style.textContent = '#reward-display, #click-canvas { display: none !important; }';
-  document.head.appendChild(style);
-  const end = core.endEpisode;
+  // once per page: a page that served an earlier episode has both already
+  if (!document.getElementById('corral-wob-style')) {
+    const style = document.createElement('style');
+    style.id = 'corral-wob-style';
+    style.textContent = '#reward-display, #click-canvas { display: none !important; }';
+    document.head.appendChild(style);
+  }
+  if (!core.endEpisode.__corral) {
+    const end = core.endEpisode;
+    core.endEpisode = function (reward, timeProportional, reason) {
+      if (core.EP_TIMER !== null && window.__corralWob === null) {
+        const seconds = (new Date().getTime() - core.ept0) / 1000;
+        const scaled = timeProportional ? reward * Math.max(0, 1 - seconds * 1000 / scaleMs)
+                                        : reward;
+        window.__corralWob = {raw: reward, scaled, reason: reason ?? null, seconds};
+      }
+      return end.apply(this, arguments);
+    };
+    core.endEpisode.__corral = true;
+  }
   window.__corralWob = null;
-  core.endEpisode = function (reward, timeProportional, reason) {
-    if (core.EP_TIMER !== null && window.__corralWob === null) {
-      const seconds = (new Date().getTime() - core.ept0) / 1000;
-      const scaled = timeProportional ? reward * Math.max(0, 1 - seconds * 1000 / scaleMs)
-                                      : reward;
-      window.__corralWob = {raw: reward, scaled, reason: reason ?? null, seconds};
-    }
-    return end.apply(this, arguments);
-  };
   Math.seedrandom(seed);
   core.EPISODE_MAX_TIME = maxTime;
   core.startEpisodeReal();
@@ -75,6 +91,7 @@ class MiniWoB(BrowserEnv):
     tasks = cr.Dataset.procedural(make_task, SIZE, task_type=MiniWoBTask)
     sandbox_spec = cr.Browser()
     max_turns = 10
+    episodes_per_page = EPISODES_PER_PAGE
     tags: ClassVar[tuple[str, ...]] = ("browser", "web", "miniwob")
     reward_bounds = (-1.0, 1.0)
 

@@ -14,11 +14,14 @@ import pytest
 import corral as cr
 from corral.agents import play
 from corral.browser import BrowserEnv, BrowserPool, Ref, StaticFiles, js_reward, task_server
+from corral.envs.browser.miniwob.env import MiniWoB
 from corral.envs.browser.miniwob.oracles import ORACLES
 from corral.envs.browser.miniwob.pages import html_root, task_names
 from corral.registry import list as list_envs
 from corral.registry.validate import validate
 from corral.sandbox.browser.site import SITE_HEADER
+
+from .conftest import chromium_processes, chromium_started_since, still_running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -200,3 +203,106 @@ async def test_validation_of_a_task_without_an_oracle_checks_the_noop() -> None:
     assert report.ok and report.oracle_unchecked == 1 and report.noop_pass_rate == 0.0
     assert report.verdict.startswith("oracle: solvability unchecked (no oracle), no-op 0% pass")
     assert report.tasks[0].oracle.unchecked == "solvability unchecked (no oracle)"
+
+
+# --- one page, many episodes (`episodes_per_page`), as MiniWoB++'s own runner does ------------
+
+async def scripted(env: BrowserEnv, seed: int) -> tuple[str, str, dict[str, float], Any]:
+    """One oracle episode of `env` on `seed`, without closing it: the instruction, the first
+    observation, the final rewards and the episode's sandbox (left to the env)."""
+    text, _ = await env.areset(options={"task": {"seed": seed}})
+    utterance = env.episode.state["start_script"]["utterance"]  # type: ignore[union-attr]
+    observation = text.split("\n\n", 1)[1]
+    sandbox = env.episode.sandbox  # type: ignore[union-attr]
+    info: dict[str, Any] = {}
+    for call in ORACLES[env.page_name](utterance):  # type: ignore[attr-defined]
+        _, _, terminated, truncated, info = await env.astep(call)
+        if terminated or truncated:
+            break
+    return utterance, observation, info.get("rewards", {}), sandbox
+
+
+@pytest.mark.parametrize("name", ["click-button", "enter-text", "login-user"])
+async def test_a_reused_page_starts_the_episode_a_fresh_load_would(pool: BrowserPool,
+                                                                     name: str) -> None:
+    reused = cr.make(f"corral/miniwob-{name}-v0", pool=pool)
+    try:
+        first = await scripted(reused, 3)
+        page = first[3].lease.page
+        await page.evaluate("window.__sameDocument = true")
+        runs = [await scripted(reused, seed) for seed in (41, 3)]
+        # the same document served all three: no navigation, the start script started each
+        assert await page.evaluate("window.__sameDocument") is True
+        assert all(run[3].resumed and run[3].lease.page is page for run in runs)
+        # the start script is idempotent: one stylesheet, one wrapper around core.endEpisode
+        assert await page.evaluate("document.querySelectorAll('#corral-wob-style').length") == 1
+        assert await page.evaluate("core.endEpisode.__corral === true")
+    finally:
+        await reused.aclose()
+    for seed, run in zip((41, 3), runs):
+        fresh = cr.make(f"corral/miniwob-{name}-v0", pool=pool)
+        try:
+            expected = await scripted(fresh, seed)
+            assert not expected[3].resumed
+        finally:
+            await fresh.aclose()
+        # same utterance, same observation (bids numbered as on a fresh page), same reward
+        # (`time_scaled` depends on the seconds taken, so only the page's raw one compares)
+        assert run[:2] == expected[:2], (name, seed)
+        assert run[2]["raw"] == expected[2]["raw"] == 1.0
+    assert first[0] == runs[1][0]  # seed 3 again, after another episode in the page
+
+
+async def test_a_page_is_reused_only_by_its_env_after_a_clean_episode(pool: BrowserPool) -> None:
+    env = cr.make("corral/miniwob-click-test-2-v0", pool=pool, max_turns=1)
+    other = cr.make("corral/miniwob-click-test-2-v0", pool=pool)
+    try:
+        _, _, _, first = await scripted(env, 1)
+        # another instance of the same env never gets this env's page
+        _, _, _, elsewhere = await scripted(other, 1)
+        assert not elsewhere.resumed and elsewhere.lease is not first.lease
+        _, _, _, second = await scripted(env, 2)
+        assert second.lease is first.lease and second.resumed
+        # a truncated episode (its turn limit, the wrong button not pressed) leaves no page
+        await env.areset(options={"task": {"seed": 3}})
+        _, _, _, truncated, _ = await env.astep(cr.ToolCall.of("scroll", dx=0, dy=10))
+        assert truncated
+        await env.areset(options={"task": {"seed": 4}})
+        assert not env.episode.sandbox.resumed  # type: ignore[union-attr]
+        assert env.episode.sandbox.lease is not first.lease  # type: ignore[union-attr]
+    finally:
+        await env.aclose()
+        await other.aclose()
+
+
+class TwoPerPage(MiniWoB):
+    """MiniWoB++ with a page load serving two episodes at most."""
+
+    episodes_per_page = 2
+
+
+async def test_a_page_serves_at_most_episodes_per_page_and_nothing_outlives_the_pool() -> None:
+    before = chromium_processes()
+    own = await BrowserPool(warm_url=task_server().blank_url, warm_contexts=0).start()
+    env = TwoPerPage(page="click-test", pool=own)
+    try:
+        leases, listeners = [], []
+        for seed in range(5):
+            _, _, rewards, sandbox = await scripted(env, seed)
+            assert rewards["raw"] == 1.0
+            leases.append(sandbox.lease)
+            listeners.append({event: len(sandbox.lease.page._impl_obj.listeners(event))
+                              for event in ("crash", "close", "request", "domcontentloaded")})
+        # loads: episodes 0-1, 2-3, 4
+        assert [lease.episodes for lease in leases] == [2, 2, 2, 2, 1]
+        assert leases[0] is leases[1] is not leases[2] is leases[3] is not leases[4]
+        # each episode's sandbox removed its listeners when it parked: during its second
+        # episode a page has as many as during its first
+        assert listeners[0] == listeners[1] and listeners[0]["request"] >= 1
+        await env.aclose()  # play()'s way: the env's page stays parked for its next episode
+        assert own.parked == 1
+    finally:
+        await env.aclose()
+        await own.close()
+    assert own.parked == 0
+    assert not still_running(chromium_started_since(before))
