@@ -250,8 +250,8 @@ async def test_mini_swe_agent_from_pypi_solves_and_trains(policy, tiny_path, tmp
                                                           one_torch_thread) -> None:
     """mini-swe-agent (the PyPI package) through the proxy: with a scripted engine it solves
     an imported Harbor task (the verifier's reward on the trajectory); with the tiny model's
-    random replies on a built-in terminal env its episodes end, every recorded id is the
-    engine's, and a training step runs on them."""
+    random replies on a built-in terminal env and on the Harbor task its episodes end, every
+    recorded id is the engine's, and a training step runs on them."""
     from harbor_tasks import answer_task
 
     (harbor,) = cr.load_harbor(answer_task(tmp_path / "answer"), register=False).values()
@@ -273,6 +273,8 @@ async def test_mini_swe_agent_from_pypi_solves_and_trains(policy, tiny_path, tmp
     assert all(t.trainable for t in trajs), [t.error for t in trajs]
     assert sorted(i for t in trajs for i in generated(t)) == \
         sorted(i for _, g in engine.calls for i in g.token_ids)
+    # the imported Harbor task with the tiny model: attempted, scored by its own tests
+    await _attempts_harbor(harbor, Recorded(policy), agent, limits)
     from corral.runner.policy import load_model
     from corral.trainer.config import StepConfig
     from corral.trainer.trainer import Trainer
@@ -284,22 +286,28 @@ async def test_mini_swe_agent_from_pypi_solves_and_trains(policy, tiny_path, tmp
 
 
 @pytest.mark.bwrap
-async def test_mini_swe_agent_against_vllm_records_the_engines_tokens(engine) -> None:
+async def test_mini_swe_agent_against_vllm_records_the_engines_tokens(engine,
+                                                                      tmp_path: Path) -> None:
     """mini-swe-agent through the proxy against the real vLLM (CPU; the session's engine):
     its episodes end at the run's max_turns (below its own step limit: it stops there itself,
     not retrying the refused call until the deadline); a reply cut at max_tokens is replaced
     in its history by a note of its own, which starts a new segment; in every segment the
-    sampled ids, log-probabilities and policy version are exactly what vLLM answered."""
+    sampled ids, log-probabilities and policy version are exactly what vLLM answered. It
+    attempts the imported Harbor task too, scored by the task's own tests."""
     policy = Recorded(engine.policy())
     # the engine's context is 2048 tokens; mini.yaml's prompts are 3300 of the tiny model's
     limits = EpisodeLimits(max_tokens=16, max_turns=2, max_context=2048, episode_deadline=90)
     agent = ExternalAgent.named("mini-swe-agent", step_limit=5,
                                 system_template="You are a shell agent: use the bash tool.",
                                 instance_template="{{task}}")
+    from harbor_tasks import answer_task
+
+    (harbor,) = cr.load_harbor(answer_task(tmp_path / "answer"), register=False).values()
     try:
         async with Runner(["corral/term-files-v0"], policy, agent=agent, limits=limits,
                           sandbox_backend="bwrap", sandbox_capacity=2, seed=2) as runner:
             trajs = await runner.collect(2, group=2)
+        await _attempts_harbor(harbor, Recorded(policy.inner), agent, limits)
     finally:
         await policy.inner.close()
     assert [t.status for t in trajs] == [Status.COMPLETE] * 2, [t.error for t in trajs]
@@ -320,6 +328,20 @@ async def test_mini_swe_agent_against_vllm_records_the_engines_tokens(engine) ->
             assert t.token_ids[start:end] == gen.token_ids and set(t.loss_mask[start:end]) == {1}
             assert t.logprobs[start:end] == pytest.approx(gen.logprobs)
             assert set(t.versions[start:end]) == {gen.version}
+
+
+async def _attempts_harbor(harbor, engine: Recorded, agent: ExternalAgent,
+                           limits: EpisodeLimits) -> None:
+    """mini-swe-agent attempts the imported Harbor task with `engine` (a real model): its
+    episode ends trainable, the task's own tests scored it (a reward of theirs is on the
+    trajectory: 1 only where the answer file holds 42), and every id it generated is one the
+    engine sampled."""
+    async with Runner([harbor], engine, agent=agent, limits=limits, sandbox_backend="bwrap",
+                      sandbox_capacity=1, seed=3) as runner:
+        (traj,) = await runner.collect(1)
+    assert traj.trainable, traj.error
+    assert traj.rewards and traj.reward in (0.0, 1.0)
+    assert generated(traj) == [i for _, g in engine.calls for i in g.token_ids] != []
 
 
 def _turns(traj, segment, by_prompt):
