@@ -429,12 +429,12 @@ async def corral_miniwob(episodes: list[dict], concurrency: int, chromium: str
         for task in sorted({e["task"] for e in episodes}):  # warm-up: each task's files cached
             await play(cr.make(f"corral/miniwob-{task}-v0", pool=pool, sandbox=spec), "oracle",
                        options={"task": {"seed": 0}})
-        queue = list(episodes)
 
-        async def worker() -> None:
+        async def worker(share: list[dict]) -> None:
+            # the peer's layout: worker w plays episodes w, w + n, w + 2n ... with one env per
+            # task (BrowserGym's worker processes take the same slices)
             envs: dict[str, Any] = {}
-            while queue:
-                ep = queue.pop(0)
+            for ep in share:
                 env = envs.get(ep["task"]) or envs.setdefault(
                     ep["task"], cr.make(f"corral/miniwob-{ep['task']}-v0", pool=pool, sandbox=spec))
                 result = await play(env, "oracle", options={"task": {"seed": ep["page_seed"]}})
@@ -447,7 +447,7 @@ async def corral_miniwob(episodes: list[dict], concurrency: int, chromium: str
                                 for c in actions]})
 
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(episodes[w::concurrency]) for w in range(concurrency)))
         seconds = time.perf_counter() - started
     finally:
         await pool.close()
