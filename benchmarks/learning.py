@@ -246,6 +246,20 @@ def oracle_examples(tokenizer: Any, env: cr.Env, tasks: cr.Dataset) -> list[Traj
     return examples
 
 
+def tiny_model(s: Settings, sl: Slice, train: cr.Dataset, out: Path) -> tuple[Any, Any, str]:
+    """The tiny model built from scratch under `out/model` (step 1 of the module docstring):
+    the model, its tokenizer, and which text the BPE saw."""
+    token_text = schema_text(sl.env_class()())
+    token_text_name = "built-in corpus" + (" + tool schemas" if token_text else "")
+    if s.tokenizer_instructions:
+        token_text += instruction_text(make_env(sl, train), train)
+        token_text_name += f" + {len(train)} train instructions"
+    path = build_tiny_model(out / "model", hidden=s.hidden, layers=s.layers, heads=s.heads,
+                            seed=s.seed, extra_text=token_text)
+    model, tokenizer = load_model(path, device="cpu")
+    return model, tokenizer, token_text_name
+
+
 # --- held-out evaluation --------------------------------------------------------------------
 async def evaluate(policy: LocalPolicy, make: Callable[[], cr.Env], tasks: list[cr.Task], *,
                    samples: int, max_tokens: int, seed: int, concurrency: int = 8
@@ -313,14 +327,7 @@ async def run(s: Settings, out: Path) -> dict[str, Any]:
     torch.manual_seed(s.seed)
     sl = SLICES[s.slice]
     train, test = split_tasks(sl, sl.tasks(s.scan), s.test_fraction)
-    token_text = schema_text(sl.env_class()())
-    token_text_name = "built-in corpus" + (" + tool schemas" if token_text else "")
-    if s.tokenizer_instructions:
-        token_text += instruction_text(make_env(sl, train), train)
-        token_text_name += f" + {len(train)} train instructions"
-    path = build_tiny_model(out / "model", hidden=s.hidden, layers=s.layers, heads=s.heads,
-                            seed=s.seed, extra_text=token_text)
-    model, tokenizer = load_model(path, device="cpu")
+    model, tokenizer, token_text_name = tiny_model(s, sl, train, out)
     build_s = time.perf_counter() - started
 
     held_out = list(test)[: s.eval_tasks]
@@ -467,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="rollout engine of a --model run")
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="a --model run trains a LoRA adapter of this rank (alpha 2x)")
+    parser.add_argument("--tree-vs-flat", action="store_true",
+                        help="with --env terminal: a 2-turn slice (cat the input, then answer), "
+                        "GRPO with tree groups against flat groups at equal compute "
+                        "(benchmarks/learning_tree.py)")
     args = parser.parse_args(argv)
     if args.model is not None:
         return real_main(args)
@@ -477,22 +488,46 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     torch.set_num_threads(1)  # tiny matmuls: thread hand-offs cost more than they save
     preset = {**(TERMINAL if args.env == "terminal" else {}), **(QUICK if args.quick else {})}
-    settings = Settings(seed=args.seed, **preset)
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if not hasattr(settings, name):
-            parser.error(f"unknown setting {name!r}; choose from {', '.join(Settings().__dict__)}")
-        kind = type(getattr(settings, name))
-        setattr(settings, name, value.lower() in ("1", "true", "yes") if kind is bool
-                else kind(value))
+    if args.tree_vs_flat:
+        from benchmarks.learning_tree import TREE, TreeSettings, run_tree_vs_flat
+
+        if args.env != "terminal":
+            parser.error("--tree-vs-flat runs on --env terminal")
+        settings = override(parser, TreeSettings(seed=args.seed, **{**preset, **TREE,
+                                                 **(QUICK if args.quick else {})}), args.set)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        report = asyncio.run(run_tree_vs_flat(settings, out))
+        (out / "learning_tree.json").write_text(json.dumps(report, indent=1))
+        print_figures(report["figures"])
+        return 0
+    settings = override(parser, Settings(seed=args.seed, **preset), args.set)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(run(settings, out))
     (out / "learning.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "learning.png")
-    for name, value in report["figures"].items():
-        print(f"{name}={value:.4f}" if isinstance(value, float) else f"{name}={value}")
+    print_figures(report["figures"])
     return 0
+
+
+def override(parser: argparse.ArgumentParser, settings: Settings, items: list[str]) -> Settings:
+    """`settings` with each `--set NAME=VALUE` applied (VALUE read as the field's type)."""
+    for item in items:
+        name, _, value = item.partition("=")
+        if not hasattr(settings, name):
+            parser.error(f"unknown setting {name!r}; choose from "
+                         f"{', '.join(type(settings)().__dict__)}")
+        kind = type(getattr(settings, name))
+        setattr(settings, name, value.lower() in ("1", "true", "yes") if kind is bool
+                else kind(value))
+    return settings
+
+
+def print_figures(figures: dict[str, Any]) -> None:
+    """Print `name=value` lines (floats to 4 places)."""
+    for name, value in figures.items():
+        print(f"{name}={value:.4f}" if isinstance(value, float) else f"{name}={value}")
 
 
 def real_main(args: argparse.Namespace) -> int:
@@ -506,8 +541,7 @@ def real_main(args: argparse.Namespace) -> int:
                                        **overrides})
     report = run_real(settings, Path(args.out))
     print(f"command={report['command']}")
-    for name, value in report["figures"].items():
-        print(f"{name}={value:.4f}" if isinstance(value, float) else f"{name}={value}")
+    print_figures(report["figures"])
     return 0
 
 
