@@ -301,12 +301,25 @@ class BwrapSandbox(BwrapForks, Sandbox):
                 *resolv, "--unshare-pid", "--unshare-ipc", "--unshare-uts", *net,
                 "--hostname", "sandbox", "--die-with-parent", "--new-session",
                 "--cap-drop", "ALL", "--", "sh", "-c", "echo ready && exec sleep infinity"]
+        spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            pass_fds=(block_r, info_w, seccomp),
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                pass_fds=(block_r, info_w, seccomp),
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+            self.proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            # a spawn cut half-way is cleaned up by asyncio: it kills the first process, then
+            # waits for every holder of its pipes, and a bwrap child that never saw its parent
+            # die holds them for ever (the cancelled task hung). The spawn takes ms: let it
+            # finish, so that close() stops the sandbox the way it stops any (the session and
+            # the cgroup killed, the pipes not waited for)
+            try:
+                self.proc = await spawn
+            finally:
+                os.close(block_w)
+                os.close(info_r)
+            raise
         finally:
             for fd in (block_r, info_w, seccomp):
                 os.close(fd)
@@ -315,6 +328,13 @@ class BwrapSandbox(BwrapForks, Sandbox):
                                            self.spec.startup_timeout)
         except TimeoutError:
             ready = b""
+        except asyncio.CancelledError:
+            # bwrap waits on block_r for the id maps: kill it, so the reading thread sees EOF
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            os.close(block_w)
+            os.close(info_r)
+            raise
         inside = _procs.descendants(self.proc.pid)
         if ready != b"ready\n" or not inside:
             with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
