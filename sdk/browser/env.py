@@ -33,8 +33,9 @@ Such pages can also start many episodes in one load, as MiniWoB++'s own runner d
 `episodes_per_page = N` (N > 1) an episode that ended cleanly leaves its context parked in the
 browser pool, its page at the start URL, and this env's next episode with the same start path
 starts there: no navigation; the bids the previous episode put in the page, its focus, text
-selection and scroll position are cleared, then the start script (which must therefore start a new episode in a page that already ran one). After
-N episodes, or after an episode that did not end cleanly, the next one gets a fresh context.
+selection and scroll position are cleared, then the start script runs (so it must be able to
+start a new episode in a page that already ran one). After N episodes, or after an episode
+that did not end cleanly, the next one gets a fresh context.
 
 A page that stops responding (a script that never yields) is killed when a call into it
 outlives `action_timeout` (`BrowserSandbox.call`): `reset` raises `PageUnresponsive`, a step

@@ -30,8 +30,8 @@ from corral.errors import AuthoringError, NoOracle
 from .oracles import ORACLES
 from .pages import html_root
 
-__all__ = ["EPISODES_PER_PAGE", "MINIWOB_MAX_TIME_MS", "MiniWoB", "MiniWoBTask", "SIZE", "START_JS", "TIMER_OFF_MS",
-           "make_task"]
+__all__ = ["EPISODES_PER_PAGE", "MINIWOB_MAX_TIME_MS", "MiniWoB", "MiniWoBTask", "SIZE",
+           "START_JS", "TIMER_OFF_MS", "make_task"]
 
 SIZE = 10_000
 MINIWOB_MAX_TIME_MS = 10_000  # MiniWoB's own episode time, used only for `time_scaled`
