@@ -7,7 +7,6 @@ either arm learns is the benchmark's job."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.mark.bwrap
 def test_quick_tree_vs_flat_writes_both_arms(tmp_path: Path) -> None:
     out = tmp_path / "tree"
     proc = subprocess.run(
