@@ -173,7 +173,13 @@ async def rl_arm(s: TreeSettings, sl: Slice, train: cr.Dataset, tree_turns: int,
                  start: dict[str, Any]) -> tuple[LocalPolicy, dict[str, Any]]:
     """GRPO from the warm start `start` (model, tokenizer, optimizer state, version) with
     `tree_turns` shared turns per group, until the arm's CPU or wall budget is spent; returns
-    the trained policy and the arm's figures and per-step curve."""
+    a fresh policy with the trained weights (for the held-out evaluation) and the arm's
+    figures and per-step curve.
+
+    The rollout policy is closed with its runner, and the evaluation decodes with a policy of
+    its own: twice in eight evaluations that reused the rollout policy right after its runner
+    had cancelled its in-flight episodes, the evaluation hung (the event loop idle, every
+    evaluation sandbox set up and idle: by every sign waiting on generations)."""
     random.seed(s.seed)
     torch.manual_seed(s.seed)
     model, tokenizer, version = copy.deepcopy(start["model"]), start["tokenizer"], start["version"]
@@ -214,6 +220,7 @@ async def rl_arm(s: TreeSettings, sl: Slice, train: cr.Dataset, tree_turns: int,
                 if steps[-1]["cpu_s"] >= s.arm_cpu_s or steps[-1]["wall_s"] >= s.arm_wall_s:
                     break
         counts = runner.stats()["counts"]
+    await policy.close()
     figures = {
         "rl_steps": len(steps), "applied_updates": int(sum(p["applied"] for p in steps)),
         "trajectories_trained": len(steps) * s.rl_batch,
@@ -226,7 +233,9 @@ async def rl_arm(s: TreeSettings, sl: Slice, train: cr.Dataset, tree_turns: int,
                      "wall budget" if steps and steps[-1]["wall_s"] >= s.arm_wall_s else
                      "rl_steps"),
         "load_avg_1min_start": load_start, "load_avg_1min_end": os.getloadavg()[0]}
-    return policy, {"figures": figures, "steps": steps}
+    trained = LocalPolicy(copy.deepcopy(model), tokenizer, max_batch=64, seed=s.seed,
+                          version=trainer.version)
+    return trained, {"figures": figures, "steps": steps}
 
 
 async def run_tree_vs_flat(s: TreeSettings, out: Path) -> dict[str, Any]:
