@@ -177,7 +177,7 @@ async def rl_arm(s: TreeSettings, sl: Slice, train: cr.Dataset, tree_turns: int,
     figures and per-step curve.
 
     The rollout policy is closed with its runner, and the evaluation decodes with a policy of
-    its own: twice in eight evaluations that reused the rollout policy right after its runner
+    its own: twice in nine evaluations that reused the rollout policy right after its runner
     had cancelled its in-flight episodes, the evaluation hung (the event loop idle, every
     evaluation sandbox set up and idle: by every sign waiting on generations)."""
     random.seed(s.seed)
