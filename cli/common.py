@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import json
 import importlib.util
 import os
 import sys
@@ -20,7 +21,7 @@ __all__ = ["AGENT_COMMAND_HELP", "AGENT_ENV_HELP", "AGENT_HELP", "AGENT_INSIDE_H
            "backend_help", "build_image", "check_backend_option", "check_device_option",
            "check_listen", "check_run_dir", "console", "env_folder_of", "episode_limits",
            "err_console", "error_text", "external_agent", "fail", "import_user_modules",
-           "model_names_help", "prepare_model", "serve_group"]
+           "model_names_help", "parse_items", "prepare_model", "serve_group"]
 
 console = Console()
 # emoji=False: an error line quotes user input as it is ("http://a b:x" lost its ":x" to ❌)
@@ -208,6 +209,26 @@ AGENT_INSIDE_HELP = ("Run --agent-command inside the episode's sandbox (it must 
 AGENT_ENV_HELP = "KEY=VALUE: an environment variable of --agent-command (repeatable)."
 
 
+def parse_items(flag: str, items: list[str], text: bool = False) -> dict[str, Any]:
+    """`["rank=8", "alpha=16"]` -> `{"rank": 8, "alpha": 16}` (JSON values where they parse;
+    `kebab-case` keys become `snake_case`). `text`: keys and values stay as written (a map of
+    names to text, such as environment variables: `N=1.50` is `{"N": "1.50"}`)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise FlagError(f"{flag} {item!r}: write KEY=VALUE")
+        if text:
+            out[key.strip()] = raw
+            continue
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key.strip().replace("-", "_")] = value
+    return out
+
+
 def external_agent(name: str | None, command: str | None, inside: bool = False,
                    env: list[str] | None = None) -> Any:
     """The `ExternalAgent` of `--agent NAME` (a built-in one) or `--agent-command "CMD ARGS"`
@@ -216,8 +237,6 @@ def external_agent(name: str | None, command: str | None, inside: bool = False,
     if name is not None and command is not None:
         fail("--agent and --agent-command: give one of them", code=2)
     from corral.runner.agents.external import agent_from_options
-
-    from .trainflags import parse_items
 
     try:
         variables = parse_items("--agent-env", list(env or ()), text=True)

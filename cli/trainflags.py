@@ -25,7 +25,7 @@ import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from .common import FlagError
+from .common import parse_items
 
 __all__ = ["SCALARS", "field_kind", "field_values", "generated_options", "is_structured",
            "is_text_map", "kebab", "option_for", "parse_items", "unwrap_optional"]
@@ -52,26 +52,6 @@ def is_structured(annotation: Any) -> bool:
     inner, _ = unwrap_optional(annotation)
     return typing.get_origin(inner) is dict or inner is dict or (
         isinstance(inner, type) and issubclass(inner, BaseModel))
-
-
-def parse_items(flag: str, items: list[str], text: bool = False) -> dict[str, Any]:
-    """`["rank=8", "alpha=16"]` -> `{"rank": 8, "alpha": 16}` (JSON values where they parse;
-    `kebab-case` keys become `snake_case`). `text`: keys and values stay as written (a map of
-    names to text, such as environment variables: `N=1.50` is `{"N": "1.50"}`)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise FlagError(f"{flag} {item!r}: write KEY=VALUE")
-        if text:
-            out[key.strip()] = raw
-            continue
-        try:
-            value: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out[key.strip().replace("-", "_")] = value
-    return out
 
 
 def is_text_map(info: FieldInfo) -> bool:
