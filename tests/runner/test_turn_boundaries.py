@@ -213,7 +213,8 @@ async def test_a_setup_service_without_on_fork_is_never_snapshotted(tmp_path: Pa
     assert counts["restarted"] == 2 and counts["resumed_turns"] == 0
     assert [t.metadata.get("restarted_after_turn") for t in trajs] == [
         boundaries[t.id].turn for t in trajs]
-    assert all(t.reward >= 0.5 and "resumed_at_turn" not in t.metadata for t in trajs)
+    assert all(t.reward >= 0.5 and "resumed_at_turn" not in t.metadata for t in trajs), \
+        [(t.reward, t.rewards, t.error, sorted(t.metadata)) for t in trajs]
 
 
 def test_the_entropy_rule_branches_at_the_first_uncertain_turn() -> None:
