@@ -89,18 +89,16 @@ def idle_snapshot(pid: int) -> frozenset[int]:
 
 def kill_tree(root: int, keep: frozenset[int], everything: bool,
               sandbox_pids: Callable[[], Iterable[int]]) -> int:
-    """`kill_below` while `root` lives. With `everything`, then also what its process group
-    left behind (background jobs, reparented away from it but still in its group), looked for
-    among `sandbox_pids()` so nothing outside the sandbox is touched: `root` may have exited
-    before the call or during it (a shell that ran `job & exit` while its tree was listed).
-    Returns how many signals were sent."""
-    sent = kill_below(root, keep, everything)
-    if not everything:
-        return sent
+    """`kill_below` while `root` lives. Where it exited already and `everything` is asked
+    for, what its process group left behind (background jobs, reparented away from it but
+    still in its group), looked for among `sandbox_pids()` so nothing outside the sandbox is
+    touched. Returns how many signals were sent."""
+    if not everything or _stat(root) is not None:
+        return kill_below(root, keep, everything)
     left = [pid for pid in sandbox_pids() if (_stat(pid) or (0, 0))[1] == root]
     for pid in left:
         _signal(os.kill, pid)
-    return sent + len(left)
+    return len(left)
 
 
 def kill_below(root: int, keep: frozenset[int] = frozenset(), everything: bool = False) -> int:
