@@ -12,6 +12,7 @@ import hashlib
 import json
 import random
 import sys
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -320,8 +321,12 @@ def score_reasoning_gym(task: Task | dict[str, Any], answer: str | None) -> floa
     where = task["rg"]
     generator = reasoning_gym_dataset(where["name"], where["size"], where["seed"],
                                       where.get("config") or {})
-    return float(generator.score_answer(answer=answer,
-                                        entry=_reasoning_gym_entry(generator, where["index"])))
+    entry = _reasoning_gym_entry(generator, where["index"])
+    with warnings.catch_warnings():
+        # a scorer parsing a malformed answer may warn as it gives it 0 (pool_matrix's
+        # numpy.loadtxt: "input contained no data"): the score says it, once per episode
+        warnings.simplefilter("ignore")
+        return float(generator.score_answer(answer=answer, entry=entry))
 
 
 @lru_cache(maxsize=4096)
